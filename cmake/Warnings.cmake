@@ -1,0 +1,21 @@
+option(PRISM_WERROR "Treat warnings as errors" OFF)
+function(prism_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  if(PRISM_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+endfunction()
+
+# prism_library(<name>): a static library of every *.cc in the current folder (re-globbed at build time, so a
+# new file needs no CMake edit). Registered for tests/unit. Does nothing while the folder has no sources.
+function(prism_library name)
+  file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc)
+  if(NOT srcs)
+    return()
+  endif()
+  add_library(${name} STATIC ${srcs})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(${name} PUBLIC prism_deps ${ARGN})
+  prism_warnings(${name})
+  set_property(GLOBAL APPEND PROPERTY PRISM_TEST_LIBS ${name})
+endfunction()

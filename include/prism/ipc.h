@@ -1,0 +1,101 @@
+// Messages between libprism.so (inside each real rank) and the coordinator (schema version 1).
+//
+// Transport: a Unix stream socket (PRISM_COORD_SOCKET) on one host, TCP (PRISM_COORD_ADDR=host:port) across
+// hosts. Every message is one frame: FrameHeader then `length` payload bytes. Hot-path messages (arrivals,
+// releases, op records) are fixed-size little-endian PODs; rare ones (hello, communicator setup, status)
+// carry a JSON object. A peer that sees a bad magic, an unknown version or an oversized frame drops the
+// connection with a logged reason; it never crashes.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+namespace prism::ipc {
+
+inline constexpr uint32_t kFrameMagic = 0x4D535250;  // "PRSM" little-endian
+inline constexpr uint16_t kVersion = 1;
+inline constexpr uint32_t kMaxFrameBytes = 16u << 20;
+
+enum class MsgType : uint16_t {
+  kInvalid = 0,
+  // shim -> coordinator
+  kHello = 1,        // JSON: {rank, world_size, local_rank, pid, host, gpu, version}
+  kCommInit = 2,     // JSON: {key, nranks, rank, desc, parent?, color?} ; answered by kCommInfo
+  kOpArrive = 3,     // OpArrive: the GPU reached an operation that needs the coordinator's release time
+  kOpRecord = 4,     // OpRecord: one completed operation, for reports and status
+  kMemory = 5,       // MemorySample
+  kIteration = 6,    // IterationMark
+  kBye = 7,          // JSON: {reason}
+  // coordinator -> shim
+  kHelloAck = 64,    // JSON: {run_id, payload, topology, out_dir, ...}
+  kCommInfo = 65,    // JSON: {key, comm_id, members: [global ranks], real: [bool]}
+  kOpRelease = 66,   // OpRelease
+  kError = 67,       // JSON: {what}
+};
+
+#pragma pack(push, 1)
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint16_t version = kVersion;
+  uint16_t type = 0;  // MsgType
+  uint32_t length = 0;
+};
+
+struct OpArrive {
+  uint32_t comm_id;
+  uint32_t op;        // prism::trace::CollOp, or 100 + NodeKind for p2p
+  uint64_t seq;       // per-communicator sequence number on this rank
+  uint64_t bytes;
+  uint64_t arrival_ns;  // GPU clock (%globaltimer, Unix epoch ns)
+  int32_t peer;         // p2p peer in communicator ranks, -1 otherwise
+  uint32_t reserved;
+};
+
+struct OpRelease {
+  uint32_t comm_id;
+  uint32_t reserved;
+  uint64_t seq;
+  uint64_t release_ns;  // when the operation completes at target scale (same clock as arrival_ns)
+  int32_t last_rank;    // global rank whose arrival decided the release (-1: duration-bound)
+  uint32_t reserved2;
+};
+
+struct OpRecord {
+  uint32_t comm_id;
+  uint32_t op;
+  uint64_t seq;
+  uint64_t bytes;
+  uint64_t arrival_ns;
+  uint64_t release_ns;
+  uint64_t model_dur_ns;  // duration the cost model / graph assigned
+  int32_t wait_on_rank;   // global rank the op waited for last (-1: none)
+  uint8_t dtype;          // prism::trace::DType
+  uint8_t algo;           // cost-model algorithm chosen (0 unknown)
+  uint8_t proto;          // cost-model protocol chosen (0 unknown)
+  uint8_t reserved;
+};
+
+struct MemorySample {
+  uint64_t t_ns;
+  uint64_t current_bytes;
+  uint64_t peak_bytes;
+};
+
+struct IterationMark {
+  uint32_t iteration;
+  uint32_t reserved;
+  uint64_t t_ns;            // end of the iteration (GPU clock where available)
+  uint64_t dur_ns;          // since the previous mark
+  uint64_t peak_bytes;      // device bytes peak so far (cudaMalloc family)
+  uint64_t torch_max_allocated;  // torch.cuda.max_memory_allocated() when the hook reports it, else 0
+};
+#pragma pack(pop)
+
+static_assert(sizeof(FrameHeader) == 12);
+static_assert(std::is_trivially_copyable_v<OpArrive> && sizeof(OpArrive) == 40);
+static_assert(sizeof(OpRelease) == 32);
+static_assert(sizeof(OpRecord) == 60);
+static_assert(sizeof(MemorySample) == 24);
+static_assert(sizeof(IterationMark) == 40);
+
+}  // namespace prism::ipc

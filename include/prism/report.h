@@ -1,0 +1,25 @@
+// report.json: the keys every run writes (schema version 1). Tests and CI jobs read these; extend, do not
+// rename. docs/cli.md lists them with units.
+#pragma once
+
+#include <string_view>
+
+namespace prism::report {
+
+inline constexpr int kSchemaVersion = 1;
+inline constexpr std::string_view kFileName = "report.json";
+
+// Top level.
+inline constexpr std::string_view kSchema = "schema_version";
+inline constexpr std::string_view kWorldSize = "world_size";
+inline constexpr std::string_view kMode = "mode";                   // emulate | simulate | collect | fill
+inline constexpr std::string_view kIterationTime = "iteration_time_s";  // median over measured iterations
+inline constexpr std::string_view kIterations = "iterations";
+inline constexpr std::string_view kRanks = "ranks";
+inline constexpr std::string_view kWall = "wall_s";
+// Per rank (objects in "ranks").
+inline constexpr std::string_view kRank = "rank";
+inline constexpr std::string_view kPeakMemory = "peak_memory_bytes";
+inline constexpr std::string_view kWait = "wait_s";  // object: communicator description -> seconds
+
+}  // namespace prism::report

@@ -1,0 +1,34 @@
+// prism-run's subcommands: one file each; every file registers its flags and calls library code.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace prism::cli {
+
+// Exit codes shared by all subcommands.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;     // the job failed, a regression was found, the replay deadlocked
+inline constexpr int kExitBadInput = 2;    // malformed graph/topology/command line
+inline constexpr int kExitNotBuilt = 3;    // the subcommand exists in the contract but is not implemented yet
+
+// Each Add* registers a subcommand on `app`; its callback stores the exit code in *rc.
+void AddSimulate(CLI::App& app, int* rc);
+void AddSynth(CLI::App& app, int* rc);
+void AddCollect(CLI::App& app, int* rc);
+void AddFill(CLI::App& app, int* rc);
+void AddReport(CLI::App& app, int* rc);
+void AddStatus(CLI::App& app, int* rc);
+void AddCoordinator(CLI::App& app, int* rc);
+
+// Emulate is the default mode (`prism-run [OPTIONS] torchrun ...`): its options live on the top-level app.
+struct EmulateOptions;
+EmulateOptions* AddEmulateOptions(CLI::App& app);
+int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& command);
+
+// Prints "prism-run <name>: not built yet (...)" and returns kExitNotBuilt.
+int NotBuilt(const std::string& name, const std::string& issue);
+
+}  // namespace prism::cli
