@@ -1,0 +1,34 @@
+// Per-rank event files: what a real rank's shim writes as it runs, so nothing measured is lost if the rank
+// or the run dies. One JSON object per line in $PRISM_OUT_DIR/rank<R>.events.jsonl (schema version 1),
+// appended by a background thread (never from the hot path, never through CUDA).
+//
+// Lines (key "type"):
+//   hello  {type, v, rank, world_size, local_rank, pid, host, gpu, t_ns}
+//   comm   {type, comm_id, key, desc, nranks, rank, members:[global ranks] (if known)}
+//   op     {type, comm_id, seq, op, dtype, bytes, peer, arrival_ns, release_ns, model_dur_ns, wait_on_rank,
+//           algo, proto}
+//   iter   {type, iteration, t_ns, dur_ns, peak_bytes, torch_max_allocated}
+//   mem    {type, t_ns, current_bytes, peak_bytes}
+//   error  {type, what}
+//   bye    {type, t_ns, peak_bytes}
+// Times are Unix-epoch nanoseconds (GPU %globaltimer where the event comes from the GPU).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace prism::events {
+
+inline constexpr int kSchemaVersion = 1;
+
+inline std::string FileName(int rank) { return "rank" + std::to_string(rank) + ".events.jsonl"; }
+
+inline constexpr std::string_view kHello = "hello";
+inline constexpr std::string_view kComm = "comm";
+inline constexpr std::string_view kOp = "op";
+inline constexpr std::string_view kIter = "iter";
+inline constexpr std::string_view kMem = "mem";
+inline constexpr std::string_view kError = "error";
+inline constexpr std::string_view kBye = "bye";
+
+}  // namespace prism::events
