@@ -194,7 +194,7 @@ struct Step {
   uint64_t scalar_addr = 0;             // kMulScalar: device/host address of the scalar, 0 = use param
 };
 
-// Plans have at most this many steps (in-place all-gather under zeros/random is the longest: 2).
+// Plans have at most this many steps (all-gather/gather/all-to-all under zeros/random are the longest: 3).
 inline constexpr uint32_t kMaxSteps = 4;
 
 struct StepList {
@@ -294,12 +294,10 @@ class P2pSendHistory {
   struct Entry {
     uint64_t bytes = 0;  // 0 = empty
     uint64_t addr = 0;
-    uint64_t stamp = 0;
     int32_t peer = -1;
   };
   Entry* by_peer_ = nullptr;   // key (peer, bytes)
   Entry* by_size_ = nullptr;   // key bytes
-  uint64_t stamp_ = 0;
 };
 
 }  // namespace prism::payload
