@@ -1,0 +1,420 @@
+#include "coordinator/store_server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+
+namespace prism::store {
+namespace {
+
+constexpr ClientId kListenId = 1;
+constexpr ClientId kEventId = 2;
+constexpr size_t kReadChunk = 64 * 1024;
+// Why: one client streaming a large request must not starve the others; the rest is read on the next turn.
+constexpr size_t kReadBudgetPerTurn = 1 << 20;
+
+std::string PeerName(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  char host[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    port = ntohs(a->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    port = ntohs(a->sin6_port);
+  }
+  return fmt::format("{}:{}", host, port);
+}
+
+}  // namespace
+
+StoreServer::~StoreServer() { Stop(); }
+
+bool StoreServer::Start(const StoreServerOptions& opts, std::string* error) {
+  if (running_) {
+    *error = "store server already running";
+    return false;
+  }
+  opts_ = opts;
+  state_ = std::make_unique<StoreState>([this](ClientId id, std::string_view b) { Deliver(id, b); }, opts_.stand_in,
+                                        opts_.max_total_bytes);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  std::string port_s = std::to_string(opts_.port);
+  const char* host = opts_.host.empty() ? nullptr : opts_.host.c_str();
+  if (int rc = ::getaddrinfo(host, port_s.c_str(), &hints, &res); rc != 0) {
+    *error = fmt::format("store: cannot resolve bind address '{}': {}", opts_.host, gai_strerror(rc));
+    return false;
+  }
+  std::string last = "no address";
+  for (addrinfo* ai = res; ai && listen_fd_ < 0; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      last = std::strerror(errno);
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+      last = std::strerror(errno);
+      ::close(fd);
+      continue;
+    }
+    listen_fd_ = fd;
+  }
+  ::freeaddrinfo(res);
+  if (listen_fd_ < 0) {
+    *error = fmt::format("store: cannot listen on {}:{}: {}", opts_.host, opts_.port, last);
+    return false;
+  }
+  sockaddr_storage ss{};
+  socklen_t sl = sizeof(ss);
+  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &sl);
+  port_ = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                   : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (epoll_fd_ < 0 || event_fd_ < 0) {
+    *error = fmt::format("store: epoll/eventfd: {}", std::strerror(errno));
+    Stop();
+    return false;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kListenId;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+  ev.data.u64 = kEventId;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd_, &ev);
+  stop_ = false;
+  running_ = true;
+  thread_ = std::thread([this] { Loop(); });
+  Log("store")->info("TCPStore server listening on {}:{}", opts_.host, port_);
+  return true;
+}
+
+void StoreServer::Stop() {
+  if (thread_.joinable()) {
+    stop_ = true;
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
+    thread_.join();
+  }
+  running_ = false;
+  for (auto& [id, c] : clients_) ::close(c.fd);
+  clients_.clear();
+  n_clients_ = 0;
+  for (int* fd : {&listen_fd_, &epoll_fd_, &event_fd_, &spare_fd_}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
+  // Wake any Call() that raced with the stop.
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  while (!calls_.empty()) {
+    calls_.front().first(*state_);
+    calls_.pop_front();
+    ++calls_done_;
+  }
+  calls_cv_.notify_all();
+}
+
+void StoreServer::Call(const std::function<void(StoreState&)>& fn) {
+  if (!running_ || std::this_thread::get_id() == loop_thread_id_) {
+    if (state_) fn(*state_);
+    return;
+  }
+  std::unique_lock<std::mutex> lock(calls_mu_);
+  uint64_t ticket = ++calls_posted_;
+  calls_.emplace_back(fn, ticket);
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
+  calls_cv_.wait(lock, [&] { return calls_done_ >= ticket || !running_; });
+}
+
+void StoreServer::RunCalls() {
+  std::deque<std::pair<std::function<void(StoreState&)>, uint64_t>> calls;
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    calls.swap(calls_);
+  }
+  for (auto& [fn, ticket] : calls) {
+    fn(*state_);
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    calls_done_ = ticket;
+  }
+  calls_cv_.notify_all();
+}
+
+void StoreServer::RetryWaits() {
+  Call([](StoreState& s) { s.RetryWaits(); });
+}
+
+ServerStats StoreServer::Stats() {
+  ServerStats st;
+  Call([&](StoreState& s) { st.store = s.Stats(); });
+  st.clients = n_clients_;
+  st.accepted = n_accepted_;
+  st.dropped = n_dropped_;
+  return st;
+}
+
+std::vector<std::string> StoreServer::WaitedKeys(size_t max) {
+  std::vector<std::string> keys;
+  Call([&](StoreState& s) { keys = s.WaitedKeys(max); });
+  return keys;
+}
+
+void StoreServer::Loop() {
+  loop_thread_id_ = std::this_thread::get_id();
+  std::vector<epoll_event> events(256);
+  while (!stop_) {
+    int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      Log("store")->error("epoll_wait: {}; store server stops", std::strerror(errno));
+      break;
+    }
+    for (int i = 0; i < n; ++i) {
+      ClientId id = events[static_cast<size_t>(i)].data.u64;
+      uint32_t ev = events[static_cast<size_t>(i)].events;
+      if (id == kListenId) {
+        Accept();
+      } else if (id == kEventId) {
+        uint64_t v;
+        while (::read(event_fd_, &v, sizeof(v)) > 0) {
+        }
+        RunCalls();
+      } else {
+        auto it = clients_.find(id);
+        if (it == clients_.end()) continue;
+        if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) OnReadable(id);
+        auto again = clients_.find(id);
+        if (again != clients_.end() && (ev & EPOLLOUT)) dirty_.insert(id);
+      }
+    }
+    // Output produced by this batch (replies, woken waits) goes out now; drops happen here, never while a request
+    // is being handled (StoreState calls back into Deliver mid-request).
+    std::vector<ClientId> dirty(dirty_.begin(), dirty_.end());
+    dirty_.clear();
+    for (ClientId id : dirty) {
+      auto it = clients_.find(id);
+      if (it == clients_.end()) continue;
+      Client& c = it->second;
+      if (c.drop_reason.empty()) Flush(id, c);
+      if (!c.drop_reason.empty()) Drop(id, true);
+    }
+  }
+  loop_thread_id_ = {};
+}
+
+void StoreServer::Accept() {
+  for (;;) {
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if ((errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
+        ::close(spare_fd_);
+        int c = ::accept(listen_fd_, nullptr, nullptr);
+        if (c >= 0) ::close(c);
+        spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        Log("store")->error("out of file descriptors: refused a client ({} connected); raise ulimit -n",
+                            clients_.size());
+        continue;
+      }
+      Log("store")->error("accept: {}", std::strerror(errno));
+      return;
+    }
+    if (clients_.size() >= opts_.max_clients) {
+      Log("store")->warn("refusing client {}: {} clients connected (limit)", PeerName(fd), clients_.size());
+      ::close(fd);
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    ClientId id = next_id_++;
+    Client c;
+    c.fd = fd;
+    c.peer = PeerName(fd);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = id;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+    clients_.emplace(id, std::move(c));
+    ++n_clients_;
+    ++n_accepted_;
+  }
+}
+
+void StoreServer::MarkDrop(Client& c, std::string reason) {
+  if (c.drop_reason.empty()) c.drop_reason = std::move(reason);
+}
+
+void StoreServer::OnReadable(ClientId id) {
+  Client& c = clients_.at(id);
+  char buf[kReadChunk];
+  size_t total = 0;
+  bool eof = false;
+  while (total < kReadBudgetPerTurn) {
+    ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
+    if (n > 0) {
+      c.in.append(buf, static_cast<size_t>(n));
+      total += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      eof = true;
+      break;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    eof = true;  // ECONNRESET and friends: same as a close
+    break;
+  }
+  if (total > 0) ProcessInput(id, c);
+  if (eof && c.drop_reason.empty()) {
+    size_t pending = c.in.size() - c.in_pos;
+    if (pending > 0) {
+      MarkDrop(c, fmt::format("disconnected in the middle of a request ({} bytes of it received)", pending));
+    } else {
+      c.drop_reason = "closed";
+    }
+  }
+  if (!c.drop_reason.empty() || c.out.size() > c.out_pos) dirty_.insert(id);
+}
+
+void StoreServer::ProcessInput(ClientId id, Client& c) {
+  Request req;
+  std::string error;
+  while (c.drop_reason.empty() && c.in_pos < c.in.size()) {
+    size_t consumed = 0;
+    const auto* data = reinterpret_cast<const uint8_t*>(c.in.data()) + c.in_pos;
+    size_t avail = c.in.size() - c.in_pos;
+    ParseStatus st = ParseRequest(data, avail, opts_.limits, &req, &consumed, &error);
+    if (st == ParseStatus::kNeedMore) {
+      if (avail > opts_.limits.max_request_bytes) {
+        MarkDrop(c, fmt::format("request larger than {} bytes", opts_.limits.max_request_bytes));
+      }
+      break;
+    }
+    if (st == ParseStatus::kError) {
+      MarkDrop(c, fmt::format("bad request after {} good ones: {}", c.requests, error));
+      break;
+    }
+    if (!c.validated) {
+      // Why strict: torch's clients always send VALIDATE first; anything else is not a torch client.
+      if (req.type != QueryType::kValidate) {
+        MarkDrop(c, fmt::format("first command was {} (byte {}), expected VALIDATE", QueryTypeName(req.type),
+                                static_cast<int>(req.type)));
+        break;
+      }
+    }
+    if (req.type == QueryType::kValidate) {
+      if (req.u32 != kValidationMagic) {
+        MarkDrop(c, fmt::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}", req.u32, kValidationMagic));
+        break;
+      }
+      c.validated = true;
+    }
+    ++c.requests;
+    std::string reply;
+    if (!state_->Handle(id, req, &reply, &error)) {
+      MarkDrop(c, fmt::format("{} refused: {}", QueryTypeName(req.type), error));
+      break;
+    }
+    c.in_pos += consumed;
+    if (!reply.empty()) c.out.append(reply);
+  }
+  if (c.in_pos == c.in.size()) {
+    c.in.clear();
+    c.in_pos = 0;
+  } else if (c.in_pos > (1u << 16) && c.in_pos > c.in.size() / 2) {
+    c.in.erase(0, c.in_pos);
+    c.in_pos = 0;
+  }
+  if (c.out.size() - c.out_pos > opts_.max_output_bytes) {
+    MarkDrop(c, fmt::format("{} bytes of replies unread (limit {})", c.out.size() - c.out_pos,
+                            opts_.max_output_bytes));
+  }
+}
+
+void StoreServer::Deliver(ClientId id, std::string_view bytes) {
+  auto it = clients_.find(id);
+  if (it == clients_.end()) return;
+  it->second.out.append(bytes);
+  dirty_.insert(id);
+}
+
+void StoreServer::Flush(ClientId id, Client& c) {
+  while (c.out_pos < c.out.size()) {
+    ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
+    if (n > 0) {
+      c.out_pos += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    MarkDrop(c, fmt::format("send failed: {}", std::strerror(errno)));
+    return;
+  }
+  if (c.out_pos == c.out.size()) {
+    c.out.clear();
+    c.out_pos = 0;
+  } else if (c.out.size() - c.out_pos > opts_.max_output_bytes) {
+    MarkDrop(c, fmt::format("{} bytes of replies unread (limit {})", c.out.size() - c.out_pos,
+                            opts_.max_output_bytes));
+    return;
+  }
+  UpdateEpoll(id, c);
+}
+
+void StoreServer::UpdateEpoll(ClientId id, Client& c) {
+  bool want = c.out_pos < c.out.size();
+  if (want == c.want_write) return;
+  c.want_write = want;
+  epoll_event ev{};
+  ev.events = EPOLLIN | (want ? EPOLLOUT : 0u);
+  ev.data.u64 = id;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+}
+
+void StoreServer::Drop(ClientId id, bool log_as_error) {
+  auto it = clients_.find(id);
+  if (it == clients_.end()) return;
+  Client& c = it->second;
+  if (c.drop_reason == "closed") {
+    Log("store")->debug("client {} closed after {} requests", c.peer, c.requests);
+  } else if (log_as_error) {
+    ++n_dropped_;
+    Log("store")->warn("dropping client {}: {}", c.peer, c.drop_reason);
+  }
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
+  ::close(c.fd);
+  state_->DropClient(id);
+  clients_.erase(it);
+  --n_clients_;
+}
+
+}  // namespace prism::store

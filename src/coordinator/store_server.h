@@ -1,0 +1,114 @@
+// TCP server speaking c10d's TCPStore protocol (store_protocol.h) over StoreState (store_state.h).
+// One thread, one epoll set, any number of clients; requests are parsed incrementally (a client may send half a
+// request and the rest later), blocked WAITs are answered when a key is set (no polling), and a client that
+// breaks the protocol (garbage, a wrong first command, an oversized length, a reply backlog it never reads) is
+// dropped with a logged reason while the others carry on.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "coordinator/store_protocol.h"
+#include "coordinator/store_state.h"
+
+namespace prism::store {
+
+struct StoreServerOptions {
+  std::string host = "127.0.0.1";  // "0.0.0.0" (or "::") for other hosts; Why loopback: the store is unauthenticated
+  uint16_t port = 0;               // 0: the kernel picks a free port; port() reports it
+  Limits limits;
+  uint64_t max_total_bytes = 4ull << 30;     // keys + values held
+  uint64_t max_output_bytes = 256ull << 20;  // replies queued for one client that does not read them
+  size_t max_clients = 1 << 20;
+  StandIn* stand_in = nullptr;               // virtual ranks (not owned; must outlive the server)
+};
+
+struct ServerStats {
+  uint64_t clients = 0;        // connected now
+  uint64_t accepted = 0;       // since start
+  uint64_t dropped = 0;        // clients dropped for breaking the protocol
+  StoreStats store;
+};
+
+class StoreServer {
+ public:
+  StoreServer() = default;
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  // Binds, listens and starts the server thread. False with *error (naming host and port) on failure.
+  bool Start(const StoreServerOptions& opts, std::string* error);
+  // Closes every client and the listener, joins the thread. Idempotent.
+  void Stop();
+
+  uint16_t port() const { return port_; }
+  const std::string& host() const { return opts_.host; }
+  bool running() const { return running_.load(); }
+
+  // Runs fn on the server thread with the state and waits for it (runs inline when called from that thread or
+  // when the server is not running). Thread-safe.
+  void Call(const std::function<void(StoreState&)>& fn);
+  // Re-offers waited keys to the stand-in (after it learned a group's members from outside the store).
+  void RetryWaits();
+  ServerStats Stats();
+  std::vector<std::string> WaitedKeys(size_t max);
+
+ private:
+  struct Client {
+    int fd = -1;
+    std::string peer;
+    std::string in;
+    size_t in_pos = 0;
+    std::string out;
+    size_t out_pos = 0;
+    bool validated = false;
+    bool want_write = false;
+    uint64_t requests = 0;
+    std::string drop_reason;  // set: drop after the current event batch
+  };
+
+  void Loop();
+  void Accept();
+  void OnReadable(ClientId id);
+  void ProcessInput(ClientId id, Client& c);
+  void Flush(ClientId id, Client& c);
+  void Deliver(ClientId id, std::string_view bytes);
+  void MarkDrop(Client& c, std::string reason);
+  void Drop(ClientId id, bool log_as_error);
+  void RunCalls();
+  void UpdateEpoll(ClientId id, Client& c);
+
+  StoreServerOptions opts_;
+  std::unique_ptr<StoreState> state_;
+  int listen_fd_ = -1;
+  int epoll_fd_ = -1;
+  int event_fd_ = -1;
+  int spare_fd_ = -1;  // Why: released to accept-and-close a client when the process is out of descriptors
+  uint16_t port_ = 0;
+  std::thread thread_;
+  std::thread::id loop_thread_id_;
+  std::atomic<bool> running_{false};
+  std::atomic<bool> stop_{false};
+  std::unordered_map<ClientId, Client> clients_;
+  std::unordered_set<ClientId> dirty_;  // clients with output or a pending drop after the current batch
+  ClientId next_id_ = 16;
+  std::atomic<uint64_t> n_clients_{0}, n_accepted_{0}, n_dropped_{0};
+
+  std::mutex calls_mu_;
+  std::condition_variable calls_cv_;
+  std::deque<std::pair<std::function<void(StoreState&)>, uint64_t>> calls_;
+  uint64_t calls_done_ = 0, calls_posted_ = 0;
+};
+
+}  // namespace prism::store
