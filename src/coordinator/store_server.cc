@@ -94,6 +94,17 @@ bool StoreServer::Start(const StoreServerOptions& opts, std::string* error) {
   port_ = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
                                    : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
 
+  if (!opts_.record_path.empty()) {
+    record_ = std::fopen(opts_.record_path.c_str(), "wb");
+    if (!record_) {
+      *error = fmt::format("store: cannot write wire capture '{}': {}", opts_.record_path, std::strerror(errno));
+      Stop();
+      return false;
+    }
+    uint32_t header[2] = {kWireVersion, 0};
+    std::fwrite(kWireMagic, 1, sizeof(kWireMagic), record_);
+    std::fwrite(header, 1, sizeof(header), record_);
+  }
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -125,6 +136,10 @@ void StoreServer::Stop() {
   running_ = false;
   for (auto& [id, c] : clients_) ::close(c.fd);
   clients_.clear();
+  if (record_) {
+    std::fclose(record_);
+    record_ = nullptr;
+  }
   n_clients_ = 0;
   for (int* fd : {&listen_fd_, &epoll_fd_, &event_fd_, &spare_fd_}) {
     if (*fd >= 0) ::close(*fd);
@@ -280,6 +295,7 @@ void StoreServer::OnReadable(ClientId id) {
   while (total < kReadBudgetPerTurn) {
     ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
     if (n > 0) {
+      if (record_) Record(c, kWireData, buf, static_cast<size_t>(n));
       c.in.append(buf, static_cast<size_t>(n));
       total += static_cast<size_t>(n);
       continue;
@@ -410,11 +426,23 @@ void StoreServer::Drop(ClientId id, bool log_as_error) {
     ++n_dropped_;
     Log("store")->warn("dropping client {}: {}", c.peer, c.drop_reason);
   }
+  if (record_ && c.record_conn) Record(c, kWireClosed, nullptr, 0);
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
   ::close(c.fd);
   state_->DropClient(id);
   clients_.erase(it);
   --n_clients_;
+}
+
+void StoreServer::Record(Client& c, uint32_t kind, const char* data, size_t len) {
+  if (c.record_conn == 0) c.record_conn = record_next_conn_++;
+  uint32_t head[2] = {c.record_conn, kind};
+  uint64_t n = len;
+  std::fwrite(head, 1, sizeof(head), record_);
+  std::fwrite(&n, 1, sizeof(n), record_);
+  if (len) std::fwrite(data, 1, len, record_);
+  // Why flush: a capture is taken to debug runs that may die; what was seen must be on disk.
+  std::fflush(record_);
 }
 
 }  // namespace prism::store

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -31,7 +32,17 @@ struct StoreServerOptions {
   uint64_t max_output_bytes = 256ull << 20;  // replies queued for one client that does not read them
   size_t max_clients = 1 << 20;
   StandIn* stand_in = nullptr;               // virtual ranks (not owned; must outlive the server)
+  // Records every byte clients send, per connection, to this file (format: docs/coordinator.md, "Wire captures");
+  // tests/unit/store_wire_replay_test.cc replays such files. Empty: no recording.
+  std::string record_path;
 };
+
+// Wire capture file: "PRSMWIRE", uint32 version (1), uint32 0, then records
+//   uint32 connection (1, 2, ... in order of first byte), uint32 kind (0 data, 1 closed), uint64 length, bytes.
+inline constexpr char kWireMagic[8] = {'P', 'R', 'S', 'M', 'W', 'I', 'R', 'E'};
+inline constexpr uint32_t kWireVersion = 1;
+inline constexpr uint32_t kWireData = 0;
+inline constexpr uint32_t kWireClosed = 1;
 
 struct ServerStats {
   uint64_t clients = 0;        // connected now
@@ -76,7 +87,9 @@ class StoreServer {
     bool want_write = false;
     uint64_t requests = 0;
     std::string drop_reason;  // set: drop after the current event batch
+    uint32_t record_conn = 0;  // connection number in the wire capture (0: nothing recorded yet)
   };
+  void Record(Client& c, uint32_t kind, const char* data, size_t len);
 
   void Loop();
   void Accept();
@@ -94,7 +107,9 @@ class StoreServer {
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
   int event_fd_ = -1;
-  int spare_fd_ = -1;  // Why: released to accept-and-close a client when the process is out of descriptors
+  int spare_fd_ = -1;
+  std::FILE* record_ = nullptr;
+  uint32_t record_next_conn_ = 1;  // Why: released to accept-and-close a client when the process is out of descriptors
   uint16_t port_ = 0;
   std::thread thread_;
   std::thread::id loop_thread_id_;
