@@ -1,0 +1,579 @@
+#include "replay/synth.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace prism::replay {
+namespace {
+
+using trace::CollOp;
+using trace::DType;
+using trace::Node;
+using trace::NodeKind;
+
+constexpr uint32_t kNo = trace::kNoIndex;
+
+struct Op {
+  bool fwd;
+  int chunk;
+  int mb;
+};
+
+// Megatron-LM's pipeline order for one pipeline rank: warm-up forwards, steady 1F1B, cool-down backwards.
+std::vector<Op> Schedule(int p, int s, int v, int m) {
+  std::vector<Op> ops;
+  if (v == 1) {
+    int warm = std::min(p - s - 1, m);
+    for (int i = 0; i < warm; ++i) ops.push_back({true, 0, i});
+    for (int i = 0; i < m - warm; ++i) {
+      ops.push_back({true, 0, warm + i});
+      ops.push_back({false, 0, i});
+    }
+    for (int i = m - warm; i < m; ++i) ops.push_back({false, 0, i});
+    return ops;
+  }
+  // Interleaved: virtual microbatch k runs model chunk (k mod p*v) / p of microbatch (k / p*v) * p + k mod p;
+  // backwards walk the chunks in reverse.
+  const int total = m * v;
+  int warm = std::min((p - s - 1) * 2 + (v - 1) * p, total);
+  auto fwd = [&](int k) { return Op{true, (k % (p * v)) / p, (k / (p * v)) * p + k % p}; };
+  auto bwd = [&](int k) { return Op{false, v - 1 - (k % (p * v)) / p, (k / (p * v)) * p + k % p}; };
+  for (int k = 0; k < warm; ++k) ops.push_back(fwd(k));
+  for (int i = 0; i < total - warm; ++i) {
+    ops.push_back(fwd(warm + i));
+    ops.push_back(bwd(i));
+  }
+  for (int k = total - warm; k < total; ++k) ops.push_back(bwd(k));
+  return ops;
+}
+
+struct Sizes {
+  int layers_per_chunk = 1;
+  double fwd_attn_us = 0, fwd_mlp_us = 0, bwd_attn_us = 0, bwd_mlp_us = 0;  // per layer
+  double fwd_us = 0, bwd_us = 0;                                            // per chunk
+  uint64_t act_bytes = 0, tp_bytes = 0, a2a_bytes = 0;
+  double dense_params_chunk = 0, expert_params_chunk = 0;  // per rank
+  uint64_t grad_bytes_chunk = 0, param_bytes_chunk = 0, expert_grad_bytes_chunk = 0, expert_param_bytes_chunk = 0;
+  int buckets = 1;
+  double optimizer_us = 0;
+};
+
+uint64_t RoundUp(double bytes, uint64_t multiple) {
+  uint64_t b = static_cast<uint64_t>(std::ceil(std::max(bytes, 0.0)));
+  multiple = std::max<uint64_t>(multiple, 1);
+  return (b + multiple - 1) / multiple * multiple;
+}
+
+// One pipeline stage's graph; copied into the class of every tensor-parallel rank of that stage.
+class StageBuilder {
+ public:
+  StageBuilder(const SynthOptions& o, const Sizes& z, int stage, uint32_t slot_tp, uint32_t slot_pp, uint32_t slot_dp,
+               uint32_t slot_ep, uint32_t slot_edp)
+      : o_(o), z_(z), s_(stage), slot_tp_(slot_tp), slot_pp_(slot_pp), slot_dp_(slot_dp), slot_ep_(slot_ep),
+        slot_edp_(slot_edp) {
+    cls_.streams = {{"compute", {}}, {"pp_recv_prev", {}}, {"pp_recv_next", {}}, {"pp_send_next", {}},
+                    {"pp_send_prev", {}}, {"dp", {}}};
+  }
+
+  trace::RoleClass Build(std::vector<std::string> slots) {
+    cls_.comm_slots = std::move(slots);
+    std::vector<uint32_t> prev_iter_gate;  // nodes the next iteration's first compute waits for
+    for (int it = 0; it < o_.iterations; ++it) {
+      iter_ = static_cast<uint32_t>(it);
+      prev_iter_gate = Iteration(prev_iter_gate);
+    }
+    // Drop empty streams (e.g. no pipeline or no data parallelism).
+    std::vector<trace::Stream> kept;
+    for (auto& st : cls_.streams) {
+      if (!st.nodes.empty()) kept.push_back(std::move(st));
+    }
+    cls_.streams = std::move(kept);
+    return std::move(cls_);
+  }
+
+ private:
+  enum Stream { kCompute = 0, kRecvPrev, kRecvNext, kSendNext, kSendPrev, kDp };
+
+  uint32_t Add(int stream, Node n, std::vector<uint32_t> after = {}) {
+    n.id = next_id_++;
+    n.iter = iter_;
+    // `after` names nodes of other streams only: drop unknowns, duplicates and same-stream predecessors.
+    after.erase(std::remove_if(after.begin(), after.end(),
+                               [&](uint32_t a) { return a == kNo || stream_of_[a] == stream; }),
+                after.end());
+    std::sort(after.begin(), after.end());
+    after.erase(std::unique(after.begin(), after.end()), after.end());
+    stream_of_.push_back(stream);
+    n.after = std::move(after);
+    cls_.streams[stream].nodes.push_back(std::move(n));
+    return cls_.streams[stream].nodes.back().id;
+  }
+  uint32_t Compute(std::string name, double us, std::vector<uint32_t> after = {}) {
+    Node n;
+    n.kind = NodeKind::kCompute;
+    n.dur_us = us;
+    n.name = std::move(name);
+    return Add(kCompute, std::move(n), std::move(after));
+  }
+  uint32_t Coll(int stream, CollOp op, uint32_t slot, uint64_t bytes, DType dt, std::string name,
+                std::vector<uint32_t> after = {}) {
+    Node n;
+    n.kind = NodeKind::kColl;
+    n.op = op;
+    n.comm_slot = slot;
+    n.bytes = bytes;
+    n.dtype = dt;
+    n.name = std::move(name);
+    return Add(stream, std::move(n), std::move(after));
+  }
+  uint32_t P2P(bool send, int peer_stage, uint64_t bytes, std::string name, std::vector<uint32_t> after, int stream) {
+    Node n;
+    n.kind = send ? NodeKind::kSend : NodeKind::kRecv;
+    n.comm_slot = slot_pp_;
+    n.peer = peer_stage;  // the pipeline communicator lists stages in order
+    n.bytes = bytes;
+    n.dtype = DType::kBF16;
+    n.name = std::move(name);
+    return Add(stream, std::move(n), std::move(after));
+  }
+
+  // Tensor-parallel collectives around one compute piece (sequence parallel: all-gather in, reduce-scatter out;
+  // otherwise one all-reduce after).
+  void TpIn(const std::string& what, std::vector<uint32_t>* nodes, std::vector<uint32_t>* after) {
+    if (slot_tp_ == kNo || !o_.sequence_parallel) return;
+    nodes->push_back(Coll(kCompute, CollOp::kAllGather, slot_tp_, z_.tp_bytes, DType::kBF16, "tp ag " + what, *after));
+    after->clear();
+  }
+  void TpOut(const std::string& what, std::vector<uint32_t>* nodes) {
+    if (slot_tp_ == kNo) return;
+    nodes->push_back(Coll(kCompute, o_.sequence_parallel ? CollOp::kReduceScatter : CollOp::kAllReduce, slot_tp_,
+                          z_.tp_bytes, DType::kBF16, (o_.sequence_parallel ? "tp rs " : "tp ar ") + what));
+  }
+
+  // The compute of one op (forward or backward of one chunk and microbatch): returns its nodes in order.
+  std::vector<uint32_t> OpCompute(const Op& op, const std::string& tag, std::vector<uint32_t> after, int pieces) {
+    std::vector<uint32_t> nodes;
+    const bool split = slot_tp_ != kNo || slot_ep_ != kNo;
+    if (!split) {
+      double us = op.fwd ? z_.fwd_us : z_.bwd_us;
+      for (int i = 0; i < pieces; ++i) {
+        std::string name = tag + (pieces > 1 ? " part" + std::to_string(i) : "");
+        nodes.push_back(Compute(name, us / pieces, i == 0 ? after : std::vector<uint32_t>{}));
+      }
+      return nodes;
+    }
+    for (int l = 0; l < z_.layers_per_chunk; ++l) {
+      std::string L = tag + " L" + std::to_string(l);
+      double attn = op.fwd ? z_.fwd_attn_us : z_.bwd_attn_us;
+      double mlp = op.fwd ? z_.fwd_mlp_us : z_.bwd_mlp_us;
+      // Forward runs attention then MLP; backward the reverse.
+      for (int half = 0; half < 2; ++half) {
+        bool is_attn = op.fwd ? half == 0 : half == 1;
+        std::string what = L + (is_attn ? " attn" : " mlp");
+        TpIn(what, &nodes, &after);
+        if (!is_attn && slot_ep_ != kNo) {
+          nodes.push_back(Coll(kCompute, CollOp::kAllToAll, slot_ep_, z_.a2a_bytes, DType::kBF16, "ep dispatch " + what, after));
+          after.clear();
+        }
+        nodes.push_back(Compute(what, is_attn ? attn : mlp, after));
+        after.clear();
+        if (!is_attn && slot_ep_ != kNo) {
+          nodes.push_back(Coll(kCompute, CollOp::kAllToAll, slot_ep_, z_.a2a_bytes, DType::kBF16, "ep combine " + what));
+        }
+        TpOut(what, &nodes);
+      }
+    }
+    return nodes;
+  }
+
+  // Where an op's pipeline input comes from and where its output goes (-1: nowhere).
+  int InputFrom(const Op& op) const {
+    const int p = o_.pp, v = o_.vpp;
+    if (slot_pp_ == kNo) return -1;
+    if (op.fwd) return (s_ == 0 && op.chunk == 0) ? -1 : (s_ - 1 + p) % p;
+    return (s_ == p - 1 && op.chunk == v - 1) ? -1 : (s_ + 1) % p;
+  }
+  int OutputTo(const Op& op) const {
+    const int p = o_.pp, v = o_.vpp;
+    if (slot_pp_ == kNo) return -1;
+    if (op.fwd) return (s_ == p - 1 && op.chunk == v - 1) ? -1 : (s_ + 1) % p;
+    return (s_ == 0 && op.chunk == 0) ? -1 : (s_ - 1 + p) % p;
+  }
+  std::string OpTag(const Op& op) const {
+    return std::string(op.fwd ? "fwd" : "bwd") + (o_.vpp > 1 ? " c" + std::to_string(op.chunk) : "") + " mb" +
+           std::to_string(op.mb);
+  }
+  // Forward activations travel to the next stage, gradients to the previous one: one stream per direction, so
+  // the two halves of an exchange never queue behind each other.
+  uint32_t Recv(const Op& op, std::vector<uint32_t> after) {
+    return P2P(false, InputFrom(op), z_.act_bytes, it_ + (op.fwd ? "recv act" : "recv grad") + OpTag(op).substr(3),
+               std::move(after), op.fwd ? kRecvPrev : kRecvNext);
+  }
+  uint32_t Send(const Op& op, std::vector<uint32_t> after) {
+    return P2P(true, OutputTo(op), z_.act_bytes, it_ + (op.fwd ? "send act" : "send grad") + OpTag(op).substr(3),
+               std::move(after), op.fwd ? kSendNext : kSendPrev);
+  }
+
+  // One blocking exchange of Megatron's non-interleaved 1F1B (p2p_communication.py): every op is posted once the
+  // previous compute and the previous exchange are done; the next compute waits for all of them.
+  void Exchange(const std::vector<Op>& sends, const std::vector<Op>& recvs) {
+    std::vector<uint32_t> after = pending_;
+    after.push_back(last_compute_);
+    std::vector<uint32_t> ops;
+    for (const Op& op : sends) {
+      if (OutputTo(op) >= 0) ops.push_back(Send(op, after));
+    }
+    for (const Op& op : recvs) {
+      if (InputFrom(op) >= 0) ops.push_back(Recv(op, after));
+    }
+    if (!ops.empty()) pending_ = ops;
+  }
+
+  std::vector<uint32_t> RunCompute(const Op& op, std::vector<uint32_t> after, int pieces) {
+    std::vector<uint32_t> nodes = OpCompute(op, it_ + OpTag(op), std::move(after), pieces);
+    last_compute_ = nodes.back();
+    return nodes;
+  }
+
+  std::vector<uint32_t> Iteration(const std::vector<uint32_t>& gate) {
+    const int p = o_.pp, v = o_.vpp, m = o_.microbatches;
+    const std::vector<Op> ops = Schedule(p, s_, v, m);
+    it_ = o_.iterations > 1 ? "it" + std::to_string(iter_) + " " : "";
+    // Last backward of each chunk: where its gradient buckets become ready.
+    std::vector<int> last_bwd(v, -1);
+    for (size_t j = 0; j < ops.size(); ++j) {
+      if (!ops[j].fwd) last_bwd[ops[j].chunk] = static_cast<int>(j);
+    }
+    const bool dp = slot_dp_ != kNo;
+    const CollOp grad_op = o_.distributed_optimizer ? CollOp::kReduceScatter : CollOp::kAllReduce;
+    const uint64_t bucket_bytes = RoundUp(static_cast<double>(z_.grad_bytes_chunk) / z_.buckets,
+                                          static_cast<uint64_t>(o_.dp) * trace::DTypeSize(o_.grad_dtype));
+    std::vector<uint32_t> grad_nodes;
+    // The iteration starts when the previous one's optimizer step and parameter all-gathers are done.
+    pending_ = gate;
+    last_compute_ = kNo;
+    auto compute = [&](size_t j) {
+      const Op& op = ops[j];
+      const bool bucket_here = dp && o_.overlap_grad_reduce && !op.fwd && last_bwd[op.chunk] == static_cast<int>(j);
+      std::vector<uint32_t> after = pending_;
+      pending_.clear();
+      if (v > 1 && InputFrom(op) >= 0) after.push_back(recv_of_[j]);
+      std::vector<uint32_t> nodes = RunCompute(op, after, bucket_here ? z_.buckets : 1);
+      if (bucket_here) {
+        // Bucket b is ready once the backward passed its share of the chunk.
+        std::vector<uint32_t> computes;
+        for (uint32_t id : nodes) {
+          if (cls_.streams[kCompute].nodes[FindCompute(id)].kind == NodeKind::kCompute) computes.push_back(id);
+        }
+        for (int b = 0; b < z_.buckets; ++b) {
+          size_t at = std::max<size_t>(1, (b + 1) * computes.size() / z_.buckets) - 1;
+          grad_nodes.push_back(Coll(kDp, grad_op, slot_dp_, bucket_bytes, o_.grad_dtype,
+                                    it_ + "dp grad c" + std::to_string(op.chunk) + " bucket" + std::to_string(b),
+                                    {computes[at]}));
+        }
+      }
+    };
+    std::vector<uint32_t> last_sends;
+    if (v == 1) {
+      // forward_backward_pipelining_without_interleaving.
+      const int warm = std::min(p - s_ - 1, m), rem = m - warm;
+      size_t j = 0;
+      for (int i = 0; i < warm; ++i, ++j) {
+        Exchange({}, {ops[j]});  // recv_forward
+        compute(j);
+        Exchange({ops[j]}, {});  // send_forward
+      }
+      if (rem > 0) Exchange({}, {ops[j]});  // recv_forward
+      for (int i = 0; i < rem; ++i) {
+        const size_t f = j, b = j + 1;
+        compute(f);
+        Exchange({ops[f]}, {ops[b]});  // send_forward_recv_backward
+        compute(b);
+        if (i == rem - 1) {
+          Exchange({ops[b]}, {});  // send_backward
+        } else {
+          Exchange({ops[b]}, {ops[b + 1]});  // send_backward_recv_forward
+        }
+        j += 2;
+      }
+      for (; j < ops.size(); ++j) {
+        Exchange({}, {ops[j]});  // recv_backward
+        compute(j);
+        Exchange({ops[j]}, {});  // send_backward
+      }
+      last_sends = pending_;
+    } else {
+      // Interleaved schedule, as Megatron runs it with --overlap-p2p-communication: a receive is posted when the
+      // schedule reaches its op, sends do not block, and a compute waits only for its own input.
+      recv_of_.assign(ops.size(), kNo);
+      uint32_t send_next = kNo, send_prev = kNo;
+      for (size_t j = 0; j < ops.size(); ++j) {
+        if (InputFrom(ops[j]) >= 0) {
+          std::vector<uint32_t> after = {last_compute_};
+          if (j == 0) after.insert(after.end(), gate.begin(), gate.end());
+          recv_of_[j] = Recv(ops[j], after);
+        }
+        compute(j);
+        if (OutputTo(ops[j]) >= 0) (ops[j].fwd ? send_next : send_prev) = Send(ops[j], {last_compute_});
+      }
+      last_sends = {send_next, send_prev};
+    }
+    const uint32_t last_compute = last_compute_;
+    // Gradient synchronisation, optimizer step, parameter all-gather.
+    if (dp && !o_.overlap_grad_reduce) {
+      for (int c = 0; c < v; ++c) {
+        for (int b = 0; b < z_.buckets; ++b) {
+          grad_nodes.push_back(Coll(kDp, grad_op, slot_dp_, bucket_bytes, o_.grad_dtype,
+                                    it_ + "dp grad c" + std::to_string(c) + " bucket" + std::to_string(b), {last_compute}));
+        }
+      }
+    }
+    if (slot_edp_ != kNo) {
+      for (int c = 0; c < v; ++c) {
+        grad_nodes.push_back(Coll(kDp, grad_op, slot_edp_, z_.expert_grad_bytes_chunk, o_.grad_dtype,
+                                  it_ + "edp expert grad c" + std::to_string(c), {last_compute}));
+      }
+    }
+    std::vector<uint32_t> opt_after = grad_nodes;
+    // The last pipeline messages must be out before the step (Megatron waits for outstanding sends).
+    opt_after.insert(opt_after.end(), last_sends.begin(), last_sends.end());
+    uint32_t step = Compute(it_ + "optimizer step", z_.optimizer_us, opt_after);
+    std::vector<uint32_t> gate_next = {step};
+    if (o_.distributed_optimizer) {
+      const uint64_t pbytes = RoundUp(static_cast<double>(z_.param_bytes_chunk) / z_.buckets,
+                                      static_cast<uint64_t>(o_.dp) * 2);
+      if (dp) {
+        for (int c = 0; c < v; ++c) {
+          for (int b = 0; b < z_.buckets; ++b) {
+            gate_next.push_back(Coll(kDp, CollOp::kAllGather, slot_dp_, pbytes, DType::kBF16,
+                                     it_ + "dp param c" + std::to_string(c) + " bucket" + std::to_string(b), {step}));
+          }
+        }
+      }
+      if (slot_edp_ != kNo) {
+        for (int c = 0; c < v; ++c) {
+          gate_next.push_back(Coll(kDp, CollOp::kAllGather, slot_edp_, z_.expert_param_bytes_chunk, DType::kBF16,
+                                   it_ + "edp expert param c" + std::to_string(c), {step}));
+        }
+      }
+    }
+    return gate_next;
+  }
+
+  // Position of node `id` in the compute stream (ids there are increasing).
+  size_t FindCompute(uint32_t id) const {
+    const auto& v = cls_.streams[kCompute].nodes;
+    auto it = std::lower_bound(v.begin(), v.end(), id, [](const Node& n, uint32_t x) { return n.id < x; });
+    return static_cast<size_t>(it - v.begin());
+  }
+
+  const SynthOptions& o_;
+  const Sizes& z_;
+  int s_;
+  uint32_t slot_tp_, slot_pp_, slot_dp_, slot_ep_, slot_edp_;
+  trace::RoleClass cls_;
+  uint32_t next_id_ = 0;
+  uint32_t iter_ = 0;
+  std::vector<int> stream_of_;       // node id -> stream
+  std::string it_;                   // name prefix of the current iteration
+  std::vector<uint32_t> pending_;    // exchange ops the next compute waits for
+  uint32_t last_compute_ = kNo;
+  std::vector<uint32_t> recv_of_;    // interleaved: op index -> its input receive
+};
+
+bool Check(bool ok, const std::string& msg, std::string* error) {
+  if (!ok && error) *error = msg;
+  return ok;
+}
+
+}  // namespace
+
+bool Synthesize(const SynthOptions& o, trace::Trace* out, std::string* error) {
+  auto positive = [&](int v, const char* name) {
+    return Check(v >= 1, std::string("--") + name + " must be at least 1 (got " + std::to_string(v) + ")", error);
+  };
+  if (!positive(o.tp, "tp") || !positive(o.pp, "pp") || !positive(o.dp, "dp") || !positive(o.ep, "ep") ||
+      !positive(o.vpp, "vpp") || !positive(o.microbatches, "microbatches") || !positive(o.iterations, "iterations") ||
+      !positive(o.hidden, "hidden") || !positive(o.seq_len, "seq-len") ||
+      !positive(o.micro_batch_size, "micro-batch-size") || !positive(o.moe_topk, "moe-topk")) {
+    return false;
+  }
+  const int64_t world = static_cast<int64_t>(o.tp) * o.pp * o.dp;
+  if (!Check(world <= (1 << 22), "world size tp*pp*dp = " + std::to_string(world) + " is too large (max 4194304)", error)) return false;
+  if (!Check(o.dp % o.ep == 0, "--ep " + std::to_string(o.ep) + " must divide --dp " + std::to_string(o.dp), error)) return false;
+  if (o.ep > 1 && !Check(o.num_experts >= o.ep && o.num_experts % o.ep == 0,
+                         "--num-experts " + std::to_string(o.num_experts) + " must be a multiple of --ep " + std::to_string(o.ep), error)) {
+    return false;
+  }
+  if (o.vpp > 1) {
+    if (!Check(o.pp > 1, "--vpp needs --pp > 1", error)) return false;
+    if (!Check(o.microbatches % o.pp == 0, "the interleaved schedule (--vpp > 1) needs --microbatches (" +
+                                                 std::to_string(o.microbatches) + ") to be a multiple of --pp (" +
+                                                 std::to_string(o.pp) + ")", error)) {
+      return false;
+    }
+  }
+  const int chunks = o.pp * o.vpp;
+  int layers = o.layers > 0 ? o.layers : ((32 + chunks - 1) / chunks) * chunks;
+  if (!Check(layers % chunks == 0, "--layers " + std::to_string(layers) + " must be a multiple of pp*vpp = " + std::to_string(chunks), error)) {
+    return false;
+  }
+  if (!Check(o.tflops > 0, "--tflops must be positive", error)) return false;
+
+  // Sizes, FLOPs and times.
+  Sizes z;
+  const double h = o.hidden, s = o.seq_len, b = o.micro_batch_size, tp = o.tp;
+  const bool moe = o.ep > 1;
+  z.layers_per_chunk = layers / chunks;
+  const double per_us = o.tflops * 1e6;  // FLOPs per microsecond
+  const double attn_flops = (8 * b * s * h * h + 4 * b * s * s * h) / tp;
+  const double mlp_flops = 16 * b * s * h * h * (moe ? o.moe_topk : 1) / tp;
+  z.fwd_attn_us = attn_flops / per_us;
+  z.fwd_mlp_us = mlp_flops / per_us;
+  z.bwd_attn_us = 2 * z.fwd_attn_us;
+  z.bwd_mlp_us = 2 * z.fwd_mlp_us;
+  if (o.fwd_us >= 0) {  // scale the per-layer split to the given per-chunk totals
+    double f = o.fwd_us / (z.layers_per_chunk * (z.fwd_attn_us + z.fwd_mlp_us));
+    z.fwd_attn_us *= f;
+    z.fwd_mlp_us *= f;
+  }
+  double bwd_total = o.bwd_us >= 0 ? o.bwd_us : 2 * z.layers_per_chunk * (z.fwd_attn_us + z.fwd_mlp_us);
+  {
+    double f = bwd_total / (z.layers_per_chunk * (z.bwd_attn_us + z.bwd_mlp_us));
+    z.bwd_attn_us *= f;
+    z.bwd_mlp_us *= f;
+  }
+  z.fwd_us = z.layers_per_chunk * (z.fwd_attn_us + z.fwd_mlp_us);
+  z.bwd_us = z.layers_per_chunk * (z.bwd_attn_us + z.bwd_mlp_us);
+  const bool sp = o.sequence_parallel && o.tp > 1;
+  const double tokens_bytes = s * b * h * 2;  // one bf16 activation tensor
+  z.act_bytes = o.act_bytes > 0 ? o.act_bytes : static_cast<uint64_t>(tokens_bytes / (sp ? tp : 1));
+  z.tp_bytes = static_cast<uint64_t>(tokens_bytes);
+  z.a2a_bytes = static_cast<uint64_t>(tokens_bytes * o.moe_topk / (sp ? tp : 1));
+  z.dense_params_chunk = z.layers_per_chunk * (moe ? 4 : 12) * h * h / tp;
+  z.expert_params_chunk = moe ? z.layers_per_chunk * (static_cast<double>(o.num_experts) / o.ep) * 8 * h * h / tp : 0;
+  const int gsize = trace::DTypeSize(o.grad_dtype);
+  z.grad_bytes_chunk = o.grad_bytes > 0 ? o.grad_bytes : RoundUp(z.dense_params_chunk * gsize, static_cast<uint64_t>(o.dp) * gsize);
+  z.param_bytes_chunk = RoundUp(static_cast<double>(z.grad_bytes_chunk) / gsize * 2, static_cast<uint64_t>(o.dp) * 2);
+  const int edp = o.dp / o.ep;
+  z.expert_grad_bytes_chunk = RoundUp(z.expert_params_chunk * gsize, static_cast<uint64_t>(edp) * gsize);
+  z.expert_param_bytes_chunk = RoundUp(z.expert_params_chunk * 2, static_cast<uint64_t>(edp) * 2);
+  z.buckets = o.dp_buckets > 0 ? o.dp_buckets
+                               : std::max(1, static_cast<int>(std::ceil(z.dense_params_chunk / 40e6)));
+  // Adam with a distributed optimizer touches ~24 bytes per local parameter (fp32 param, grad, two moments) at
+  // ~3 TB/s of HBM.
+  double local_params = (z.dense_params_chunk + z.expert_params_chunk) * o.vpp /
+                        (o.distributed_optimizer ? o.dp : 1);
+  z.optimizer_us = o.optimizer_us >= 0 ? o.optimizer_us : local_params * 24 / 3e12 * 1e6;
+
+  trace::Trace t;
+  t.world_size = static_cast<int32_t>(world);
+  t.layout.tp = o.tp;
+  t.layout.pp = o.pp;
+  t.layout.dp = o.dp;
+  t.layout.ep = o.ep;
+  t.layout.order = "tp-cp-ep-dp-pp";
+  t.topology = o.topology;
+  auto rank_of = [&](int ti, int di, int si) { return static_cast<int32_t>(ti + o.tp * (di + o.dp * si)); };
+
+  // Which slots exist.
+  std::vector<std::string> slots;
+  auto slot = [&](bool used, const char* name) -> uint32_t {
+    if (!used) return kNo;
+    slots.push_back(name);
+    return static_cast<uint32_t>(slots.size() - 1);
+  };
+  const uint32_t slot_tp = slot(o.tp > 1 && o.tp_comm, "tp");
+  const uint32_t slot_pp = slot(o.pp > 1, "pp");
+  const uint32_t slot_dp = slot(o.dp > 1, "dp");
+  const uint32_t slot_ep = slot(moe, "ep");
+  const uint32_t slot_edp = slot(moe && edp > 1, "edp");
+
+  // Communicators; comm_of[slot][rank].
+  std::vector<std::vector<uint32_t>> comm_of(slots.size(), std::vector<uint32_t>(world, kNo));
+  auto add_comm = [&](uint32_t sl, const char* desc, const std::vector<int32_t>& ranks) {
+    trace::Comm c;
+    c.id = static_cast<uint32_t>(t.comms.size());
+    c.ranks = ranks;
+    c.desc = desc;
+    for (int32_t r : ranks) comm_of[sl][r] = c.id;
+    t.comms.push_back(std::move(c));
+  };
+  if (slot_tp != kNo) {
+    for (int si = 0; si < o.pp; ++si) {
+      for (int di = 0; di < o.dp; ++di) {
+        std::vector<int32_t> r;
+        for (int ti = 0; ti < o.tp; ++ti) r.push_back(rank_of(ti, di, si));
+        add_comm(slot_tp, "TENSOR_MODEL_PARALLEL", r);
+      }
+    }
+  }
+  if (slot_pp != kNo) {
+    for (int di = 0; di < o.dp; ++di) {
+      for (int ti = 0; ti < o.tp; ++ti) {
+        std::vector<int32_t> r;
+        for (int si = 0; si < o.pp; ++si) r.push_back(rank_of(ti, di, si));
+        add_comm(slot_pp, "PIPELINE_MODEL_PARALLEL", r);
+      }
+    }
+  }
+  if (slot_dp != kNo) {
+    for (int si = 0; si < o.pp; ++si) {
+      for (int ti = 0; ti < o.tp; ++ti) {
+        std::vector<int32_t> r;
+        for (int di = 0; di < o.dp; ++di) r.push_back(rank_of(ti, di, si));
+        add_comm(slot_dp, "DATA_PARALLEL", r);
+      }
+    }
+  }
+  if (slot_ep != kNo) {  // expert groups: ep consecutive data-parallel ranks (Megatron's tp-ep-dp-pp order)
+    for (int si = 0; si < o.pp; ++si) {
+      for (int ti = 0; ti < o.tp; ++ti) {
+        for (int d0 = 0; d0 < o.dp; d0 += o.ep) {
+          std::vector<int32_t> r;
+          for (int e = 0; e < o.ep; ++e) r.push_back(rank_of(ti, d0 + e, si));
+          add_comm(slot_ep, "EXPERT_MODEL_PARALLEL", r);
+        }
+      }
+    }
+  }
+  if (slot_edp != kNo) {
+    for (int si = 0; si < o.pp; ++si) {
+      for (int ti = 0; ti < o.tp; ++ti) {
+        for (int e = 0; e < o.ep; ++e) {
+          std::vector<int32_t> r;
+          for (int di = e; di < o.dp; di += o.ep) r.push_back(rank_of(ti, di, si));
+          add_comm(slot_edp, "EXPERT_DATA_PARALLEL", r);
+        }
+      }
+    }
+  }
+
+  // Classes: one per (tp, pp) position; every tp rank of a stage runs the same nodes.
+  t.classes.reserve(static_cast<size_t>(o.tp) * o.pp);
+  for (int si = 0; si < o.pp; ++si) {
+    StageBuilder sb(o, z, si, slot_tp, slot_pp, slot_dp, slot_ep, slot_edp);
+    trace::RoleClass stage = sb.Build(slots);
+    for (int ti = 0; ti < o.tp; ++ti) {
+      trace::RoleClass c = stage;
+      c.name = "tp" + std::to_string(ti) + "-pp" + std::to_string(si);
+      t.classes.push_back(std::move(c));
+    }
+  }
+  t.ranks.resize(world);
+  for (int si = 0; si < o.pp; ++si) {
+    for (int di = 0; di < o.dp; ++di) {
+      for (int ti = 0; ti < o.tp; ++ti) {
+        int32_t r = rank_of(ti, di, si);
+        trace::RankBinding& rb = t.ranks[r];
+        rb.cls = static_cast<uint32_t>(si * o.tp + ti);
+        for (size_t sl = 0; sl < slots.size(); ++sl) rb.comms.push_back(comm_of[sl][r]);
+      }
+    }
+  }
+  *out = std::move(t);
+  return true;
+}
+
+}  // namespace prism::replay
