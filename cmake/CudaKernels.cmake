@@ -19,12 +19,17 @@ function(prism_embed_fatbin target symbol)
   set(fatbin ${CMAKE_CURRENT_BINARY_DIR}/${symbol}.fatbin)
   set(out_cc ${CMAKE_CURRENT_BINARY_DIR}/${symbol}.cc)
   set(srcs "")
+  set(unity "// Generated: one translation unit for all of ${symbol}'s kernels.\n")
   foreach(s ${ARGN})
     list(APPEND srcs ${CMAKE_CURRENT_SOURCE_DIR}/${s})
+    string(APPEND unity "#include \"${CMAKE_CURRENT_SOURCE_DIR}/${s}\"\n")
   endforeach()
+  # Why one unity file: nvcc --fatbin takes a single input file (and -rdc would drop the PTX fallback).
+  set(unity_cu ${CMAKE_CURRENT_BINARY_DIR}/${symbol}_all.cu)
+  file(CONFIGURE OUTPUT ${unity_cu} CONTENT "${unity}")
   if(PRISM_NVCC)
     add_custom_command(OUTPUT ${fatbin}
-      COMMAND ${PRISM_NVCC} --fatbin -O3 ${gencode} -o ${fatbin} ${srcs}
+      COMMAND ${PRISM_NVCC} --fatbin -O3 ${gencode} -I${PROJECT_SOURCE_DIR}/src -o ${fatbin} ${unity_cu}
       DEPENDS ${srcs} COMMENT "nvcc fatbin ${symbol}" VERBATIM)
   else()
     add_custom_command(OUTPUT ${fatbin} COMMAND ${CMAKE_COMMAND} -E touch ${fatbin} VERBATIM)

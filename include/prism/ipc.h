@@ -46,8 +46,9 @@ struct OpArrive {
   uint32_t op;        // prism::trace::CollOp, or 100 + NodeKind for p2p
   uint64_t seq;       // per-communicator sequence number on this rank
   uint64_t bytes;
-  uint64_t arrival_ns;  // GPU clock (%globaltimer, Unix epoch ns)
-  int32_t peer;         // p2p peer in communicator ranks, -1 otherwise
+  uint64_t arrival_ns;    // GPU clock (%globaltimer, Unix epoch ns)
+  uint64_t model_dur_ns;  // duration the shim's cost model (or the graph) gives this operation at target scale
+  int32_t peer;           // p2p peer in communicator ranks, -1 otherwise
   uint32_t reserved;
 };
 
@@ -73,6 +74,7 @@ struct OpRecord {
   uint8_t algo;           // cost-model algorithm chosen (0 unknown)
   uint8_t proto;          // cost-model protocol chosen (0 unknown)
   uint8_t reserved;
+  uint32_t reserved2;
 };
 
 struct MemorySample {
@@ -92,7 +94,7 @@ struct IterationMark {
 #pragma pack(pop)
 
 static_assert(sizeof(FrameHeader) == 12);
-static_assert(std::is_trivially_copyable_v<OpArrive> && sizeof(OpArrive) == 40);
+static_assert(std::is_trivially_copyable_v<OpArrive> && sizeof(OpArrive) == 48);
 static_assert(sizeof(OpRelease) == 32);
 static_assert(sizeof(OpRecord) == 60);
 static_assert(sizeof(MemorySample) == 24);
