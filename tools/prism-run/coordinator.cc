@@ -1,12 +1,159 @@
-// prism-run coordinator: run the coordinator alone (store, logical world, event bus)
+// prism-run coordinator: run the coordinator alone (store, logical world, event bus) until SIGINT/SIGTERM.
+#include <signal.h>
+
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <string>
+
+#include "coordinator/coordinator.h"
+#include "coordinator/world.h"
 #include "subcommands.h"
 
 namespace prism::cli {
+namespace {
+
+struct CoordinatorCli {
+  int world_size = 0;
+  std::string ranks = "0";
+  int port = 0;
+  std::string host = "127.0.0.1";
+  std::string bus_tcp;
+  std::string layout;
+  int gpus_per_node = 8;
+  std::string graph;
+  std::string payload = "mirror";
+  std::string topology;
+  std::string out;
+  int ranks_per_root = 128;
+  std::string record_wire;
+};
+
+// Megatron's groups from --layout, named as torch names them when initialize_model_parallel makes the job's first
+// new_group calls ("1", "2", ...). Only a fallback: the Python hook's registrations win (docs/coordinator.md).
+class LayoutMembership : public coord::GroupMembership {
+ public:
+  explicit LayoutMembership(world::World w) : world_(std::move(w)) {}
+  std::optional<std::vector<int>> Members(std::string_view name) const override {
+    int i = 0;
+    for (char c : name) {
+      if (c < '0' || c > '9' || i > 100000000) return std::nullopt;
+      i = i * 10 + (c - '0');
+    }
+    const auto& groups = world_.MegatronGroups();
+    if (name.empty() || i < 1 || i > static_cast<int>(groups.size())) return std::nullopt;
+    return groups[static_cast<size_t>(i - 1)].members;
+  }
+
+ private:
+  world::World world_;
+};
+
+std::string DefaultOut() {
+  char buf[64];
+  std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", std::localtime(&t));
+  return std::string("prism-out/coordinator-") + buf;
+}
+
+int RunCoordinator(const CoordinatorCli& o) {
+  coord::CoordinatorOptions opts;
+  opts.world_size = o.world_size;
+  std::string error;
+  if (!coord::ParseRankList(o.ranks, o.world_size, &opts.real_ranks, &error)) {
+    std::fprintf(stderr, "prism-run coordinator: --ranks: %s\n", error.c_str());
+    return kExitBadInput;
+  }
+  std::unique_ptr<LayoutMembership> membership;
+  if (!o.layout.empty()) {
+    auto layout = world::ParseLayout(o.layout, &error);
+    if (!layout || !world::ResolveLayout(&*layout, o.world_size, "--world-size", &error)) {
+      std::fprintf(stderr, "prism-run coordinator: --layout '%s': %s\n", o.layout.c_str(), error.c_str());
+      return kExitBadInput;
+    }
+    auto w = world::World::Make(*layout, o.gpus_per_node, &error);
+    if (!w) {
+      std::fprintf(stderr, "prism-run coordinator: --layout '%s': %s\n", o.layout.c_str(), error.c_str());
+      return kExitBadInput;
+    }
+    membership = std::make_unique<LayoutMembership>(std::move(*w));
+    opts.membership = membership.get();
+  }
+  opts.store_host = o.host;
+  opts.store_port = static_cast<uint16_t>(o.port);
+  opts.bus_tcp = o.bus_tcp;
+  opts.layout = o.layout;
+  opts.graph = o.graph;
+  opts.payload = o.payload;
+  opts.topology = o.topology;
+  opts.out_dir = o.out.empty() ? DefaultOut() : o.out;
+  opts.ranks_per_root = o.ranks_per_root;
+  opts.record_wire = o.record_wire;
+
+  // Why block first: the store and bus threads inherit the mask, so SIGINT/SIGTERM reach sigwait below only.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  auto coord = coord::Coordinator::Start(opts, &error);
+  if (!coord) {
+    std::fprintf(stderr, "prism-run coordinator: %s\n", error.c_str());
+    return kExitFailure;
+  }
+  const auto& ep = coord->endpoints();
+  std::printf("prism coordinator: world %d, real ranks %s, out %s\n", o.world_size, o.ranks.c_str(),
+              opts.out_dir.c_str());
+  std::printf("MASTER_ADDR=%s MASTER_PORT=%u PRISM_COORD_SOCKET=%s%s%s\n", ep.store_host.c_str(),
+              unsigned{ep.store_port}, ep.socket_path.c_str(), ep.bus_tcp.empty() ? "" : " PRISM_COORD_ADDR=",
+              ep.bus_tcp.c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::fprintf(stderr, "prism-run coordinator: signal %d, stopping\n", sig);
+  coord->Stop();
+  return kExitOk;
+}
+
+}  // namespace
 
 void AddCoordinator(CLI::App& app, int* rc) {
-  auto* sub = app.add_subcommand("coordinator", "run the coordinator alone (store, logical world, event bus) [not built yet]");
-  sub->allow_extras();
-  sub->callback([rc] { *rc = NotBuilt("coordinator", "issue 5"); });
+  auto o = std::make_shared<CoordinatorCli>();
+  auto* sub = app.add_subcommand("coordinator",
+                                 "run the coordinator alone: the rendezvous store (TCPStore protocol, virtual ranks "
+                                 "stood in for), the event bus for libprism; until SIGINT/SIGTERM");
+  sub->add_option("--world-size", o->world_size, "ranks of the target job")
+      ->required()
+      ->check(CLI::PositiveNumber)
+      ->envname("PRISM_WORLD_SIZE");
+  sub->add_option("--ranks", o->ranks, "logical ranks run for real: \"0\", \"0,517\", \"0-7\"")
+      ->capture_default_str()
+      ->envname("PRISM_RANKS");
+  sub->add_option("--port", o->port, "store port (MASTER_PORT); 0 picks a free one")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535))
+      ->envname("PRISM_STORE_PORT");
+  sub->add_option("--host", o->host, "store bind address; 0.0.0.0 to accept other hosts")
+      ->capture_default_str()
+      ->envname("PRISM_STORE_HOST");
+  sub->add_option("--bus-tcp", o->bus_tcp, "also serve the event bus on HOST:PORT (for ranks on other hosts)")
+      ->envname("PRISM_COORD_LISTEN");
+  sub->add_option("--layout", o->layout,
+                  "\"tp=8,pp=4,dp=32[,...]\": Megatron's groups as a fallback for unregistered group members");
+  sub->add_option("--gpus-per-node", o->gpus_per_node, "placement for --layout")->capture_default_str();
+  sub->add_option("--graph", o->graph, "PrismTrace the virtual ranks follow (recorded; replay not built yet)");
+  sub->add_option("--payload", o->payload, "data policy of virtual members, passed to the shims")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mirror", "recorded", "random", "zeros"}));
+  sub->add_option("--topology", o->topology, "target cluster, passed to the shims");
+  sub->add_option("--out", o->out, "output directory (coord.sock, coordinator.json, status.json)")
+      ->envname("PRISM_OUT_DIR");
+  sub->add_option("--ranks-per-root", o->ranks_per_root, "TORCH_NCCL_RANKS_PER_ROOT of the job (scalable init)")
+      ->capture_default_str()
+      ->envname("TORCH_NCCL_RANKS_PER_ROOT");
+  sub->add_option("--record-wire", o->record_wire, "write every byte store clients send to FILE (replay tests)");
+  sub->callback([o, rc] { *rc = RunCoordinator(*o); });
 }
 
 }  // namespace prism::cli

@@ -1,0 +1,960 @@
+#include "coordinator/coordinator.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "common/ipc_io.h"
+#include "common/log.h"
+#include "coordinator/store_server.h"
+
+namespace prism::coord {
+namespace {
+
+using json = nlohmann::json;
+using BusId = uint64_t;
+
+constexpr BusId kUnixListenId = 1;
+constexpr BusId kTcpListenId = 2;
+constexpr BusId kWakeId = 3;
+constexpr BusId kTimerId = 4;
+constexpr uint64_t kMaxBusOutput = 64ull << 20;
+
+uint64_t NowNs() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
+std::string HostName() {
+  char h[256] = {0};
+  ::gethostname(h, sizeof(h) - 1);
+  return h;
+}
+
+bool WriteFileAtomic(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return false;
+    f << text;
+    if (!f.good()) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port) {
+  size_t c = s.rfind(':');
+  if (c == std::string::npos) return false;
+  *host = s.substr(0, c);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  try {
+    int p = std::stoi(s.substr(c + 1));
+    if (p < 0 || p > 65535) return false;
+    *port = static_cast<uint16_t>(p);
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
+
+const char* OpName(uint32_t op) {
+  // prism::trace::CollOp values are the lead's; only names for status lines, numbers are printed too.
+  if (op >= 100) return op == 103 ? "send" : op == 104 ? "recv" : "p2p";
+  return "coll";
+}
+
+}  // namespace
+
+ReleaseDecision DefaultRelease(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals) {
+  ReleaseDecision d;
+  uint64_t latest = 0;
+  uint64_t dur = 0;
+  for (const Arrival& a : arrivals) {
+    if (a.op.arrival_ns >= latest) {
+      latest = a.op.arrival_ns;
+      d.last_rank = a.rank;
+    }
+    dur = std::max<uint64_t>(dur, a.op.reserved);
+  }
+  if (arrivals.size() <= 1) d.last_rank = -1;  // nobody else to wait for: the duration decides
+  d.release_ns = latest + dur;
+  return d;
+}
+
+bool ParseRankList(const std::string& text, int world_size, std::vector<int>* out, std::string* error) {
+  out->clear();
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    std::string part = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    start = comma == std::string::npos ? text.size() + 1 : comma + 1;
+    if (part.empty()) {
+      *error = fmt::format("rank list '{}': empty entry", text);
+      return false;
+    }
+    int lo = 0, hi = 0;
+    size_t dash = part.find('-');
+    try {
+      size_t used = 0;
+      if (dash == std::string::npos) {
+        lo = hi = std::stoi(part, &used);
+        if (used != part.size()) throw std::invalid_argument("trailing");
+      } else {
+        lo = std::stoi(part.substr(0, dash), &used);
+        if (used != dash) throw std::invalid_argument("trailing");
+        hi = std::stoi(part.substr(dash + 1), &used);
+        if (used != part.size() - dash - 1) throw std::invalid_argument("trailing");
+      }
+    } catch (...) {
+      *error = fmt::format("rank list '{}': '{}' is not a rank or a range a-b", text, part);
+      return false;
+    }
+    if (lo < 0 || hi < lo || (world_size > 0 && hi >= world_size)) {
+      *error = fmt::format("rank list '{}': '{}' is outside 0..{}", text, part, world_size - 1);
+      return false;
+    }
+    for (int r = lo; r <= hi; ++r) out->push_back(r);
+  }
+  std::sort(out->begin(), out->end());
+  out->erase(std::unique(out->begin(), out->end()), out->end());
+  return true;
+}
+
+class Coordinator::Impl {
+ public:
+  bool Start(const CoordinatorOptions& opts, std::string* error);
+  void Stop();
+  std::string StatusJson();
+  void RegisterGroup(const std::string& name, std::vector<int> members, const std::string& desc) {
+    vr_->RegisterGroup(name, std::move(members), desc);
+    store_.RetryWaits();
+  }
+
+  CoordinatorOptions opts_;
+  CoordinatorEndpoints ep_;
+  std::unique_ptr<VirtualRanks> vr_;
+
+ private:
+  struct BusClient {
+    int fd = -1;
+    std::string peer;
+    ipc::FrameDecoder decoder;
+    std::string out;
+    size_t out_pos = 0;
+    bool want_write = false;
+    int rank = -1;
+    std::string drop_reason;
+  };
+  struct RankState {
+    std::string state = "not connected";
+    int pid = 0;
+    std::string host;
+    int gpu = -1;
+    int local_rank = -1;
+    BusId conn = 0;
+    uint64_t connected_ns = 0, last_seen_ns = 0;
+    uint64_t iterations = 0, last_iter_dur_ns = 0, last_iter_ns = 0;
+    uint64_t peak_bytes = 0, current_bytes = 0, torch_max_allocated = 0;
+    uint64_t ops_recorded = 0, ops_arrived = 0;
+    ipc::OpRecord last_record{};
+    bool has_record = false;
+    bool waiting = false;
+    uint32_t waiting_comm = 0;
+    uint64_t waiting_seq = 0;
+    uint64_t waiting_since_ns = 0;
+    uint32_t waiting_op = 0;
+    std::string bye_reason;
+  };
+
+  bool Listen(std::string* error);
+  void Loop();
+  void AcceptOn(int listen_fd);
+  void OnReadable(BusId id);
+  void HandleFrame(BusId id, BusClient& c, const ipc::Frame& f);
+  void Send(BusId id, ipc::MsgType type, std::string_view payload);
+  void SendJson(BusId id, ipc::MsgType type, const json& j) { Send(id, type, j.dump()); }
+  void Flush(BusId id, BusClient& c);
+  void DropClient(BusId id);
+  void HandleHello(BusId id, BusClient& c, const json& j);
+  void HandleCommInit(BusId id, BusClient& c, const json& j);
+  void HandleArrive(BusId id, BusClient& c, const ipc::OpArrive& a);
+  void MaybeWriteStatus(bool force);
+  json StatusLocked();
+  void WriteInfo(const char* state);
+
+  store::StoreServer store_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  int epoll_fd_ = -1, unix_fd_ = -1, tcp_fd_ = -1, wake_fd_ = -1, timer_fd_ = -1;
+  std::mutex mu_;  // bus state below; the bus thread holds it while handling a batch
+  std::unordered_map<BusId, BusClient> clients_;
+  BusId next_id_ = 16;
+  std::map<int, RankState> ranks_;  // real ranks
+  std::vector<CommView> comms_;     // comm_id - 1 -> view
+  std::unordered_map<std::string, uint32_t> comm_by_key_;
+  std::map<std::pair<uint32_t, uint64_t>, std::vector<Arrival>> pending_;
+  uint64_t releases_ = 0;
+  uint64_t started_ns_ = 0;
+  bool status_dirty_ = true;
+  int idle_ticks_ = 0;
+  bool stopped_ = false;
+  bool info_written_ = false;
+};
+
+bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error) {
+  opts_ = opts;
+  if (opts_.world_size <= 0) {
+    *error = "coordinator: world size must be positive";
+    return false;
+  }
+  for (int r : opts_.real_ranks) {
+    if (r < 0 || r >= opts_.world_size) {
+      *error = fmt::format("coordinator: real rank {} outside the world of {}", r, opts_.world_size);
+      return false;
+    }
+  }
+  if (opts_.out_dir.empty()) {
+    *error = "coordinator: an output directory is required";
+    return false;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(opts_.out_dir, ec);
+  if (ec) {
+    *error = fmt::format("coordinator: cannot create '{}': {}", opts_.out_dir, ec.message());
+    return false;
+  }
+  started_ns_ = NowNs();
+  if (opts_.run_id.empty()) opts_.run_id = fmt::format("{}-{}", HostName(), ::getpid());
+  VirtualRanksOptions vo;
+  vo.world_size = opts_.world_size;
+  vo.real_ranks = opts_.real_ranks;
+  vo.ranks_per_root = opts_.ranks_per_root;
+  vo.membership = opts_.membership;
+  vr_ = std::make_unique<VirtualRanks>(vo);
+  for (int r : opts_.real_ranks) ranks_[r] = RankState{};
+
+  store::StoreServerOptions so;
+  so.host = opts_.store_host;
+  so.port = opts_.store_port;
+  so.stand_in = vr_.get();
+  so.record_path = opts_.record_wire;
+  if (!store_.Start(so, error)) return false;
+  ep_.store_host = opts_.store_host;
+  if (ep_.store_host == "0.0.0.0" || ep_.store_host == "::" || ep_.store_host.empty()) ep_.store_host = HostName();
+  ep_.store_port = store_.port();
+  ep_.info_path = (std::filesystem::path(opts_.out_dir) / "coordinator.json").string();
+  ep_.status_path = (std::filesystem::path(opts_.out_dir) / "status.json").string();
+  if (!Listen(error)) {
+    store_.Stop();
+    return false;
+  }
+  WriteInfo("running");
+  MaybeWriteStatus(true);
+  thread_ = std::thread([this] { Loop(); });
+  Log("coord")->info("coordinator up: world {}, {} real ranks, store {}:{}, bus {}{}", opts_.world_size,
+                     opts_.real_ranks.size(), ep_.store_host, ep_.store_port, ep_.socket_path,
+                     ep_.bus_tcp.empty() ? "" : " and " + ep_.bus_tcp);
+  return true;
+}
+
+bool Coordinator::Impl::Listen(std::string* error) {
+  std::string path = (std::filesystem::absolute(opts_.out_dir) / "coord.sock").string();
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    // Why: sun_path holds 107 characters; deep output directories do not fit.
+    path = fmt::format("/tmp/prism-coord-{}-{}.sock", ::getpid(), started_ns_ % 1000000);
+  }
+  ::unlink(path.c_str());
+  unix_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (unix_fd_ < 0 || ::bind(unix_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(unix_fd_, SOMAXCONN) != 0) {
+    *error = fmt::format("coordinator: cannot listen on Unix socket '{}': {}", path, std::strerror(errno));
+    return false;
+  }
+  ep_.socket_path = path;
+  if (!opts_.bus_tcp.empty()) {
+    std::string host;
+    uint16_t port = 0;
+    if (!SplitHostPort(opts_.bus_tcp, &host, &port)) {
+      *error = fmt::format("coordinator: bus address '{}' is not HOST:PORT", opts_.bus_tcp);
+      return false;
+    }
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    if (int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints, &res);
+        rc != 0) {
+      *error = fmt::format("coordinator: bus address '{}': {}", opts_.bus_tcp, gai_strerror(rc));
+      return false;
+    }
+    for (addrinfo* ai = res; ai && tcp_fd_ < 0; ai = ai->ai_next) {
+      int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+      int one = 1;
+      if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (fd >= 0 && ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0) {
+        tcp_fd_ = fd;
+      } else if (fd >= 0) {
+        ::close(fd);
+      }
+    }
+    ::freeaddrinfo(res);
+    if (tcp_fd_ < 0) {
+      *error = fmt::format("coordinator: cannot listen on bus address '{}': {}", opts_.bus_tcp, std::strerror(errno));
+      return false;
+    }
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof(ss);
+    ::getsockname(tcp_fd_, reinterpret_cast<sockaddr*>(&ss), &sl);
+    uint16_t bound = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                              : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    std::string adv = (host.empty() || host == "0.0.0.0" || host == "::") ? HostName() : host;
+    ep_.bus_tcp = fmt::format("{}:{}", adv, bound);
+  }
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (epoll_fd_ < 0 || wake_fd_ < 0 || timer_fd_ < 0) {
+    *error = fmt::format("coordinator: epoll/eventfd/timerfd: {}", std::strerror(errno));
+    return false;
+  }
+  itimerspec its{};
+  int ms = std::max(opts_.status_interval_ms, 10);
+  its.it_interval.tv_sec = ms / 1000;
+  its.it_interval.tv_nsec = (ms % 1000) * 1000000L;
+  its.it_value = its.it_interval;
+  ::timerfd_settime(timer_fd_, 0, &its, nullptr);
+  auto add = [this](int fd, BusId id) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = id;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  };
+  add(unix_fd_, kUnixListenId);
+  if (tcp_fd_ >= 0) add(tcp_fd_, kTcpListenId);
+  add(wake_fd_, kWakeId);
+  add(timer_fd_, kTimerId);
+  return true;
+}
+
+void Coordinator::Impl::WriteInfo(const char* state) {
+  json j;
+  j["version"] = 1;
+  j["state"] = state;
+  j["run_id"] = opts_.run_id;
+  j["pid"] = ::getpid();
+  j["host"] = HostName();
+  j["store_host"] = ep_.store_host;
+  j["store_bind"] = opts_.store_host;
+  j["store_port"] = ep_.store_port;
+  j["socket"] = ep_.socket_path;
+  j["bus_tcp"] = ep_.bus_tcp;
+  j["world_size"] = opts_.world_size;
+  j["real_ranks"] = opts_.real_ranks;
+  j["out_dir"] = opts_.out_dir;
+  j["layout"] = opts_.layout;
+  j["graph"] = opts_.graph;
+  j["payload"] = opts_.payload;
+  j["started_ns"] = started_ns_;
+  j["status"] = "status.json";
+  if (std::string(state) != "running") j["stopped_ns"] = NowNs();
+  info_written_ = true;
+  if (!WriteFileAtomic(ep_.info_path, j.dump(2) + "\n")) {
+    Log("coord")->error("cannot write {}: {}", ep_.info_path, std::strerror(errno));
+  }
+}
+
+void Coordinator::Impl::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  if (thread_.joinable()) {
+    stop_ = true;
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+    thread_.join();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, c] : clients_) ::close(c.fd);
+    clients_.clear();
+    for (auto& [r, s] : ranks_) {
+      if (s.state == "connected") s.state = "lost";
+    }
+  }
+  if (info_written_) MaybeWriteStatus(true);
+  store_.Stop();
+  for (int* fd : {&unix_fd_, &tcp_fd_, &epoll_fd_, &wake_fd_, &timer_fd_}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
+  if (!ep_.socket_path.empty()) ::unlink(ep_.socket_path.c_str());
+  if (info_written_) WriteInfo("stopped");
+  Log("coord")->info("coordinator stopped ({} operations released)", releases_);
+}
+
+void Coordinator::Impl::Loop() {
+  std::vector<epoll_event> events(128);
+  while (!stop_) {
+    int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      Log("coord")->error("epoll_wait: {}; event bus stops", std::strerror(errno));
+      return;
+    }
+    bool tick = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int i = 0; i < n; ++i) {
+        BusId id = events[static_cast<size_t>(i)].data.u64;
+        uint32_t ev = events[static_cast<size_t>(i)].events;
+        if (id == kUnixListenId) {
+          AcceptOn(unix_fd_);
+        } else if (id == kTcpListenId) {
+          AcceptOn(tcp_fd_);
+        } else if (id == kWakeId) {
+          uint64_t v;
+          while (::read(wake_fd_, &v, sizeof(v)) > 0) {
+          }
+        } else if (id == kTimerId) {
+          uint64_t v;
+          while (::read(timer_fd_, &v, sizeof(v)) > 0) {
+          }
+          tick = true;
+        } else if (clients_.count(id)) {
+          if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) OnReadable(id);
+          auto it = clients_.find(id);
+          if (it != clients_.end() && (ev & EPOLLOUT)) Flush(id, it->second);
+        }
+      }
+      std::vector<BusId> drop;
+      for (auto& [id, c] : clients_) {
+        // Flushed even when dropping: a kError should reach the peer before the close.
+        if (c.out_pos < c.out.size()) Flush(id, c);
+        if (!c.drop_reason.empty()) drop.push_back(id);
+      }
+      for (BusId id : drop) DropClient(id);
+    }
+    if (tick) MaybeWriteStatus(false);
+  }
+}
+
+void Coordinator::Impl::AcceptOn(int listen_fd) {
+  for (;;) {
+    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) Log("coord")->error("accept: {}", std::strerror(errno));
+      return;
+    }
+    if (listen_fd == tcp_fd_) {
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+    BusId id = next_id_++;
+    BusClient c;
+    c.fd = fd;
+    c.peer = listen_fd == tcp_fd_ ? "tcp#" + std::to_string(id) : "unix#" + std::to_string(id);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = id;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+    clients_.emplace(id, std::move(c));
+  }
+}
+
+void Coordinator::Impl::OnReadable(BusId id) {
+  BusClient& c = clients_.at(id);
+  char buf[64 * 1024];
+  bool eof = false;
+  for (int turns = 0; turns < 16; ++turns) {
+    ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
+    if (n > 0) {
+      c.decoder.Feed(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    eof = true;
+    break;
+  }
+  ipc::Frame f;
+  for (;;) {
+    ipc::DecodeStatus st = c.decoder.Next(&f);
+    if (st == ipc::DecodeStatus::kNeedMore) break;
+    if (st == ipc::DecodeStatus::kError) {
+      c.drop_reason = c.decoder.error();
+      break;
+    }
+    HandleFrame(id, c, f);
+    if (!c.drop_reason.empty()) break;
+  }
+  if (eof && c.drop_reason.empty()) {
+    c.drop_reason = c.decoder.buffered() ? fmt::format("disconnected mid-frame ({} bytes)", c.decoder.buffered())
+                                         : "closed";
+  }
+}
+
+void Coordinator::Impl::Send(BusId id, ipc::MsgType type, std::string_view payload) {
+  auto it = clients_.find(id);
+  if (it == clients_.end()) return;
+  if (!ipc::AppendFrame(&it->second.out, type, payload.data(), payload.size())) {
+    Log("coord")->error("dropping an oversized {}-byte message to {}", payload.size(), it->second.peer);
+  }
+}
+
+void Coordinator::Impl::Flush(BusId id, BusClient& c) {
+  while (c.out_pos < c.out.size()) {
+    ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
+    if (n > 0) {
+      c.out_pos += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (c.drop_reason.empty()) c.drop_reason = fmt::format("send failed: {}", std::strerror(errno));
+    return;
+  }
+  if (c.out_pos == c.out.size()) {
+    c.out.clear();
+    c.out_pos = 0;
+  } else if (c.out.size() - c.out_pos > kMaxBusOutput) {
+    if (c.drop_reason.empty()) c.drop_reason = "does not read its messages";
+    return;
+  }
+  bool want = c.out_pos < c.out.size();
+  if (want != c.want_write) {
+    c.want_write = want;
+    epoll_event ev{};
+    ev.events = EPOLLIN | (want ? EPOLLOUT : 0u);
+    ev.data.u64 = id;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+  }
+}
+
+void Coordinator::Impl::DropClient(BusId id) {
+  auto it = clients_.find(id);
+  if (it == clients_.end()) return;
+  BusClient& c = it->second;
+  bool lost = false;
+  if (c.rank >= 0) {
+    RankState& r = ranks_[c.rank];
+    if (r.conn == id) {
+      lost = r.state == "connected";
+      if (lost) r.state = "lost";
+      r.conn = 0;
+    }
+  }
+  if (c.drop_reason != "closed") {
+    Log("coord")->warn("dropping bus client {}: {}", c.peer, c.drop_reason);
+  } else if (lost) {
+    Log("coord")->warn("{} disconnected without saying goodbye", c.peer);
+  }
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
+  ::close(c.fd);
+  clients_.erase(it);
+  status_dirty_ = true;
+}
+
+void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f) {
+  using ipc::MsgType;
+  status_dirty_ = true;
+  auto parse = [&](json* j) {
+    *j = json::parse(f.payload, nullptr, false);
+    if (j->is_discarded() || !j->is_object()) {
+      c.drop_reason = fmt::format("message type {} carries no JSON object", static_cast<int>(f.type));
+      return false;
+    }
+    return true;
+  };
+  auto need_hello = [&]() {
+    if (c.rank >= 0) return true;
+    c.drop_reason = fmt::format("message type {} before kHello", static_cast<int>(f.type));
+    return false;
+  };
+  try {
+    switch (f.type) {
+      case MsgType::kHello: {
+        json j;
+        if (parse(&j)) HandleHello(id, c, j);
+        return;
+      }
+      case MsgType::kCommInit: {
+        json j;
+        if (need_hello() && parse(&j)) HandleCommInit(id, c, j);
+        return;
+      }
+      case MsgType::kOpArrive: {
+        ipc::OpArrive a;
+        if (!need_hello()) return;
+        if (!ipc::DecodePod(f, &a)) {
+          c.drop_reason = fmt::format("kOpArrive of {} bytes, expected {}", f.payload.size(), sizeof(a));
+          return;
+        }
+        HandleArrive(id, c, a);
+        return;
+      }
+      case MsgType::kOpRecord: {
+        ipc::OpRecord r;
+        if (!need_hello()) return;
+        if (!ipc::DecodePod(f, &r)) {
+          c.drop_reason = fmt::format("kOpRecord of {} bytes, expected {}", f.payload.size(), sizeof(r));
+          return;
+        }
+        RankState& s = ranks_[c.rank];
+        ++s.ops_recorded;
+        s.last_record = r;
+        s.has_record = true;
+        s.last_seen_ns = NowNs();
+        return;
+      }
+      case MsgType::kMemory: {
+        ipc::MemorySample m;
+        if (!need_hello()) return;
+        if (!ipc::DecodePod(f, &m)) {
+          c.drop_reason = fmt::format("kMemory of {} bytes, expected {}", f.payload.size(), sizeof(m));
+          return;
+        }
+        RankState& s = ranks_[c.rank];
+        s.current_bytes = m.current_bytes;
+        s.peak_bytes = std::max(s.peak_bytes, m.peak_bytes);
+        s.last_seen_ns = NowNs();
+        return;
+      }
+      case MsgType::kIteration: {
+        ipc::IterationMark m;
+        if (!need_hello()) return;
+        if (!ipc::DecodePod(f, &m)) {
+          c.drop_reason = fmt::format("kIteration of {} bytes, expected {}", f.payload.size(), sizeof(m));
+          return;
+        }
+        RankState& s = ranks_[c.rank];
+        s.iterations = std::max<uint64_t>(s.iterations, m.iteration);
+        s.last_iter_dur_ns = m.dur_ns;
+        s.last_iter_ns = m.t_ns;
+        s.peak_bytes = std::max(s.peak_bytes, m.peak_bytes);
+        s.torch_max_allocated = std::max(s.torch_max_allocated, m.torch_max_allocated);
+        s.last_seen_ns = NowNs();
+        return;
+      }
+      case MsgType::kBye: {
+        if (!need_hello()) return;
+        json j = json::parse(f.payload, nullptr, false);
+        RankState& s = ranks_[c.rank];
+        s.state = "bye";
+        s.bye_reason = (j.is_object() ? j.value("reason", std::string()) : std::string());
+        s.last_seen_ns = NowNs();
+        Log("coord")->info("rank {} said goodbye{}", c.rank, s.bye_reason.empty() ? "" : ": " + s.bye_reason);
+        return;
+      }
+      default:
+        c.drop_reason = fmt::format("unexpected message type {}", static_cast<int>(f.type));
+        return;
+    }
+  } catch (const std::exception& e) {
+    // Why catch here: a shim's malformed JSON (wrong field types) must cost that connection, not the coordinator.
+    c.drop_reason = fmt::format("bad message type {}: {}", static_cast<int>(f.type), e.what());
+  }
+}
+
+void Coordinator::Impl::HandleHello(BusId id, BusClient& c, const json& j) {
+  int rank = j.value("rank", -1);
+  if (rank < 0 || rank >= opts_.world_size) {
+    SendJson(id, ipc::MsgType::kError, {{"what", fmt::format("rank {} outside the world of {}", rank,
+                                                             opts_.world_size)}});
+    c.drop_reason = fmt::format("hello with rank {}", rank);
+    return;
+  }
+  if (!vr_->IsReal(rank)) {
+    // Why refuse: the store already answers for this rank as a virtual one (its ids, its init/ count).
+    SendJson(id, ipc::MsgType::kError,
+             {{"what", fmt::format("rank {} is virtual in this emulation (real ranks: {})", rank,
+                                   fmt::join(opts_.real_ranks, ","))}});
+    c.drop_reason = fmt::format("hello from rank {}, which is not a real rank", rank);
+    return;
+  }
+  RankState& s = ranks_[rank];
+  if (s.conn != 0 && s.conn != id && clients_.count(s.conn)) {
+    Log("coord")->warn("rank {} connected again (pid {}); the previous connection is replaced", rank,
+                       j.value("pid", 0));
+    clients_.at(s.conn).rank = -1;
+  }
+  c.rank = rank;
+  s.state = "connected";
+  s.conn = id;
+  s.pid = j.value("pid", 0);
+  s.host = j.value("host", std::string());
+  s.gpu = j.value("gpu", -1);
+  s.local_rank = j.value("local_rank", -1);
+  s.connected_ns = s.last_seen_ns = NowNs();
+  c.peer = fmt::format("rank {} (pid {})", rank, s.pid);
+  json ack = {{"version", ipc::kVersion},     {"run_id", opts_.run_id},        {"payload", opts_.payload},
+              {"topology", opts_.topology},   {"graph", opts_.graph},          {"layout", opts_.layout},
+              {"out_dir", opts_.out_dir},     {"world_size", opts_.world_size}, {"real_ranks", opts_.real_ranks},
+              {"store", fmt::format("{}:{}", ep_.store_host, ep_.store_port)}};
+  SendJson(id, ipc::MsgType::kHelloAck, ack);
+  Log("coord")->info("rank {} connected (pid {}, host {}, gpu {})", rank, s.pid, s.host, s.gpu);
+}
+
+void Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j) {
+  std::string key = j.value("key", std::string());
+  std::string desc = j.value("desc", std::string());
+  int nranks = j.value("nranks", 0);
+  int comm_rank = j.value("rank", -1);
+  std::vector<int> members;
+  std::string comm_key, group, group_desc, how;
+  bool virtual_leader = false;
+  std::string id_bytes;
+  if (!key.empty() && ipc::HexDecode(key, &id_bytes)) {
+    if (auto ident = vr_->LookupId(id_bytes); ident && !ident->members.empty()) {
+      members = ident->members;
+      comm_key = ident->comm_key;
+      group = ident->group_name;
+      group_desc = ident->group_desc;
+      virtual_leader = ident->virtual_leader;
+      how = "unique id";
+    }
+  }
+  if (members.empty() && !desc.empty()) {
+    if (auto g = vr_->LookupGroupByCommDesc(desc)) {
+      members = g->members;
+      group = g->name;
+      group_desc = g->desc;
+      comm_key = "desc:" + desc + ":" + key;
+      how = "description";
+    }
+  }
+  if (members.empty() && nranks == opts_.world_size) {
+    members.resize(static_cast<size_t>(nranks));
+    for (int i = 0; i < nranks; ++i) members[static_cast<size_t>(i)] = i;
+    comm_key = "world:" + key;
+    how = "world size";
+  }
+  json reply = {{"key", key}};
+  std::string problem;
+  if (members.empty()) {
+    problem = "members unknown: the unique id did not go through the store and no registered group matches";
+  } else if (nranks != 0 && static_cast<int>(members.size()) != nranks) {
+    problem = fmt::format("found {} members by {}, the communicator has {}", members.size(), how, nranks);
+  } else if (comm_rank >= 0 && (comm_rank >= static_cast<int>(members.size()) ||
+                                members[static_cast<size_t>(comm_rank)] != c.rank)) {
+    problem = fmt::format("rank {} is not communicator rank {} of the members found by {}", c.rank, comm_rank, how);
+  }
+  if (!problem.empty()) {
+    Log("coord")->warn("comm init from rank {} (key {}..., desc '{}'): {}", c.rank, key.substr(0, 16), desc, problem);
+    reply["comm_id"] = 0;
+    reply["members"] = json::array();
+    reply["real"] = json::array();
+    reply["error"] = problem;
+    SendJson(id, ipc::MsgType::kCommInfo, reply);
+    return;
+  }
+  uint32_t comm_id;
+  auto it = comm_by_key_.find(comm_key);
+  if (it != comm_by_key_.end()) {
+    comm_id = it->second;
+  } else {
+    CommView v;
+    v.comm_id = static_cast<uint32_t>(comms_.size() + 1);
+    v.key = comm_key;
+    v.members = members;
+    for (int m : members) {
+      if (vr_->IsReal(m)) v.real_members.push_back(m);
+    }
+    comms_.push_back(std::move(v));
+    comm_id = comms_.back().comm_id;
+    comm_by_key_[comm_key] = comm_id;
+  }
+  std::vector<bool> real;
+  for (int m : members) real.push_back(vr_->IsReal(m));
+  reply["comm_id"] = comm_id;
+  reply["members"] = members;
+  reply["real"] = real;
+  reply["group"] = group;
+  reply["desc"] = group_desc;
+  reply["virtual_leader"] = virtual_leader;
+  SendJson(id, ipc::MsgType::kCommInfo, reply);
+}
+
+void Coordinator::Impl::HandleArrive(BusId id, BusClient& c, const ipc::OpArrive& a) {
+  if (a.comm_id == 0 || a.comm_id > comms_.size()) {
+    SendJson(id, ipc::MsgType::kError, {{"what", fmt::format("kOpArrive for unknown comm {}", a.comm_id)}});
+    return;
+  }
+  const CommView& comm = comms_[a.comm_id - 1];
+  if (std::find(comm.real_members.begin(), comm.real_members.end(), c.rank) == comm.real_members.end()) {
+    SendJson(id, ipc::MsgType::kError,
+             {{"what", fmt::format("rank {} is not a member of comm {}", c.rank, a.comm_id)}});
+    return;
+  }
+  RankState& s = ranks_[c.rank];
+  ++s.ops_arrived;
+  s.waiting = true;
+  s.waiting_comm = a.comm_id;
+  s.waiting_seq = a.seq;
+  s.waiting_op = a.op;
+  s.waiting_since_ns = a.arrival_ns;
+  s.last_seen_ns = NowNs();
+  auto& arrivals = pending_[{a.comm_id, a.seq}];
+  auto dup = std::find_if(arrivals.begin(), arrivals.end(), [&](const Arrival& x) { return x.rank == c.rank; });
+  if (dup != arrivals.end()) {
+    Log("coord")->warn("rank {} arrived twice at comm {} seq {}", c.rank, a.comm_id, a.seq);
+    dup->op = a;
+  } else {
+    arrivals.push_back(Arrival{c.rank, a});
+  }
+  if (arrivals.size() < comm.real_members.size()) return;
+  ReleaseDecision d = opts_.release_policy ? opts_.release_policy->Decide(comm, a.seq, arrivals)
+                                           : DefaultRelease(comm, a.seq, arrivals);
+  ipc::OpRelease rel{};
+  rel.comm_id = a.comm_id;
+  rel.seq = a.seq;
+  rel.release_ns = d.release_ns;
+  rel.last_rank = d.last_rank;
+  std::string frame = ipc::EncodePod(ipc::MsgType::kOpRelease, rel);
+  for (const Arrival& x : arrivals) {
+    RankState& rs = ranks_[x.rank];
+    if (rs.waiting && rs.waiting_comm == a.comm_id && rs.waiting_seq == a.seq) rs.waiting = false;
+    auto cl = clients_.find(rs.conn);
+    if (cl != clients_.end()) cl->second.out.append(frame);
+  }
+  pending_.erase({a.comm_id, a.seq});
+  ++releases_;
+}
+
+json Coordinator::Impl::StatusLocked() {
+  json j;
+  j["version"] = 1;
+  j["t_ns"] = NowNs();
+  j["run_id"] = opts_.run_id;
+  j["world_size"] = opts_.world_size;
+  j["real_ranks"] = opts_.real_ranks;
+  j["virtual_ranks"] = opts_.world_size - static_cast<int>(opts_.real_ranks.size());
+  j["payload"] = opts_.payload;
+  j["graph"] = opts_.graph;
+  j["comms"] = comms_.size();
+  j["releases"] = releases_;
+  json ranks = json::array();
+  for (const auto& [r, s] : ranks_) {
+    json x = {{"rank", r},
+              {"state", s.state},
+              {"pid", s.pid},
+              {"host", s.host},
+              {"gpu", s.gpu},
+              {"iterations", s.iterations},
+              {"last_iteration_s", static_cast<double>(s.last_iter_dur_ns) * 1e-9},
+              {"peak_memory_bytes", s.peak_bytes},
+              {"current_memory_bytes", s.current_bytes},
+              {"torch_max_allocated", s.torch_max_allocated},
+              {"ops_arrived", s.ops_arrived},
+              {"ops_recorded", s.ops_recorded},
+              {"last_seen_ns", s.last_seen_ns}};
+    if (!s.bye_reason.empty()) x["bye_reason"] = s.bye_reason;
+    if (s.has_record) {
+      x["last_op"] = {{"comm", s.last_record.comm_id}, {"seq", s.last_record.seq}, {"op", s.last_record.op},
+                      {"bytes", s.last_record.bytes}};
+    }
+    if (s.waiting) {
+      json w = {{"comm", s.waiting_comm}, {"seq", s.waiting_seq}, {"op", s.waiting_op},
+                {"kind", OpName(s.waiting_op)}, {"since_ns", s.waiting_since_ns}};
+      auto p = pending_.find({s.waiting_comm, s.waiting_seq});
+      if (p != pending_.end() && s.waiting_comm >= 1 && s.waiting_comm <= comms_.size()) {
+        std::vector<int> missing;
+        for (int m : comms_[s.waiting_comm - 1].real_members) {
+          bool in = std::any_of(p->second.begin(), p->second.end(), [&](const Arrival& a) { return a.rank == m; });
+          if (!in) missing.push_back(m);
+        }
+        w["waiting_for"] = missing;
+      }
+      x["waiting"] = w;
+    }
+    ranks.push_back(std::move(x));
+  }
+  j["ranks"] = std::move(ranks);
+  return j;
+}
+
+std::string Coordinator::Impl::StatusJson() {
+  json j;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    j = StatusLocked();
+  }
+  store::ServerStats st = store_.Stats();
+  j["store"] = {{"host", ep_.store_host},
+                {"port", ep_.store_port},
+                {"clients", st.clients},
+                {"accepted", st.accepted},
+                {"dropped", st.dropped},
+                {"keys", st.store.keys},
+                {"bytes", st.store.bytes},
+                {"waits", st.store.waits},
+                {"requests", st.store.requests},
+                {"synthesized", st.store.materialized},
+                {"waited_keys", store_.WaitedKeys(20)},
+                {"unresolved_groups", vr_->Unresolved()}};
+  return j.dump(2) + "\n";
+}
+
+void Coordinator::Impl::MaybeWriteStatus(bool force) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Store activity changes status too (clients, waits): refresh at least every 10 intervals.
+    if (!force && !status_dirty_ && ++idle_ticks_ < 10) return;
+    idle_ticks_ = 0;
+    status_dirty_ = false;
+  }
+  if (!WriteFileAtomic(ep_.status_path, StatusJson())) {
+    Log("coord")->warn("cannot write {}: {}", ep_.status_path, std::strerror(errno));
+  }
+}
+
+Coordinator::Coordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Coordinator::~Coordinator() { Stop(); }
+
+std::unique_ptr<Coordinator> Coordinator::Start(const CoordinatorOptions& opts, std::string* error) {
+  auto impl = std::make_unique<Impl>();
+  if (!impl->Start(opts, error)) {
+    impl->Stop();
+    return nullptr;
+  }
+  return std::unique_ptr<Coordinator>(new Coordinator(std::move(impl)));
+}
+
+const CoordinatorEndpoints& Coordinator::endpoints() const { return impl_->ep_; }
+void Coordinator::Stop() {
+  if (impl_) impl_->Stop();
+}
+void Coordinator::RegisterGroup(const std::string& name, std::vector<int> members, const std::string& desc) {
+  impl_->RegisterGroup(name, std::move(members), desc);
+}
+std::string Coordinator::StatusJson() { return impl_->StatusJson(); }
+VirtualRanks& Coordinator::virtual_ranks() { return *impl_->vr_; }
+
+}  // namespace prism::coord

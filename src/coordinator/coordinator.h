@@ -1,0 +1,104 @@
+// The coordinator of one emulation: the rendezvous store (TCP, c10d's TCPStore protocol, with virtual ranks standing
+// in) and the event bus that libprism.so in every real rank talks to (include/prism/ipc.h frames over a Unix socket,
+// and over TCP for other hosts). It answers communicator membership (kCommInit -> kCommInfo), releases operations
+// when every real member arrived (kOpArrive -> kOpRelease), keeps where every real rank is for `prism-run status`,
+// and writes <out>/coordinator.json (how to reach it) and <out>/status.json (refreshed while it runs).
+//
+// The launcher runs it in a background thread of prism-run:
+//   auto coord = prism::coord::Coordinator::Start(opts, &error);   // nullptr + error on failure
+//   coord->endpoints()  -> store host/port for MASTER_ADDR/MASTER_PORT, socket for PRISM_COORD_SOCKET
+//   coord->Stop();      // or destroy it
+// `prism-run coordinator ...` runs the same thing alone.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "coordinator/virtual_ranks.h"
+#include "prism/ipc.h"
+
+namespace prism::coord {
+
+// One real rank's arrival at an operation.
+struct Arrival {
+  int rank = -1;  // global rank
+  ipc::OpArrive op{};
+};
+
+struct ReleaseDecision {
+  uint64_t release_ns = 0;
+  int last_rank = -1;  // global rank whose arrival decided it; -1 when the duration did
+};
+
+struct CommView {
+  uint32_t comm_id = 0;
+  std::string key;
+  std::vector<int> members;       // global ranks, communicator-rank order
+  std::vector<int> real_members;  // those that run for real
+};
+
+// Decides when an operation completes at target scale once every real member arrived. The default: max(arrivals)
+// + the duration the shims sent (OpArrive::reserved, ns; see docs/coordinator.md). Graph replay plugs in here:
+// virtual members' arrivals and recorded durations.
+class ReleasePolicy {
+ public:
+  virtual ~ReleasePolicy() = default;
+  virtual ReleaseDecision Decide(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals) = 0;
+};
+ReleaseDecision DefaultRelease(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals);
+
+struct CoordinatorOptions {
+  int world_size = 0;
+  std::vector<int> real_ranks = {0};    // logical ranks that run for real; every other rank is virtual
+  std::string store_host = "127.0.0.1";  // bind address of the store; "0.0.0.0" for multi-node
+  uint16_t store_port = 0;               // 0: pick a free port (reported in endpoints())
+  std::string out_dir;                   // required: coord.sock, coordinator.json, status.json go here
+  std::string bus_tcp;                   // "HOST:PORT" (port 0 = pick): also serve the event bus over TCP
+  std::string layout, graph, topology, payload = "mirror", run_id;  // passed to shims in kHelloAck, recorded
+  int ranks_per_root = 128;              // TORCH_NCCL_RANKS_PER_ROOT the job runs with
+  const GroupMembership* membership = nullptr;  // e.g. the launcher's Megatron layout (not owned)
+  ReleasePolicy* release_policy = nullptr;      // not owned; nullptr: DefaultRelease
+  std::string record_wire;               // capture every byte store clients send (store_server.h format)
+  int status_interval_ms = 500;          // status.json refresh
+};
+
+struct CoordinatorEndpoints {
+  std::string store_host;   // what clients connect to (the bind address, or this host's name for 0.0.0.0)
+  uint16_t store_port = 0;
+  std::string socket_path;  // event bus, Unix socket (PRISM_COORD_SOCKET)
+  std::string bus_tcp;      // "host:port" of the TCP event bus ("" when not asked for) (PRISM_COORD_ADDR)
+  std::string info_path;    // <out>/coordinator.json
+  std::string status_path;  // <out>/status.json
+};
+
+class Coordinator {
+ public:
+  static std::unique_ptr<Coordinator> Start(const CoordinatorOptions& opts, std::string* error);
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  const CoordinatorEndpoints& endpoints() const;
+  // Stops the bus and the store, writes the last status, removes the socket. Idempotent.
+  void Stop();
+
+  // Registers a process group's members (torch group name, global ranks in group order), e.g. from the layout.
+  void RegisterGroup(const std::string& name, std::vector<int> members, const std::string& desc = {});
+  // The status document (what status.json holds), built now.
+  std::string StatusJson();
+  VirtualRanks& virtual_ranks();
+
+  class Impl;
+
+ private:
+  explicit Coordinator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// "0", "0,517", "0-7", "0-3,8" -> sorted unique ranks; false with *error naming the bad part.
+bool ParseRankList(const std::string& text, int world_size, std::vector<int>* out, std::string* error);
+
+}  // namespace prism::coord
