@@ -1,0 +1,568 @@
+#include "interpose/core/comm.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "common/ipc_io.h"
+#include "common/log.h"
+#include "interpose/core/config.h"
+#include "interpose/core/coord_client.h"
+#include "interpose/core/device_map.h"
+#include "interpose/core/event_log.h"
+#include "interpose/core/gpu.h"
+#include "interpose/core/progress.h"
+#include "interpose/core/real_symbols.h"
+
+namespace prism::interpose {
+namespace {
+
+constexpr uint32_t kConfigMagic = 0xcafebeef;
+constexpr char kRealIdMagic[8] = {'P', 'R', 'I', 'S', 'M', 'R', 'I', 'D'};
+
+struct Group {
+  std::string name;
+  std::string desc;
+  std::vector<int32_t> ranks;
+  bool bound = false;
+};
+
+struct Registry {
+  std::mutex mu;
+  std::vector<Comm*> comms;   // every communicator ever created (never freed: handles stay valid to check)
+  std::vector<Group> groups;  // registered by the Python hook
+  uint32_t next_id = 0;
+  std::atomic<bool> coord_comm_init_broken{false};
+};
+
+Registry& R() {
+  static Registry* r = new Registry();  // Why leaked: handles are checked until the process ends.
+  return *r;
+}
+
+struct Scope {
+  bool active = false;
+  std::vector<int32_t> ranks;
+  std::vector<Comm*> created;
+};
+thread_local Scope tls_scope;
+thread_local std::string tls_last_error;
+
+CommEvent EventOf(const Comm& c) {
+  CommEvent e;
+  e.comm_id = c.id;
+  e.key = c.key;
+  e.desc = c.desc;
+  e.name = c.name;
+  e.nranks = c.nranks;
+  e.rank = c.rank;
+  e.members = c.members;
+  e.real_members = c.real_members;
+  e.origin = c.origin;
+  return e;
+}
+
+int CountReal(const std::vector<int32_t>& members) {
+  const Config& cfg = Cfg();
+  if (members.empty()) return cfg.real_ranks.size() == 1 ? 1 : -1;
+  int n = 0;
+  for (int32_t m : members) n += cfg.IsReal(m) ? 1 : 0;
+  return n;
+}
+
+int CurrentDevice() {
+  if (devices::Virtualized()) return devices::Current();
+  const CudartFns& rt = Cudart();
+  int d = 0;
+  if (rt.cudaGetDevice != nullptr && rt.cudaGetDevice(&d) == cudaSuccess) return d;
+  return 0;
+}
+
+// Reads ncclConfig_t fields that exist in the caller's struct version (NCCL's own rule: `size` says how much).
+template <typename T>
+bool ConfigField(const ncclConfig_t* cfg, size_t offset, T* out) {
+  if (cfg == nullptr || cfg->size < offset + sizeof(T)) return false;
+  std::memcpy(out, reinterpret_cast<const char*>(cfg) + offset, sizeof(T));
+  return true;
+}
+
+ncclResult_t CheckConfig(const ncclConfig_t* cfg, int* blocking, std::string* comm_name) {
+  if (cfg == nullptr) return ncclSuccess;
+  if (cfg->magic != kConfigMagic || cfg->size < offsetof(ncclConfig_t, blocking) + sizeof(int)) {
+    SetLastError("ncclConfig_t was not initialized with NCCL_CONFIG_INITIALIZER");
+    return ncclInvalidArgument;
+  }
+  int b = NCCL_CONFIG_UNDEF_INT;
+  ConfigField(cfg, offsetof(ncclConfig_t, blocking), &b);
+  if (b != NCCL_CONFIG_UNDEF_INT) {
+    if (b != 0 && b != 1) {
+      SetLastError("ncclConfig_t.blocking must be 0 or 1");
+      return ncclInvalidArgument;
+    }
+    *blocking = b;
+  }
+  const char* name = nullptr;
+  if (ConfigField(cfg, offsetof(ncclConfig_t, commName), &name) && name != nullptr) *comm_name = name;
+  return ncclSuccess;
+}
+
+// Members from what this thread/process knows (see comm.h). Caller holds R().mu.
+std::vector<int32_t> ResolveMembers(Registry& r, int nranks, int rank, const std::string& name, std::string* desc,
+                                    std::string* bound_name) {
+  const Config& cfg = Cfg();
+  if (nranks == cfg.world_size) {
+    std::vector<int32_t> all(nranks);
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
+  auto fits = [&](const std::vector<int32_t>& ranks) {
+    return static_cast<int>(ranks.size()) == nranks && ranks[rank] == cfg.rank;
+  };
+  if (tls_scope.active && fits(tls_scope.ranks)) return tls_scope.ranks;
+  if (!name.empty()) {
+    for (Group& g : r.groups) {
+      if (g.name == name && fits(g.ranks)) {
+        g.bound = true;
+        *desc = g.desc;
+        *bound_name = g.name;
+        return g.ranks;
+      }
+    }
+  }
+  Group* match = nullptr;
+  int matches = 0;
+  for (Group& g : r.groups) {
+    if (!g.bound && fits(g.ranks)) {
+      match = &g;
+      ++matches;
+    }
+  }
+  if (matches == 1) {
+    match->bound = true;
+    *desc = match->desc;
+    *bound_name = match->name;
+    return match->ranks;
+  }
+  return {};
+}
+
+void FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key) {
+  const Config& cfg = Cfg();
+  c->real_members = CountReal(c->members);
+  if (!cfg.coord_socket.empty() && !r.coord_comm_init_broken.load()) {
+    CoordCommInfo info;
+    if (CoordCommInit(coord_key.empty() ? c->key : coord_key, c->nranks, c->rank, c->desc, c->name, -1, 0, 5000, &info)) {
+      c->coord_comm_id = info.comm_id;
+      if (static_cast<int>(info.members.size()) == c->nranks) c->members = info.members;
+      if (!info.real.empty()) {
+        c->real_members = static_cast<int>(std::count(info.real.begin(), info.real.end(), true));
+      } else {
+        c->real_members = CountReal(c->members);
+      }
+    } else if (CoordActive()) {
+      r.coord_comm_init_broken.store(true);  // Why: do not wait 5 s for every later communicator
+    }
+  }
+  if (c->real_members < 0) {
+    Log("nccl")->warn("communicator {} ({} ranks): members unknown and several real ranks in this run; treating "
+                      "it as having one real member (mirror arrivals)",
+                      c->id, c->nranks);
+    c->real_members = 1;
+  }
+  c->use_coordinator = c->real_members > 1 && CoordActive();
+  if (c->real_members > 1 && !c->use_coordinator) {
+    Log("nccl")->warn("communicator {} has {} real members but no coordinator: each real rank mirrors the others",
+                      c->id, c->real_members);
+  }
+  c->cost = MakeCommCost(c->members, c->nranks);
+  c->spin_ctas = cfg.spin_ctas > 0 ? cfg.spin_ctas : (CommChannels(c->cost.get()) > 0 ? CommChannels(c->cost.get()) : 16);
+  c->blocking = blocking;
+  c->async_error.store(blocking ? ncclSuccess : ncclInProgress);
+  r.comms.push_back(c);
+  if (tls_scope.active) tls_scope.created.push_back(c);
+  LogComm(EventOf(*c));
+  Log("nccl")->debug("comm {} {} rank {}/{} name '{}' members {}", c->id, c->origin, c->rank, c->nranks, c->name,
+                     c->members.empty() ? "unknown" : std::to_string(c->members.size()));
+}
+
+// Starts what every communicator needs: the event file, the GPU (own kernels loaded and warmed before the first
+// gate), the progress thread.
+bool StartRuntime() {
+  EventLogStart();
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const std::string& e : Cfg().errors) Log("interpose")->error("bad setting: {}", e);
+    Log("interpose")->info("libprism: rank {} of {}, gate {}, payload {}, durations: {}", Cfg().rank,
+                           Cfg().world_size,
+                           Cfg().gate == GateKind::kSpin ? "spin" : (Cfg().gate == GateKind::kNone ? "none" : "wait"),
+                           Cfg().payload, CostModelDescription());
+  });
+  if (!TheGpu().EnsureReady()) {
+    SetLastError("libprism could not set up its GPU work (see the log)");
+    return false;
+  }
+  ProgressStart();
+  return true;
+}
+
+std::string HexPrefix(const void* p, size_t n) {
+  return ipc::HexEncode(std::string_view(static_cast<const char*>(p), n));
+}
+
+}  // namespace
+
+int32_t Comm::GlobalRank(int comm_rank) const {
+  if (comm_rank < 0 || static_cast<size_t>(comm_rank) >= members.size()) return -1;
+  return members[comm_rank];
+}
+
+uint64_t Fnv1a64(const void* data, size_t len, uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < len; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+const char* LastError() { return tls_last_error.c_str(); }
+void SetLastError(const std::string& what) {
+  try {
+    tls_last_error = what;
+  } catch (...) {
+  }
+}
+
+std::string GroupNameFromStoreKey(std::string_view key) {
+  constexpr std::string_view kPrefix = "default_pg/";
+  size_t p = key.find(kPrefix);
+  if (p == std::string_view::npos) return {};
+  std::string_view rest = key.substr(p + kPrefix.size());
+  size_t end = rest.find('/');
+  if (end == std::string_view::npos || end == 0) return {};
+  return std::string(rest.substr(0, end));
+}
+
+std::string GroupNameFromCommName(std::string_view name) {
+  size_t p = name.rfind(':');
+  return std::string(p == std::string_view::npos ? name : name.substr(p + 1));
+}
+
+std::string StoreKeyFromVirtualId(const ncclUniqueId& id) {
+  if (!ipc::IsVirtualNcclId(id.internal, sizeof(id.internal))) return {};
+  const char* tail = id.internal + 32;
+  size_t n = strnlen(tail, 96);
+  return std::string(tail, n);
+}
+
+Comm* ToComm(ncclComm_t handle) {
+  auto* c = reinterpret_cast<Comm*>(handle);
+  if (c == nullptr) return nullptr;
+  // Why no lookup: every handle we hand out is a Comm we never free; a foreign pointer fails the magic check.
+  if (c->magic != Comm::kMagic || c->destroyed.load(std::memory_order_relaxed)) return nullptr;
+  return c;
+}
+
+ncclResult_t GetUniqueId(ncclUniqueId* out) {
+  if (out == nullptr) return ncclInvalidArgument;
+  std::memset(out, 0, sizeof(*out));
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}() ^ (HostNowNs() << 16);
+  std::memcpy(out->internal, kRealIdMagic, 8);
+  int32_t rank = Cfg().rank;
+  uint32_t pid = static_cast<uint32_t>(getpid());
+  uint64_t n = counter.fetch_add(1);
+  uint64_t mix = salt ^ (n * 0x9e3779b97f4a7c15ull);
+  std::memcpy(out->internal + 8, &rank, 4);
+  std::memcpy(out->internal + 12, &pid, 4);
+  std::memcpy(out->internal + 16, &n, 8);
+  std::memcpy(out->internal + 24, &mix, 8);
+  EventLogStart();
+  return ncclSuccess;
+}
+
+ncclResult_t CommInit(const InitArgs& a, Comm** out) {
+  if (out == nullptr || a.ids == nullptr || a.nids < 1 || a.nranks < 1 || a.rank < 0 || a.rank >= a.nranks) {
+    SetLastError("invalid communicator arguments (nranks, rank, unique id or output pointer)");
+    return ncclInvalidArgument;
+  }
+  int blocking = 1;
+  std::string comm_name;
+  if (ncclResult_t r = CheckConfig(a.config, &blocking, &comm_name); r != ncclSuccess) return r;
+  if (!StartRuntime()) return ncclUnhandledCudaError;
+  auto* c = new (std::nothrow) Comm();
+  if (c == nullptr) return ncclSystemError;
+  Registry& r = R();
+  try {
+    std::lock_guard<std::mutex> lock(r.mu);
+    c->id = r.next_id++;
+    c->nranks = a.nranks;
+    c->rank = a.rank;
+    c->device = CurrentDevice();
+    c->origin = a.origin;
+    c->stable_id = Fnv1a64(a.ids[0].internal, sizeof(a.ids[0].internal));
+    std::string store_key = StoreKeyFromVirtualId(a.ids[0]);
+    std::string name = !store_key.empty() ? GroupNameFromStoreKey(store_key) : std::string();
+    if (name.empty() && !comm_name.empty()) name = GroupNameFromCommName(comm_name);
+    c->key = !store_key.empty() ? store_key : HexPrefix(a.ids[0].internal, 32);
+    std::string desc, bound;
+    c->members = ResolveMembers(r, a.nranks, a.rank, name, &desc, &bound);
+    c->name = !bound.empty() ? bound : name;
+    c->desc = !desc.empty() ? desc : comm_name;
+    if (c->members.empty() && a.nranks > 1) {
+      Log("nccl")->info("comm {} ({} ranks, rank {}): members not known yet{}", c->id, a.nranks, a.rank,
+                        name.empty() ? "" : " (group " + name + ")");
+    }
+    // The coordinator keys communicators by the full unique id (it saw the same bytes in its store).
+    FinishComm(r, c, blocking, ipc::HexEncode(std::string_view(a.ids[0].internal, sizeof(a.ids[0].internal))));
+  } catch (...) {
+    return ncclSystemError;
+  }
+  *out = c;
+  return blocking ? ncclSuccess : ncclInProgress;
+}
+
+ncclResult_t CommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  if (comms == nullptr || ndev < 1) return ncclInvalidArgument;
+  ncclUniqueId id;
+  GetUniqueId(&id);
+  for (int i = 0; i < ndev; ++i) {
+    InitArgs a;
+    a.nranks = ndev;
+    a.rank = i;
+    a.ids = &id;
+    a.origin = "initall";
+    Comm* c = nullptr;
+    ncclResult_t r = CommInit(a, &c);
+    if (r != ncclSuccess) return r;
+    c->device = devlist != nullptr ? devlist[i] : i;
+    comms[i] = reinterpret_cast<ncclComm_t>(c);
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t CommSplit(Comm* parent, int color, int key, ncclComm_t* out, const ncclConfig_t* config) {
+  if (out == nullptr) return ncclInvalidArgument;
+  *out = nullptr;
+  if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;  // this rank joins no communicator
+  if (color < 0) {
+    SetLastError("ncclCommSplit: color must be >= 0 or NCCL_SPLIT_NOCOLOR");
+    return ncclInvalidArgument;
+  }
+  int blocking = parent->blocking;
+  std::string comm_name;
+  if (ncclResult_t r = CheckConfig(config, &blocking, &comm_name); r != ncclSuccess) return r;
+  if (!StartRuntime()) return ncclUnhandledCudaError;
+  const Config& cfg = Cfg();
+  Registry& r = R();
+  auto* c = new (std::nothrow) Comm();
+  if (c == nullptr) return ncclSystemError;
+  try {
+    std::lock_guard<std::mutex> lock(r.mu);
+    std::vector<int32_t> members;
+    if (tls_scope.active) {
+      members = tls_scope.ranks;
+    } else if (!comm_name.empty()) {
+      std::string name = GroupNameFromCommName(comm_name);
+      for (Group& g : r.groups) {
+        if (g.name == name) members = g.ranks;
+      }
+    }
+    auto me = std::find(members.begin(), members.end(), cfg.rank);
+    if (members.empty() || me == members.end()) {
+      // Why fail: the new size depends on every rank's color; with virtual peers only the hook's scope (or the
+      // group registry via commName) can tell it. Guessing would make ncclCommCount lie to torch's all_to_all.
+      SetLastError("ncclCommSplit: the members of the new communicator are unknown (load the Prism Python hook, "
+                   "lib/python/sitecustomize.py, so new_group registers its ranks)");
+      Log("nccl")->error("{}", tls_last_error);
+      delete c;
+      return ncclInvalidUsage;
+    }
+    uint32_t n = parent->splits.fetch_add(1);
+    c->id = r.next_id++;
+    c->members = members;
+    c->nranks = static_cast<int>(members.size());
+    c->rank = static_cast<int>(me - members.begin());
+    c->device = parent->device;
+    c->origin = "split";
+    uint64_t mix[3] = {parent->stable_id, static_cast<uint64_t>(color), n};
+    c->stable_id = Fnv1a64(mix, sizeof(mix));
+    c->key = "split:" + std::to_string(parent->id) + ":" + std::to_string(color) + ":" + std::to_string(key);
+    c->name = comm_name.empty() ? std::string() : GroupNameFromCommName(comm_name);
+    c->desc = comm_name;
+    FinishComm(r, c, blocking, std::string());
+  } catch (...) {
+    return ncclSystemError;
+  }
+  *out = reinterpret_cast<ncclComm_t>(c);
+  return blocking ? ncclSuccess : ncclInProgress;
+}
+
+ncclResult_t CommShrink(Comm* parent, const int* exclude, int nexclude, ncclComm_t* out, const ncclConfig_t* config,
+                        int flags) {
+  if (out == nullptr || nexclude < 0 || (nexclude > 0 && exclude == nullptr)) return ncclInvalidArgument;
+  *out = nullptr;
+  int blocking = parent->blocking;
+  std::string comm_name;
+  if (ncclResult_t r = CheckConfig(config, &blocking, &comm_name); r != ncclSuccess) return r;
+  std::vector<bool> gone(parent->nranks, false);
+  for (int i = 0; i < nexclude; ++i) {
+    if (exclude[i] < 0 || exclude[i] >= parent->nranks) return ncclInvalidArgument;
+    gone[exclude[i]] = true;
+  }
+  if (gone[parent->rank]) {
+    SetLastError("ncclCommShrink: this rank is in the exclusion list");
+    return ncclInvalidArgument;
+  }
+  (void)flags;
+  if (!StartRuntime()) return ncclUnhandledCudaError;
+  Registry& r = R();
+  auto* c = new (std::nothrow) Comm();
+  if (c == nullptr) return ncclSystemError;
+  try {
+    std::lock_guard<std::mutex> lock(r.mu);
+    int new_rank = 0, n = 0;
+    for (int i = 0; i < parent->nranks; ++i) {
+      if (gone[i]) continue;
+      if (i == parent->rank) new_rank = n;
+      if (!parent->members.empty()) c->members.push_back(parent->members[i]);
+      ++n;
+    }
+    uint32_t k = parent->splits.fetch_add(1);
+    c->id = r.next_id++;
+    c->nranks = n;
+    c->rank = new_rank;
+    c->device = parent->device;
+    c->origin = "shrink";
+    uint64_t mix[3] = {parent->stable_id, 0xffffffffull, k};
+    c->stable_id = Fnv1a64(mix, sizeof(mix));
+    c->key = "shrink:" + std::to_string(parent->id) + ":" + std::to_string(k);
+    c->name = parent->name;
+    c->desc = comm_name.empty() ? parent->desc : comm_name;
+    FinishComm(r, c, blocking, std::string());
+  } catch (...) {
+    return ncclSystemError;
+  }
+  *out = reinterpret_cast<ncclComm_t>(c);
+  return blocking ? ncclSuccess : ncclInProgress;
+}
+
+ncclResult_t CommFinalize(Comm* c) {
+  if (c->finalized.exchange(true)) {
+    SetLastError("ncclCommFinalize: communicator already finalized");
+    return ncclInvalidUsage;
+  }
+  if (!c->blocking) {
+    c->async_error.store(ncclInProgress);
+    return ncclInProgress;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t CommDestroy(Comm* c) {
+  c->destroyed.store(true);
+  return ncclSuccess;
+}
+
+ncclResult_t CommAbort(Comm* c) {
+  c->destroyed.store(true);
+  return ncclSuccess;
+}
+
+ncclResult_t CommRevoke(Comm* c, int flags) {
+  if (flags != NCCL_REVOKE_DEFAULT) return ncclInvalidArgument;
+  c->revoked.store(true);
+  c->async_error.store(ncclInProgress);
+  return ncclSuccess;
+}
+
+ncclResult_t CommGetAsyncError(Comm* c, ncclResult_t* out) {
+  if (out == nullptr) return ncclInvalidArgument;
+  int e = c->async_error.load();
+  // Why: nonblocking init/finalize/revoke report ncclInProgress once, then complete (nothing is pending in
+  // libprism's communicators), as NCCL documents for a quick completion.
+  if (e == ncclInProgress) c->async_error.store(ncclSuccess);
+  *out = static_cast<ncclResult_t>(e);
+  return ncclSuccess;
+}
+
+void BeginGroupScope(const std::vector<int32_t>& ranks) {
+  tls_scope.active = true;
+  tls_scope.ranks = ranks;
+  std::sort(tls_scope.ranks.begin(), tls_scope.ranks.end());  // torch's new_group sorts its ranks
+  tls_scope.created.clear();
+}
+
+void EndGroupScope() {
+  tls_scope.active = false;
+  tls_scope.ranks.clear();
+  tls_scope.created.clear();
+}
+
+void RegisterGroup(const std::string& name, const std::vector<int32_t>& ranks, const std::string& desc) {
+  Registry& r = R();
+  std::vector<CommEvent> updated;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    Group g;
+    g.name = name;
+    g.desc = desc;
+    g.ranks = ranks;
+    for (Comm* c : tls_scope.created) {
+      std::lock_guard<std::mutex> cl(c->mu);
+      if (c->name.empty()) c->name = name;
+      if (c->desc.empty()) c->desc = desc;
+      if (c->members.empty() && static_cast<int>(ranks.size()) == c->nranks) c->members = ranks;
+      g.bound = true;
+      updated.push_back(EventOf(*c));
+    }
+    for (Comm* c : r.comms) {
+      if (c->name != name || !c->members.empty() || static_cast<int>(ranks.size()) != c->nranks) continue;
+      std::lock_guard<std::mutex> cl(c->mu);
+      c->members = ranks;
+      if (c->desc.empty()) c->desc = desc;
+      g.bound = true;
+      updated.push_back(EventOf(*c));
+    }
+    for (Group& old : r.groups) {
+      if (old.name == name) old.name.clear();  // a re-used name (group destroyed and recreated) wins
+    }
+    r.groups.push_back(std::move(g));
+  }
+  EndGroupScope();
+  for (const CommEvent& e : updated) LogComm(e);
+}
+
+void InvalidateP2pRange(uint64_t addr, uint64_t bytes) {
+  Registry& r = R();
+  std::vector<Comm*> comms;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    comms = r.comms;
+  }
+  for (Comm* c : comms) {
+    std::lock_guard<std::mutex> cl(c->mu);
+    c->history.InvalidateRange(addr, bytes);
+  }
+}
+
+std::vector<Comm*> AllComms() {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.comms;
+}
+
+void ResetCommsForTest() {
+  Registry& r = R();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.comms.clear();
+  r.groups.clear();
+  r.coord_comm_init_broken.store(false);
+  tls_scope = Scope();
+}
+
+}  // namespace prism::interpose

@@ -1,0 +1,165 @@
+#include "interpose/core/config.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace prism::interpose {
+
+const Setting kSettings[] = {
+    {"PRISM_RANK", "$RANK or 0", "Logical global rank of this process."},
+    {"PRISM_WORLD_SIZE", "$WORLD_SIZE or 1", "Logical world size (real + virtual ranks)."},
+    {"PRISM_LOCAL_RANK", "$LOCAL_RANK or 0", "Logical local rank (the device ordinal the job selects)."},
+    {"PRISM_GPUS_PER_NODE", "0",
+     "Devices the job sees (cudaGetDeviceCount); every one maps to the physical GPU. 0: no virtualisation."},
+    {"PRISM_PHYS_DEVICE", "0", "Physical ordinal (within CUDA_VISIBLE_DEVICES) that virtual devices map to."},
+    {"PRISM_OUT_DIR", "", "Directory for rank<R>.events.jsonl (no event file when empty)."},
+    {"PRISM_COORD_SOCKET", "", "Coordinator Unix socket: communicators with several real members use it."},
+    {"PRISM_TOPOLOGY", "", "Cost-model topology (preset name, file or inline JSON); empty: built-in default."},
+    {"PRISM_PAYLOAD", "mirror", "Data of virtual members: mirror | zeros | random | recorded."},
+    {"PRISM_GATE", "wait",
+     "How a stream is held: wait (cuStreamWaitValue32 on host memory), spin (a kernel with NCCL's CTA count), "
+     "none (no hold: outputs only, for debugging)."},
+    {"PRISM_FIXED_DUR_US", "", "Every operation lasts exactly this many microseconds (tests; overrides the model)."},
+    {"PRISM_SEED", "1", "Seed of the random payload policy and of p2p fallbacks."},
+    {"PRISM_SPIN_CTAS", "0", "CTAs of the spinning gate; 0: the cost model's channel count (16 without one)."},
+    {"PRISM_REAL_RANKS", "$PRISM_RANK", "Global ranks run for real in this emulation, e.g. \"0,5,8-11\"."},
+};
+const int kNumSettings = static_cast<int>(sizeof(kSettings) / sizeof(kSettings[0]));
+
+namespace {
+
+bool ParseInt(const char* s, long lo, long hi, int* out) {
+  if (s == nullptr || *s == '\0') return false;
+  errno = 0;
+  char* end = nullptr;
+  long v = std::strtol(s, &end, 10);
+  if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+void IntSetting(EnvLookup lookup, const char* name, const char* fallback_name, long lo, long hi, int* field,
+                Config* c) {
+  const char* v = lookup(name);
+  const char* used = name;
+  if ((v == nullptr || *v == '\0') && fallback_name != nullptr) {
+    v = lookup(fallback_name);
+    used = fallback_name;
+  }
+  if (v == nullptr || *v == '\0') return;
+  if (!ParseInt(v, lo, hi, field)) {
+    c->errors.push_back(std::string(used) + "='" + v + "' is not an integer in [" + std::to_string(lo) + ", " +
+                        std::to_string(hi) + "]");
+  }
+}
+
+Config& Mutable() {
+  static Config* c = new Config();  // Why leaked: read from atexit paths and other threads at exit.
+  return *c;
+}
+
+const char* RealGetenv(const char* name) { return std::getenv(name); }
+
+}  // namespace
+
+bool Config::IsReal(int global_rank) const {
+  for (int r : real_ranks) {
+    if (r == global_rank) return true;
+  }
+  return false;
+}
+
+bool ParseRankList(const std::string& text, std::vector<int>* out) {
+  out->clear();
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    std::string item = text.substr(i, j - i);
+    if (item.empty()) return false;
+    size_t dash = item.find('-');
+    int a = 0, b = 0;
+    if (dash == std::string::npos) {
+      if (!ParseInt(item.c_str(), 0, 1 << 30, &a)) return false;
+      b = a;
+    } else {
+      if (!ParseInt(item.substr(0, dash).c_str(), 0, 1 << 30, &a)) return false;
+      if (!ParseInt(item.substr(dash + 1).c_str(), 0, 1 << 30, &b)) return false;
+      if (b < a || b - a > (1 << 24)) return false;
+    }
+    for (int r = a; r <= b; ++r) out->push_back(r);
+    i = j + 1;
+  }
+  return !out->empty();
+}
+
+void LoadConfig(EnvLookup lookup, Config* c) {
+  *c = Config();
+  IntSetting(lookup, "PRISM_RANK", "RANK", 0, 1 << 30, &c->rank, c);
+  IntSetting(lookup, "PRISM_WORLD_SIZE", "WORLD_SIZE", 1, 1 << 30, &c->world_size, c);
+  IntSetting(lookup, "PRISM_LOCAL_RANK", "LOCAL_RANK", 0, 1 << 20, &c->local_rank, c);
+  IntSetting(lookup, "PRISM_GPUS_PER_NODE", nullptr, 0, 1 << 16, &c->gpus_per_node, c);
+  IntSetting(lookup, "PRISM_PHYS_DEVICE", nullptr, 0, 1 << 16, &c->phys_device, c);
+  IntSetting(lookup, "PRISM_SPIN_CTAS", nullptr, 0, 4096, &c->spin_ctas, c);
+  if (c->rank >= c->world_size) {
+    c->errors.push_back("rank " + std::to_string(c->rank) + " is not below world size " +
+                        std::to_string(c->world_size) + "; using rank 0");
+    c->rank = 0;
+  }
+  if (c->gpus_per_node > 0 && c->local_rank >= c->gpus_per_node) {
+    c->errors.push_back("PRISM_LOCAL_RANK " + std::to_string(c->local_rank) + " is not below PRISM_GPUS_PER_NODE " +
+                        std::to_string(c->gpus_per_node));
+  }
+  if (const char* v = lookup("PRISM_OUT_DIR")) c->out_dir = v;
+  if (const char* v = lookup("PRISM_COORD_SOCKET")) c->coord_socket = v;
+  if (const char* v = lookup("PRISM_TOPOLOGY")) c->topology = v;
+  if (const char* v = lookup("PRISM_PAYLOAD"); v && *v) c->payload = v;
+  if (const char* v = lookup("PRISM_GATE"); v && *v) {
+    if (std::strcmp(v, "wait") == 0) {
+      c->gate = GateKind::kWait;
+    } else if (std::strcmp(v, "spin") == 0) {
+      c->gate = GateKind::kSpin;
+    } else if (std::strcmp(v, "none") == 0) {
+      c->gate = GateKind::kNone;
+    } else {
+      c->errors.push_back(std::string("PRISM_GATE='") + v + "' is not wait, spin or none; using wait");
+    }
+  }
+  if (const char* v = lookup("PRISM_FIXED_DUR_US"); v && *v) {
+    char* end = nullptr;
+    double d = std::strtod(v, &end);
+    if (end == v || *end != '\0' || !(d >= 0.0) || d > 3.6e9) {
+      c->errors.push_back(std::string("PRISM_FIXED_DUR_US='") + v + "' is not a duration in microseconds");
+    } else {
+      c->fixed_dur_us = d;
+    }
+  }
+  if (const char* v = lookup("PRISM_SEED"); v && *v) {
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long s = std::strtoull(v, &end, 0);
+    if (errno != 0 || end == v || *end != '\0') {
+      c->errors.push_back(std::string("PRISM_SEED='") + v + "' is not an unsigned integer");
+    } else {
+      c->seed = s;
+    }
+  }
+  if (const char* v = lookup("PRISM_REAL_RANKS"); v && *v) {
+    std::vector<int> ranks;
+    if (!ParseRankList(v, &ranks)) {
+      c->errors.push_back(std::string("PRISM_REAL_RANKS='") + v + "' is not a rank list like 0,5,8-11");
+    } else {
+      c->real_ranks = ranks;
+    }
+  }
+  if (c->real_ranks.empty()) c->real_ranks.push_back(c->rank);
+}
+
+const Config& Cfg() { return Mutable(); }
+
+void ReloadConfigFromEnvironment() { LoadConfig(&RealGetenv, &Mutable()); }
+
+void SetConfigForTest(const Config& c) { Mutable() = c; }
+
+}  // namespace prism::interpose

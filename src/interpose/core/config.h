@@ -1,0 +1,57 @@
+// libprism settings: one table (name, environment variable, default, description) that feeds parsing and
+// docs/libprism.md. Read once, in the library constructor (the only thing the constructor does).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace prism::interpose {
+
+enum class GateKind : uint8_t { kInvalid = 0, kWait, kSpin, kNone };
+
+struct Setting {
+  const char* env;
+  const char* default_value;
+  const char* description;
+};
+
+// Every environment variable libprism reads (docs/libprism.md lists the same table; a unit test checks it).
+extern const Setting kSettings[];
+extern const int kNumSettings;
+
+struct Config {
+  int rank = 0;                 // logical global rank of this process
+  int world_size = 1;           // logical world size
+  int local_rank = 0;           // logical local rank (the device ordinal the job will ask for)
+  int gpus_per_node = 0;        // virtual devices the job sees; 0 = no device virtualisation
+  int phys_device = 0;          // physical ordinal (within CUDA_VISIBLE_DEVICES) every virtual device maps to
+  std::string out_dir;          // where rank<R>.events.jsonl goes ("" = no event file)
+  std::string coord_socket;     // coordinator's Unix socket ("" = none)
+  std::string topology;         // cost-model topology: preset name, file or inline JSON
+  std::string payload = "mirror";
+  GateKind gate = GateKind::kWait;
+  double fixed_dur_us = -1.0;   // >= 0: every operation takes exactly this long (tests)
+  uint64_t seed = 1;
+  int spin_ctas = 0;            // CTAs of the spinning gate; 0 = the cost model's channel count (else 16)
+  std::vector<int> real_ranks;  // global ranks run for real in this emulation (default: {rank})
+  std::vector<std::string> errors;  // bad values seen (logged once on first use; defaults used instead)
+
+  bool IsReal(int global_rank) const;
+};
+
+// Fills *c from `getenv`-like lookup (nullptr = unset). Bad values are reported in c->errors and the default kept.
+using EnvLookup = const char* (*)(const char* name);
+void LoadConfig(EnvLookup lookup, Config* c);
+
+// Parses "0,5,8-11" into ranks. False on malformed input.
+bool ParseRankList(const std::string& text, std::vector<int>* out);
+
+// The process-wide configuration (filled by the library constructor, or on first use).
+const Config& Cfg();
+// Re-reads the environment (tests, and the constructor).
+void ReloadConfigFromEnvironment();
+// Test hook: replaces the configuration.
+void SetConfigForTest(const Config& c);
+
+}  // namespace prism::interpose

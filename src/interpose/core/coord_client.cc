@@ -1,0 +1,228 @@
+#include "interpose/core/coord_client.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "common/ipc_io.h"
+#include "common/log.h"
+#include "interpose/core/config.h"
+#include "interpose/core/progress.h"
+#include "nccl_patch/semantics.h"
+
+namespace prism::interpose {
+namespace {
+
+struct Conn {
+  std::mutex mu;  // connect + requests
+  std::mutex write_mu;
+  std::condition_variable cv;
+  int fd = -1;
+  bool tried = false;
+  std::atomic<bool> active{false};
+  // Replies to requests (kHelloAck, kCommInfo, kError), in arrival order.
+  std::vector<ipc::Frame> replies;
+  std::mutex release_mu;
+  std::map<std::pair<uint32_t, uint64_t>, std::pair<uint64_t, int32_t>> releases;
+};
+
+Conn& C() {
+  static Conn* c = new Conn();  // Why leaked: the reader thread runs until exit.
+  return *c;
+}
+
+void ReaderLoop() {
+  Conn& c = C();
+  for (;;) {
+    ipc::Frame f;
+    std::string err;
+    ipc::IoStatus st = ipc::RecvFrame(c.fd, &f, -1, &err);
+    if (st != ipc::IoStatus::kOk) {
+      Log("interpose")->error("coordinator connection lost ({}); operations fall back to the local rule",
+                              err.empty() ? "closed" : err);
+      c.active.store(false);
+      c.cv.notify_all();
+      return;
+    }
+    if (f.type == ipc::MsgType::kOpRelease) {
+      ipc::OpRelease rel{};
+      if (!ipc::DecodePod(f, &rel)) continue;
+      std::lock_guard<std::mutex> lock(c.release_mu);
+      c.releases[{rel.comm_id, rel.seq}] = {rel.release_ns, rel.last_rank};
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      c.replies.push_back(std::move(f));
+    }
+    c.cv.notify_all();
+  }
+}
+
+bool SendJson(ipc::MsgType type, const nlohmann::json& j) {
+  Conn& c = C();
+  std::string text = j.dump();
+  std::string err;
+  std::lock_guard<std::mutex> lock(c.write_mu);
+  return ipc::SendFrame(c.fd, type, text.data(), text.size(), &err) == ipc::IoStatus::kOk;
+}
+
+}  // namespace
+
+bool CoordConnect() {
+  Conn& c = C();
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.tried) return c.active.load();
+  c.tried = true;
+  const Config& cfg = Cfg();
+  if (cfg.coord_socket.empty()) return false;
+  std::string err;
+  c.fd = ipc::ConnectUnix(cfg.coord_socket, &err);
+  if (c.fd < 0) {
+    Log("interpose")->error("cannot reach the coordinator at {}: {}; communicators with several real members "
+                            "use the local rule",
+                            cfg.coord_socket, err);
+    return false;
+  }
+  try {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    nlohmann::json hello = {{"rank", cfg.rank},           {"world_size", cfg.world_size},
+                            {"local_rank", cfg.local_rank}, {"pid", static_cast<int>(getpid())},
+                            {"host", host},               {"gpu", cfg.phys_device},
+                            {"version", 1}};
+    c.active.store(true);
+    if (!SendJson(ipc::MsgType::kHello, hello)) {
+      c.active.store(false);
+      return false;
+    }
+    std::thread(&ReaderLoop).detach();
+  } catch (...) {
+    c.active.store(false);
+    return false;
+  }
+  return true;
+}
+
+bool CoordActive() { return C().active.load(std::memory_order_relaxed); }
+
+bool ParseCommInfo(const std::string& text, CoordCommInfo* out, std::string* error) {
+  try {
+    nlohmann::json j = nlohmann::json::parse(text);
+    out->comm_id = j.at("comm_id").get<uint32_t>();
+    out->members = j.value("members", std::vector<int32_t>{});
+    out->real.clear();
+    if (j.contains("real")) {
+      for (const auto& b : j.at("real")) out->real.push_back(b.get<bool>());
+    }
+    if (!out->real.empty() && out->real.size() != out->members.size()) {
+      *error = "kCommInfo: 'real' and 'members' differ in length";
+      return false;
+    }
+    return true;
+  } catch (const std::exception& e) {
+    *error = std::string("kCommInfo: ") + e.what();
+    return false;
+  }
+}
+
+bool CoordCommInit(const std::string& key, int nranks, int rank, const std::string& desc, const std::string& name,
+                   int64_t parent_comm_id, int color, int timeout_ms, CoordCommInfo* out) {
+  if (!CoordConnect()) return false;
+  Conn& c = C();
+  try {
+    nlohmann::json j = {{"key", key}, {"nranks", nranks}, {"rank", rank}, {"desc", desc}, {"name", name}};
+    if (parent_comm_id >= 0) {
+      j["parent"] = parent_comm_id;
+      j["color"] = color;
+    }
+    std::unique_lock<std::mutex> lock(c.mu);
+    size_t seen = c.replies.size();
+    lock.unlock();
+    if (!SendJson(ipc::MsgType::kCommInit, j)) return false;
+    lock.lock();
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      for (size_t i = seen; i < c.replies.size(); ++i) {
+        ipc::Frame& f = c.replies[i];
+        if (f.type == ipc::MsgType::kCommInfo) {
+          std::string err;
+          CoordCommInfo info;
+          bool ok = ParseCommInfo(f.payload, &info, &err);
+          c.replies.erase(c.replies.begin() + static_cast<long>(i));
+          if (!ok) {
+            Log("interpose")->error("{}", err);
+            return false;
+          }
+          *out = std::move(info);
+          return true;
+        }
+        if (f.type == ipc::MsgType::kError) {
+          Log("interpose")->error("coordinator refused communicator {}: {}", key, f.payload);
+          c.replies.erase(c.replies.begin() + static_cast<long>(i));
+          return false;
+        }
+      }
+      if (!c.active.load()) return false;
+      if (c.cv.wait_until(lock, deadline) == std::cv_status::timeout) {
+        Log("interpose")->error("coordinator did not answer kCommInit for {} within {} ms", key, timeout_ms);
+        return false;
+      }
+    }
+  } catch (...) {
+    return false;
+  }
+}
+
+namespace {
+// ipc.h's op code: prism::trace::CollOp for collectives, 100 + NodeKind for p2p.
+uint32_t IpcOp(uint8_t op) {
+  switch (static_cast<payload::OpKind>(op)) {
+    case payload::OpKind::kAllReduce: return 1;
+    case payload::OpKind::kAllGather: return 2;
+    case payload::OpKind::kReduceScatter: return 3;
+    case payload::OpKind::kBroadcast: return 4;
+    case payload::OpKind::kReduce: return 5;
+    case payload::OpKind::kAllToAll: return 6;
+    case payload::OpKind::kSend: return 103;
+    case payload::OpKind::kRecv: return 104;
+    default: return 0;
+  }
+}
+}  // namespace
+
+bool CoordSendArrive(const GateUnit& u) {
+  Conn& c = C();
+  if (!c.active.load()) return false;
+  ipc::OpArrive a{};
+  a.comm_id = u.coord_comm_id;
+  a.op = IpcOp(u.event.op);
+  a.seq = u.event.seq;
+  a.bytes = u.event.bytes;
+  a.arrival_ns = u.event.arrival_ns;
+  a.peer = u.event.peer;
+  std::string err;
+  std::lock_guard<std::mutex> lock(c.write_mu);
+  return ipc::SendFrame(c.fd, ipc::MsgType::kOpArrive, &a, sizeof(a), &err) == ipc::IoStatus::kOk;
+}
+
+bool CoordTakeRelease(uint32_t comm_id, uint64_t seq, uint64_t* release_ns, int32_t* last_rank) {
+  Conn& c = C();
+  std::lock_guard<std::mutex> lock(c.release_mu);
+  auto it = c.releases.find({comm_id, seq});
+  if (it == c.releases.end()) return false;
+  *release_ns = it->second.first;
+  *last_rank = it->second.second;
+  c.releases.erase(it);
+  return true;
+}
+
+}  // namespace prism::interpose

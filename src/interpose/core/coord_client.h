@@ -1,0 +1,35 @@
+// libprism's side of the coordinator connection (include/prism/ipc.h, framing in src/common/ipc_io.h):
+// kHello once; kCommInit -> kCommInfo when a communicator is created (members, which are real); and for
+// communicators with more than one real member, kOpArrive -> kOpRelease per operation (from the progress thread).
+// One reader thread receives every frame; requests wait on it with a timeout. Nothing here throws or calls CUDA.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace prism::interpose {
+
+struct GateUnit;
+
+// Connects to PRISM_COORD_SOCKET and says hello (once; false when unset or unreachable, logged once).
+bool CoordConnect();
+bool CoordActive();
+
+struct CoordCommInfo {
+  uint32_t comm_id = 0;
+  std::vector<int32_t> members;
+  std::vector<bool> real;
+};
+// kCommInit {key, nranks, rank, desc, name, parent?, color?}; waits up to timeout_ms for kCommInfo.
+bool CoordCommInit(const std::string& key, int nranks, int rank, const std::string& desc, const std::string& name,
+                   int64_t parent_comm_id, int color, int timeout_ms, CoordCommInfo* out);
+
+// From the progress thread: kOpArrive for a unit; later kOpRelease is matched by (comm_id, seq).
+bool CoordSendArrive(const GateUnit& unit);
+bool CoordTakeRelease(uint32_t comm_id, uint64_t seq, uint64_t* release_ns, int32_t* last_rank);
+
+// Parses a kCommInfo JSON payload (tests).
+bool ParseCommInfo(const std::string& json, CoordCommInfo* out, std::string* error);
+
+}  // namespace prism::interpose

@@ -1,0 +1,53 @@
+// What every intercepted collective and p2p call does (the one internal function the thin exports call):
+// validate as NCCL does, queue inside ncclGroupStart/End (a group's operations on one stream act as one unit),
+// then per unit on the user's stream: an arrival stamp (GPU clock), the payload steps of each operation
+// (src/nccl_patch/semantics.h), and a gate the progress thread opens when the unit completes at the target scale.
+//
+// Hot path: no heap allocation after warm-up (thread-local buffers keep their capacity), no lock except the
+// communicator's own mutex around its p2p history.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdint>
+
+#include "interpose/core/comm.h"
+#include "nccl_patch/semantics.h"
+
+namespace prism::interpose {
+
+struct OpCall {
+  payload::OpKind op = payload::OpKind::kInvalid;
+  ncclDataType_t dtype = ncclFloat32;
+  ncclRedOp_t redop = ncclSum;
+  uint64_t count = 0;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  int root = 0;
+  int peer = 0;
+  Comm* comm = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+ncclResult_t Submit(const OpCall& call);
+ncclResult_t GroupStart();
+ncclResult_t GroupEnd();
+ncclResult_t GroupSimulateEnd(ncclSimInfo_t* info);
+int GroupDepth();
+
+ncclResult_t RedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t dtype,
+                                  ncclScalarResidence_t residence, Comm* comm);
+ncclResult_t RedOpDestroy(ncclRedOp_t op, Comm* comm);
+
+// Iteration mark from the Python hook: stamps the GPU clock on `stream` (iteration time is GPU time).
+// Returns the iteration number.
+int IterationMark(cudaStream_t stream, uint64_t torch_max_allocated);
+
+// Host time spent inside libprism per executed unit (a collective outside a group, or a group end), in ns:
+// the q-quantile (0.5 = median) of everything measured so far; 0 when nothing was measured.
+uint64_t HostOverheadQuantileNs(double q);
+uint64_t UnitsExecuted();
+void ResetStatsForTest();
+
+}  // namespace prism::interpose

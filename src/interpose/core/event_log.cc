@@ -1,0 +1,266 @@
+#include "interpose/core/event_log.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "common/log.h"
+#include "interpose/core/config.h"
+#include "interpose/core/gpu.h"
+#include "interpose/core/memory.h"
+#include "nccl_patch/semantics.h"
+#include "prism/events.h"
+
+namespace prism::interpose {
+namespace {
+
+struct PendingIter {
+  uint32_t iteration;
+  volatile uint64_t* stamp;
+  uint64_t host_ns;
+  uint64_t torch_max;
+};
+
+struct Writer {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> lines;  // formatted by producers of rare records
+  std::vector<OpEvent> ops;
+  std::deque<PendingIter> iters;
+  bool stop = false;
+  bool started = false;
+  std::thread thread;
+  FILE* file = nullptr;
+  std::string path;
+  uint64_t last_iter_t = 0;
+  uint64_t last_mem_current = UINT64_MAX;
+  uint64_t last_mem_peak = UINT64_MAX;
+};
+
+Writer& W() {
+  static Writer* w = new Writer();  // Why leaked: producers may run during exit.
+  return *w;
+}
+
+const char* OpName(uint8_t op) {
+  if (op == 0xff) return "group";
+  return payload::OpKindName(static_cast<payload::OpKind>(op));
+}
+
+const char* DtypeName(uint8_t t) { return payload::DataTypeName(static_cast<payload::DataType>(t)); }
+
+void WriteOp(FILE* f, const OpEvent& e) {
+  std::fprintf(f,
+               "{\"type\":\"op\",\"comm_id\":%u,\"seq\":%llu,\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,"
+               "\"peer\":%d,\"arrival_ns\":%llu,\"release_ns\":%llu,\"model_dur_ns\":%llu,\"wait_on_rank\":%d,"
+               "\"algo\":%u,\"proto\":%u,\"nops\":%u,\"cost\":\"%s\",\"enqueue_ns\":%llu}\n",
+               e.comm_id, static_cast<unsigned long long>(e.seq), OpName(e.op), DtypeName(e.dtype),
+               static_cast<unsigned long long>(e.bytes), e.peer, static_cast<unsigned long long>(e.arrival_ns),
+               static_cast<unsigned long long>(e.release_ns), static_cast<unsigned long long>(e.model_dur_ns),
+               e.wait_on_rank, e.algo, e.proto, e.nops,
+               e.source == 1 ? "fixed" : (e.source == 2 ? "model" : "fallback"),
+               static_cast<unsigned long long>(e.host_enqueue_ns));
+}
+
+void WriteMem(Writer& w, FILE* f, bool force) {
+  uint64_t cur = memory::CurrentBytes(), peak = memory::PeakBytes();
+  if (!force && cur == w.last_mem_current && peak == w.last_mem_peak) return;
+  w.last_mem_current = cur;
+  w.last_mem_peak = peak;
+  std::fprintf(f, "{\"type\":\"mem\",\"t_ns\":%llu,\"current_bytes\":%llu,\"peak_bytes\":%llu}\n",
+               static_cast<unsigned long long>(HostNowNs()), static_cast<unsigned long long>(cur),
+               static_cast<unsigned long long>(peak));
+}
+
+// Writes iteration lines whose GPU stamp has arrived (in order). At stop, waits up to 1 s for late stamps and
+// falls back to the host time of the mark.
+void DrainIters(Writer& w, std::deque<PendingIter>* iters, bool final) {
+  uint64_t deadline = HostNowNs() + 1000000000ull;
+  while (!iters->empty()) {
+    PendingIter& it = iters->front();
+    uint64_t t = it.stamp != nullptr ? *it.stamp : it.host_ns;
+    if (t == 0) {
+      if (!final || HostNowNs() > deadline) {
+        if (!final) return;
+        t = it.host_ns;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+    }
+    uint64_t dur = w.last_iter_t != 0 && t > w.last_iter_t ? t - w.last_iter_t : 0;
+    w.last_iter_t = t;
+    std::fprintf(w.file,
+                 "{\"type\":\"iter\",\"iteration\":%u,\"t_ns\":%llu,\"dur_ns\":%llu,\"peak_bytes\":%llu,"
+                 "\"torch_max_allocated\":%llu,\"clock\":\"%s\"}\n",
+                 it.iteration, static_cast<unsigned long long>(t), static_cast<unsigned long long>(dur),
+                 static_cast<unsigned long long>(memory::PeakBytes()), static_cast<unsigned long long>(it.torch_max),
+                 it.stamp != nullptr && *it.stamp != 0 ? "gpu" : "host");
+    iters->pop_front();
+  }
+}
+
+void Run() {
+  Writer& w = W();
+  std::vector<std::string> lines;
+  std::vector<OpEvent> ops;
+  std::deque<PendingIter> iters;
+  auto last_mem = std::chrono::steady_clock::now();
+  bool stopping = false;
+  while (!stopping) {
+    {
+      std::unique_lock<std::mutex> lock(w.mu);
+      w.cv.wait_for(lock, std::chrono::milliseconds(200),
+                    [&] { return w.stop || !w.lines.empty() || !w.ops.empty() || !w.iters.empty(); });
+      lines.swap(w.lines);
+      ops.swap(w.ops);
+      while (!w.iters.empty()) {
+        iters.push_back(w.iters.front());
+        w.iters.pop_front();
+      }
+      stopping = w.stop;
+    }
+    for (const std::string& l : lines) std::fputs(l.c_str(), w.file);
+    for (const OpEvent& e : ops) WriteOp(w.file, e);
+    lines.clear();
+    ops.clear();
+    DrainIters(w, &iters, stopping);
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_mem > std::chrono::seconds(1) || stopping) {
+      WriteMem(w, w.file, false);
+      last_mem = now;
+    }
+    std::fflush(w.file);
+  }
+}
+
+void Push(std::string line) {
+  Writer& w = W();
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    if (!w.started || w.stop) return;
+    w.lines.push_back(std::move(line));
+  }
+  w.cv.notify_one();
+}
+
+}  // namespace
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out;
+}
+
+void EventLogStart() {
+  Writer& w = W();
+  std::lock_guard<std::mutex> lock(w.mu);
+  if (w.started) return;
+  const Config& c = Cfg();
+  if (c.out_dir.empty()) return;
+  mkdir(c.out_dir.c_str(), 0777);  // Why ignore the result: it usually exists (the launcher made it).
+  w.path = c.out_dir + "/" + events::FileName(c.rank);
+  w.file = std::fopen(w.path.c_str(), "a");
+  if (w.file == nullptr) {
+    Log("interpose")->error("cannot open event file {}: events are not recorded", w.path);
+    return;
+  }
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::fprintf(w.file,
+               "{\"type\":\"hello\",\"v\":%d,\"rank\":%d,\"world_size\":%d,\"local_rank\":%d,\"pid\":%d,"
+               "\"host\":\"%s\",\"gpu\":%d,\"t_ns\":%llu,\"gate\":\"%s\",\"payload\":\"%s\"}\n",
+               events::kSchemaVersion, c.rank, c.world_size, c.local_rank, static_cast<int>(getpid()),
+               JsonEscape(host).c_str(), c.phys_device, static_cast<unsigned long long>(HostNowNs()),
+               c.gate == GateKind::kSpin ? "spin" : (c.gate == GateKind::kNone ? "none" : "wait"),
+               JsonEscape(c.payload).c_str());
+  for (const std::string& e : c.errors) {
+    std::fprintf(w.file, "{\"type\":\"error\",\"what\":\"%s\"}\n", JsonEscape(e).c_str());
+  }
+  std::fflush(w.file);
+  w.started = true;
+  try {
+    w.thread = std::thread(&Run);
+  } catch (...) {
+    w.started = false;
+  }
+}
+
+void LogComm(const CommEvent& e) {
+  std::string m = "[";
+  for (size_t i = 0; i < e.members.size(); ++i) m += (i ? "," : "") + std::to_string(e.members[i]);
+  m += "]";
+  std::string line = "{\"type\":\"comm\",\"comm_id\":" + std::to_string(e.comm_id) + ",\"key\":\"" +
+                     JsonEscape(e.key) + "\",\"desc\":\"" + JsonEscape(e.desc) + "\",\"name\":\"" +
+                     JsonEscape(e.name) + "\",\"nranks\":" + std::to_string(e.nranks) +
+                     ",\"rank\":" + std::to_string(e.rank) + ",\"members\":" + (e.members.empty() ? "null" : m) +
+                     ",\"real_members\":" + std::to_string(e.real_members) + ",\"origin\":\"" + e.origin + "\"}\n";
+  Push(std::move(line));
+}
+
+void LogOp(const OpEvent& e) {
+  Writer& w = W();
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    if (!w.started || w.stop) return;
+    w.ops.push_back(e);
+  }
+  w.cv.notify_one();
+}
+
+void LogIteration(uint32_t iteration, volatile uint64_t* stamp, uint64_t host_ns, uint64_t torch_max_allocated) {
+  Writer& w = W();
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    if (!w.started || w.stop) return;
+    w.iters.push_back(PendingIter{iteration, stamp, host_ns, torch_max_allocated});
+  }
+  w.cv.notify_one();
+}
+
+void LogError(const std::string& what) {
+  Push("{\"type\":\"error\",\"what\":\"" + JsonEscape(what) + "\"}\n");
+}
+
+void EventLogStop() {
+  Writer& w = W();
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    if (!w.started || w.stop) return;
+    w.stop = true;
+  }
+  w.cv.notify_one();
+  if (w.thread.joinable()) w.thread.join();
+  std::fprintf(w.file, "{\"type\":\"bye\",\"t_ns\":%llu,\"peak_bytes\":%llu}\n",
+               static_cast<unsigned long long>(HostNowNs()), static_cast<unsigned long long>(memory::PeakBytes()));
+  std::fclose(w.file);
+  w.file = nullptr;
+}
+
+std::string EventLogPath() { return W().path; }
+
+}  // namespace prism::interpose

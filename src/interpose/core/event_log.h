@@ -1,0 +1,60 @@
+// The rank's event stream: $PRISM_OUT_DIR/rank<R>.events.jsonl (include/prism/events.h), appended by one
+// background thread so that nothing measured is lost if the run dies. Producers (the progress thread, the
+// iteration hook, communicator creation) only queue records; no CUDA is ever called from here.
+//
+// A later "comm" line for the same comm_id supersedes an earlier one (members can become known after creation,
+// when the Python hook registers the group).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace prism::interpose {
+
+struct OpEvent {
+  uint32_t comm_id = 0;
+  uint64_t seq = 0;
+  uint8_t op = 0;       // payload::OpKind; 0xff = a group of several kinds
+  uint8_t dtype = 0;    // payload::DataType
+  uint8_t algo = 0;     // cost model NcclAlgo + 1 (0 unknown)
+  uint8_t proto = 0;
+  uint8_t source = 0;   // CostSource
+  uint16_t nops = 1;    // operations fused in this unit (a group)
+  uint64_t bytes = 0;
+  int32_t peer = -1;
+  uint64_t arrival_ns = 0;
+  uint64_t release_ns = 0;
+  uint64_t model_dur_ns = 0;
+  int32_t wait_on_rank = -1;
+  uint64_t host_enqueue_ns = 0;  // host time the unit was enqueued (same epoch)
+};
+
+struct CommEvent {
+  uint32_t comm_id = 0;
+  std::string key;
+  std::string desc;
+  std::string name;
+  int nranks = 0;
+  int rank = 0;
+  std::vector<int32_t> members;
+  int real_members = 1;
+  std::string origin;  // init | split | shrink | initall
+};
+
+// Starts the writer thread and writes the hello line (no-op when PRISM_OUT_DIR is unset). Idempotent.
+void EventLogStart();
+void LogComm(const CommEvent& e);
+void LogOp(const OpEvent& e);
+// An iteration mark whose GPU time arrives later in the host-mapped word `stamp` (nullptr: use host time).
+void LogIteration(uint32_t iteration, volatile uint64_t* stamp, uint64_t host_ns, uint64_t torch_max_allocated);
+void LogError(const std::string& what);
+// Flushes, writes the bye line and stops the thread (at exit).
+void EventLogStop();
+// Path of the event file ("" when none).
+std::string EventLogPath();
+
+// JSON string escaping (tests).
+std::string JsonEscape(const std::string& s);
+
+}  // namespace prism::interpose

@@ -1,0 +1,57 @@
+// The shim's own GPU work, behind an interface so that unit tests fake the CUDA boundary (as libkineto's
+// CuptiActivityApi). The real implementation (DriverGpu) uses only the CUDA driver API and the kernels of the
+// embedded fatbin: arrival stamps, gates, payload steps, clock calibration.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+
+#include "interpose/core/config.h"
+#include "nccl_patch/semantics.h"
+
+namespace prism::interpose {
+
+// Slots of host-mapped memory: one arrival word and one gate word per in-flight operation (a ring), plus a
+// ring of iteration stamps.
+inline constexpr uint32_t kGateSlots = 16384;
+inline constexpr uint32_t kIterSlots = 1024;
+
+struct ClockCalibration {
+  int64_t gpu_minus_host_ns = 0;      // %globaltimer - CLOCK_REALTIME
+  int64_t wait_release_ns = 10000;    // host writes a wait-gate word -> the stream runs on (measured)
+  int64_t spin_release_ns = 10000;    // same for the spinning gate
+};
+
+class Gpu {
+ public:
+  virtual ~Gpu() = default;
+  // One-time setup on a thread whose current context is the job's (module load, warm-up of every own kernel,
+  // slot memory, clock calibration). Idempotent and thread-safe; false when the GPU cannot be used (logged).
+  virtual bool EnsureReady() = 0;
+  // Host views of the slot words (valid after EnsureReady).
+  virtual volatile uint64_t* ArrivalWord(uint32_t slot) = 0;
+  virtual volatile uint32_t* GateWord(uint32_t slot) = 0;
+  virtual volatile uint64_t* IterWord(uint32_t slot) = 0;
+  virtual ClockCalibration Calibration() const = 0;
+  // Enqueue on `stream`: the arrival stamp of `slot`; a gate that holds the stream until GateWord(slot) reaches
+  // `ticket`; one payload step; an iteration stamp. CUDA_SUCCESS or the driver's error.
+  virtual CUresult Stamp(CUstream stream, uint32_t slot) = 0;
+  virtual CUresult Gate(CUstream stream, uint32_t slot, uint32_t ticket, GateKind kind, int ctas) = 0;
+  virtual CUresult RunStep(CUstream stream, const payload::OpDesc& desc, const payload::Step& step) = 0;
+  virtual CUresult StampIteration(CUstream stream, uint32_t iter_slot) = 0;
+  // True when the stream is being captured into a CUDA graph (gates would be recorded into the graph).
+  virtual bool Capturing(CUstream stream) = 0;
+  // Makes the job's context current on this thread if another one is.
+  virtual void EnsureContext() = 0;
+};
+
+// The process-wide backend (DriverGpu unless a test installed a fake).
+Gpu& TheGpu();
+void SetGpuForTest(Gpu* fake);  // nullptr restores the real one
+
+// Host clock in the same epoch as %globaltimer (CLOCK_REALTIME, ns).
+uint64_t HostNowNs();
+
+}  // namespace prism::interpose

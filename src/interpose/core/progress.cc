@@ -1,0 +1,240 @@
+#include "interpose/core/progress.h"
+
+#include <linux/futex.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "common/log.h"
+#include "interpose/core/coord_client.h"
+#include "interpose/core/gpu.h"
+
+namespace prism::interpose {
+namespace {
+
+constexpr uint32_t kQueueSize = 16384;  // power of two
+constexpr uint32_t kReservedSlots = 8;  // top gate slots: clock calibration (gpu.cc)
+constexpr int64_t kSpinWindowNs = 40000;  // spin (not sleep) when a release is this close
+
+// Vyukov's bounded MPMC queue (used MPSC): one CAS per push, no allocation.
+class UnitQueue {
+ public:
+  UnitQueue() {
+    for (uint32_t i = 0; i < kQueueSize; ++i) cells_[i].seq.store(i, std::memory_order_relaxed);
+  }
+  bool Push(const GateUnit& u) {
+    uint64_t pos = tail_.load(std::memory_order_relaxed);
+    for (;;) {
+      Cell& c = cells_[pos & (kQueueSize - 1)];
+      uint64_t seq = c.seq.load(std::memory_order_acquire);
+      int64_t diff = static_cast<int64_t>(seq) - static_cast<int64_t>(pos);
+      if (diff == 0) {
+        if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          c.unit = u;
+          c.seq.store(pos + 1, std::memory_order_release);
+          return true;
+        }
+      } else if (diff < 0) {
+        return false;
+      } else {
+        pos = tail_.load(std::memory_order_relaxed);
+      }
+    }
+  }
+  bool Pop(GateUnit* u) {
+    uint64_t pos = head_;
+    Cell& c = cells_[pos & (kQueueSize - 1)];
+    uint64_t seq = c.seq.load(std::memory_order_acquire);
+    if (static_cast<int64_t>(seq) - static_cast<int64_t>(pos + 1) < 0) return false;
+    *u = c.unit;
+    c.seq.store(pos + kQueueSize, std::memory_order_release);
+    head_ = pos + 1;
+    return true;
+  }
+
+ private:
+  struct Cell {
+    std::atomic<uint64_t> seq;
+    GateUnit unit;
+  };
+  Cell cells_[kQueueSize];
+  alignas(64) std::atomic<uint64_t> tail_{0};
+  alignas(64) uint64_t head_ = 0;  // consumer only
+};
+
+struct Pending {
+  GateUnit u;
+  bool has_arrival = false;
+  bool has_release = false;
+  bool arrive_sent = false;
+};
+
+struct State {
+  UnitQueue queue;
+  std::once_flag started;
+  std::atomic<uint32_t> wake{0};
+  std::atomic<int> sleeping{0};
+  std::atomic<uint64_t> pushed{0};
+  std::atomic<uint64_t> released{0};
+  std::atomic<uint32_t> ticket{0};
+  std::atomic<uint32_t> slot{0};
+  Pending pending[kQueueSize];
+  uint32_t npending = 0;
+};
+
+State& S() {
+  static State* s = new State();  // Why leaked: the thread runs until the process ends.
+  return *s;
+}
+
+long Futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
+}
+
+void SleepNs(int64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  nanosleep(&ts, nullptr);
+}
+
+void Release(State& s, Pending& p, const ClockCalibration& cal) {
+  (void)cal;
+  if (!p.u.no_gate) __atomic_store_n(TheGpu().GateWord(p.u.slot), p.u.ticket, __ATOMIC_RELEASE);
+  LogOp(p.u.event);
+  s.released.fetch_add(1, std::memory_order_release);
+}
+
+void Loop() {
+  prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // Why: default 50 us slack would make every sleep late.
+  State& s = S();
+  Gpu& gpu = TheGpu();
+  for (;;) {
+    GateUnit u;
+    while (s.npending < kQueueSize && s.queue.Pop(&u)) {
+      Pending& p = s.pending[s.npending++];
+      p = Pending();
+      p.u = u;
+    }
+    const ClockCalibration cal = gpu.Calibration();
+    int64_t min_wait = INT64_MAX;       // ns until the nearest known release
+    int64_t min_dur = INT64_MAX;        // shortest duration among units still waiting for arrival
+    uint64_t now_host = HostNowNs();
+    for (uint32_t i = 0; i < s.npending;) {
+      Pending& p = s.pending[i];
+      if (!p.has_arrival) {
+        uint64_t a = *gpu.ArrivalWord(p.u.slot);
+        if (a != 0) {
+          p.has_arrival = true;
+          p.u.event.arrival_ns = a;
+          if (!p.u.via_coordinator) {
+            p.u.event.release_ns = a + p.u.dur_ns;
+            p.has_release = true;
+          }
+        } else {
+          min_dur = std::min<int64_t>(min_dur, static_cast<int64_t>(p.u.dur_ns));
+        }
+      }
+      if (p.has_arrival && p.u.via_coordinator && !p.has_release) {
+        if (!p.arrive_sent) {
+          p.arrive_sent = CoordSendArrive(p.u);
+          if (!p.arrive_sent) {  // coordinator gone: fall back to the local rule rather than hang the job
+            p.u.event.release_ns = p.u.event.arrival_ns + p.u.dur_ns;
+            p.has_release = true;
+          }
+        }
+        if (!p.has_release) {
+          uint64_t rel = 0;
+          int32_t last = -1;
+          if (CoordTakeRelease(p.u.coord_comm_id, p.u.event.seq, &rel, &last)) {
+            p.u.event.release_ns = rel;
+            p.u.event.wait_on_rank = last;
+            p.has_release = true;
+          }
+        }
+      }
+      if (p.has_release) {
+        const int64_t lat = p.u.no_gate ? 0 : (Cfg().gate == GateKind::kSpin ? cal.spin_release_ns : cal.wait_release_ns);
+        const int64_t target_host = static_cast<int64_t>(p.u.event.release_ns) - cal.gpu_minus_host_ns - lat;
+        const int64_t wait = target_host - static_cast<int64_t>(now_host);
+        if (wait <= 0) {
+          Release(s, p, cal);
+          s.pending[i] = s.pending[--s.npending];
+          now_host = HostNowNs();
+          continue;
+        }
+        min_wait = std::min(min_wait, wait);
+      }
+      ++i;
+    }
+    if (s.npending == 0) {
+      uint32_t w = s.wake.load(std::memory_order_acquire);
+      s.sleeping.store(1, std::memory_order_seq_cst);
+      if (s.pushed.load(std::memory_order_seq_cst) == s.released.load(std::memory_order_seq_cst)) {
+        timespec ts{0, 100000000};  // 100 ms: also bounds a lost wake-up
+        Futex(&s.wake, FUTEX_WAIT_PRIVATE, w, &ts);
+      }
+      s.sleeping.store(0, std::memory_order_relaxed);
+      continue;
+    }
+    // Next poll: soon enough to catch the nearest release, and to see an arrival well before a short op ends.
+    int64_t poll = 200000;  // 200 us
+    if (min_dur != INT64_MAX) poll = std::min<int64_t>(poll, std::max<int64_t>(2000, min_dur / 4));
+    if (CoordActive()) poll = std::min<int64_t>(poll, 20000);
+    if (min_wait != INT64_MAX) {
+      if (min_wait <= kSpinWindowNs) continue;  // spin: re-check immediately
+      poll = std::min(poll, min_wait - kSpinWindowNs / 2);
+    }
+    SleepNs(poll);
+  }
+}
+
+}  // namespace
+
+void ProgressStart() {
+  State& s = S();
+  std::call_once(s.started, [] {
+    try {
+      std::thread(&Loop).detach();
+    } catch (...) {
+      Log("interpose")->error("cannot start the progress thread: gates will never open");
+    }
+  });
+}
+
+bool ProgressPush(const GateUnit& unit) {
+  State& s = S();
+  if (!s.queue.Push(unit)) return false;
+  s.pushed.fetch_add(1, std::memory_order_seq_cst);
+  s.wake.fetch_add(1, std::memory_order_seq_cst);
+  if (s.sleeping.load(std::memory_order_seq_cst)) Futex(&s.wake, FUTEX_WAKE_PRIVATE, 1, nullptr);
+  return true;
+}
+
+uint64_t ProgressPending() {
+  State& s = S();
+  return s.pushed.load() - s.released.load();
+}
+
+bool ProgressDrain(uint64_t timeout_ns) {
+  uint64_t start = HostNowNs();
+  while (ProgressPending() != 0) {
+    if (HostNowNs() - start > timeout_ns) return false;
+    SleepNs(50000);
+  }
+  return true;
+}
+
+uint32_t NextTicket() {
+  uint32_t t = S().ticket.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (t == 0) t = S().ticket.fetch_add(1, std::memory_order_relaxed) + 1;
+  return t;
+}
+
+uint32_t NextSlot() { return S().slot.fetch_add(1, std::memory_order_relaxed) % (kGateSlots - kReservedSlots); }
+
+}  // namespace prism::interpose

@@ -1,0 +1,41 @@
+// The progress thread: watches arrival stamps in host-mapped memory, computes when each gated unit completes at
+// the target scale, and writes its gate word at that moment (minus the measured release latency). It never calls
+// CUDA. Units whose communicator has several real members get their release time from the coordinator
+// (kOpArrive -> kOpRelease); all others take the local fast path: mirror arrivals, release = arrival + duration.
+//
+// Producers (the threads calling NCCL) hand units over through a bounded lock-free queue: no allocation and no
+// lock on the hot path. The thread spins only while a release is near; otherwise it sleeps (timer slack 1 ns)
+// or, with nothing pending, blocks on a futex.
+#pragma once
+
+#include <cstdint>
+
+#include "interpose/core/event_log.h"
+
+namespace prism::interpose {
+
+struct GateUnit {
+  uint32_t slot = 0;
+  uint32_t ticket = 0;
+  uint64_t dur_ns = 0;
+  uint64_t enqueue_ns = 0;
+  bool no_gate = false;         // PRISM_GATE=none or capture: only record, release at arrival
+  bool via_coordinator = false;
+  uint32_t coord_comm_id = 0;
+  OpEvent event;                // filled with comm/op/bytes; arrival/release set by the thread
+};
+
+// Starts the thread on first use (idempotent).
+void ProgressStart();
+// Hands a unit over. False when the queue is full (the caller then opens the gate itself after logging).
+bool ProgressPush(const GateUnit& unit);
+// Units handed over and not yet released.
+uint64_t ProgressPending();
+// Blocks until every unit handed over so far is released (tests, shutdown); false on timeout.
+bool ProgressDrain(uint64_t timeout_ns);
+// Ticket source (monotonic, never 0).
+uint32_t NextTicket();
+// Slots for gated units (the last few gate slots are reserved for calibration).
+uint32_t NextSlot();
+
+}  // namespace prism::interpose

@@ -1,0 +1,254 @@
+// CUDA runtime device virtualisation: the job sees PRISM_GPUS_PER_NODE devices, all of them the physical GPU
+// (core/device_map.h). Without PRISM_GPUS_PER_NODE every function passes straight through. libtorch binds these
+// names versioned (libcudart.so.13); an unversioned definition in a preloaded object satisfies such references.
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#include "interpose/api.h"
+#include "interpose/core/device_map.h"
+#include "interpose/core/real_symbols.h"
+
+using namespace prism::interpose;
+namespace dev = prism::interpose::devices;
+
+namespace {
+
+int Phys() { return dev::Physical(); }
+
+// Maps a location that names a virtual device onto the physical one.
+void MapLocation(cudaMemLocation* loc) {
+  if (loc != nullptr && dev::Virtualized() && loc->type == cudaMemLocationTypeDevice && dev::Valid(loc->id)) {
+    loc->id = Phys();
+  }
+}
+
+}  // namespace
+
+#define PRISM_REAL(fn) \
+  const auto real = Cudart().fn; \
+  if (real == nullptr) return cudaErrorNotSupported;
+
+PRISM_API cudaError_t cudaGetDeviceCount(int* count) {
+  PRISM_REAL(cudaGetDeviceCount)
+  cudaError_t e = real(count);
+  if (e == cudaSuccess && dev::Virtualized()) *count = dev::Count();
+  return e;
+}
+
+PRISM_API cudaError_t cudaSetDevice(int device) {
+  PRISM_REAL(cudaSetDevice)
+  if (!dev::Virtualized()) return real(device);
+  if (!dev::Valid(device)) return cudaErrorInvalidDevice;
+  cudaError_t e = real(Phys());
+  if (e == cudaSuccess) dev::SetCurrent(device);
+  return e;
+}
+
+PRISM_API cudaError_t cudaGetDevice(int* device) {
+  if (!dev::Virtualized()) {
+    PRISM_REAL(cudaGetDevice)
+    return real(device);
+  }
+  if (device == nullptr) return cudaErrorInvalidValue;
+  *device = dev::Current();  // Why no CUDA call: torch asks on every device guard
+  return cudaSuccess;
+}
+
+PRISM_API cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, unsigned int flags) {
+  PRISM_REAL(cudaInitDevice)
+  if (!dev::Virtualized()) return real(device, deviceFlags, flags);
+  if (!dev::Valid(device)) return cudaErrorInvalidDevice;
+  return real(Phys(), deviceFlags, flags);
+}
+
+PRISM_API cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  PRISM_REAL(cudaGetDeviceProperties)
+  if (!dev::Virtualized()) return real(prop, device);
+  if (!dev::Valid(device)) return cudaErrorInvalidDevice;
+  return real(prop, Phys());
+}
+
+PRISM_API cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  PRISM_REAL(cudaDeviceGetAttribute)
+  if (!dev::Virtualized()) return real(value, attr, device);
+  if (!dev::Valid(device)) return cudaErrorInvalidDevice;
+  return real(value, attr, Phys());
+}
+
+PRISM_API cudaError_t cudaDeviceGetPCIBusId(char* pciBusId, int len, int device) {
+  PRISM_REAL(cudaDeviceGetPCIBusId)
+  if (!dev::Virtualized()) return real(pciBusId, len, device);
+  if (!dev::Valid(device)) return cudaErrorInvalidDevice;
+  return real(pciBusId, len, Phys());
+}
+
+PRISM_API cudaError_t cudaDeviceGetByPCIBusId(int* device, const char* pciBusId) {
+  PRISM_REAL(cudaDeviceGetByPCIBusId)
+  cudaError_t e = real(device, pciBusId);
+  // Every virtual device has the physical bus id; the calling thread's device is the sensible answer.
+  if (e == cudaSuccess && dev::Virtualized() && *device == Phys()) *device = dev::Current();
+  return e;
+}
+
+PRISM_API cudaError_t cudaDeviceCanAccessPeer(int* canAccessPeer, int device, int peerDevice) {
+  if (!dev::Virtualized()) {
+    PRISM_REAL(cudaDeviceCanAccessPeer)
+    return real(canAccessPeer, device, peerDevice);
+  }
+  if (canAccessPeer == nullptr) return cudaErrorInvalidValue;
+  if (!dev::Valid(device) || !dev::Valid(peerDevice)) return cudaErrorInvalidDevice;
+  *canAccessPeer = device != peerDevice ? 1 : 0;
+  return cudaSuccess;
+}
+
+PRISM_API cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags) {
+  if (!dev::Virtualized()) {
+    PRISM_REAL(cudaDeviceEnablePeerAccess)
+    return real(peerDevice, flags);
+  }
+  if (flags != 0) return cudaErrorInvalidValue;
+  if (!dev::Valid(peerDevice) || peerDevice == dev::Current()) return cudaErrorInvalidDevice;
+  return dev::SetPeerAccess(dev::Current(), peerDevice, true) ? cudaSuccess : cudaErrorPeerAccessAlreadyEnabled;
+}
+
+PRISM_API cudaError_t cudaDeviceDisablePeerAccess(int peerDevice) {
+  if (!dev::Virtualized()) {
+    PRISM_REAL(cudaDeviceDisablePeerAccess)
+    return real(peerDevice);
+  }
+  if (!dev::Valid(peerDevice)) return cudaErrorInvalidDevice;
+  return dev::SetPeerAccess(dev::Current(), peerDevice, false) ? cudaSuccess : cudaErrorPeerAccessNotEnabled;
+}
+
+PRISM_API cudaError_t cudaDeviceGetP2PAttribute(int* value, cudaDeviceP2PAttr attr, int srcDevice, int dstDevice) {
+  if (!dev::Virtualized()) {
+    PRISM_REAL(cudaDeviceGetP2PAttribute)
+    return real(value, attr, srcDevice, dstDevice);
+  }
+  if (value == nullptr) return cudaErrorInvalidValue;
+  if (!dev::Valid(srcDevice) || !dev::Valid(dstDevice) || srcDevice == dstDevice) return cudaErrorInvalidDevice;
+  // Virtual peers behave as NVLink peers: full access and native atomics, best performance rank.
+  switch (attr) {
+    case cudaDevP2PAttrPerformanceRank: *value = 0; break;
+    case cudaDevP2PAttrOnlyPartialNativeAtomicSupported: *value = 0; break;
+    default: *value = 1; break;
+  }
+  return cudaSuccess;
+}
+
+PRISM_API cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  PRISM_REAL(cudaPointerGetAttributes)
+  cudaError_t e = real(attributes, ptr);
+  if (e == cudaSuccess && dev::Virtualized() && attributes->device == Phys()) attributes->device = dev::Current();
+  return e;
+}
+
+PRISM_API cudaError_t cudaStreamGetDevice(cudaStream_t hStream, int* device) {
+  PRISM_REAL(cudaStreamGetDevice)
+  cudaError_t e = real(hStream, device);
+  if (e == cudaSuccess && dev::Virtualized() && *device == Phys()) *device = dev::Current();
+  return e;
+}
+
+PRISM_API cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* memPool, int device) {
+  PRISM_REAL(cudaDeviceGetDefaultMemPool)
+  if (!dev::Virtualized()) return real(memPool, device);
+  if (!dev::Valid(device)) return cudaErrorInvalidDevice;
+  return real(memPool, Phys());
+}
+
+PRISM_API cudaError_t cudaDeviceGetMemPool(cudaMemPool_t* memPool, int device) {
+  PRISM_REAL(cudaDeviceGetMemPool)
+  if (!dev::Virtualized()) return real(memPool, device);
+  if (!dev::Valid(device)) return cudaErrorInvalidDevice;
+  return real(memPool, Phys());
+}
+
+PRISM_API cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t memPool) {
+  PRISM_REAL(cudaDeviceSetMemPool)
+  if (!dev::Virtualized()) return real(device, memPool);
+  if (!dev::Valid(device)) return cudaErrorInvalidDevice;
+  return real(Phys(), memPool);
+}
+
+PRISM_API cudaError_t cudaMemPoolCreate(cudaMemPool_t* memPool, const cudaMemPoolProps* poolProps) {
+  PRISM_REAL(cudaMemPoolCreate)
+  if (poolProps == nullptr) return real(memPool, poolProps);
+  cudaMemPoolProps p = *poolProps;
+  MapLocation(&p.location);
+  return real(memPool, &p);
+}
+
+PRISM_API cudaError_t cudaMemPoolSetAccess(cudaMemPool_t memPool, const cudaMemAccessDesc* descList, size_t count) {
+  PRISM_REAL(cudaMemPoolSetAccess)
+  constexpr size_t kMax = 64;
+  if (!dev::Virtualized() || descList == nullptr || count == 0 || count > kMax) return real(memPool, descList, count);
+  cudaMemAccessDesc copy[kMax];
+  size_t n = 0;
+  for (size_t i = 0; i < count; ++i) {
+    cudaMemAccessDesc d = descList[i];
+    MapLocation(&d.location);
+    // Why skip: several virtual devices collapse onto one physical device; granting it twice is an error.
+    bool dup = false;
+    for (size_t k = 0; k < n; ++k) dup |= std::memcmp(&copy[k].location, &d.location, sizeof(d.location)) == 0;
+    if (!dup) copy[n++] = d;
+  }
+  return real(memPool, copy, n);
+}
+
+PRISM_API cudaError_t cudaMemGetDefaultMemPool(cudaMemPool_t* memPool, cudaMemLocation* location,
+                                               cudaMemAllocationType type) {
+  PRISM_REAL(cudaMemGetDefaultMemPool)
+  if (location == nullptr) return real(memPool, location, type);
+  cudaMemLocation l = *location;
+  MapLocation(&l);
+  return real(memPool, &l, type);
+}
+
+PRISM_API cudaError_t cudaMemGetMemPool(cudaMemPool_t* memPool, cudaMemLocation* location,
+                                        cudaMemAllocationType type) {
+  PRISM_REAL(cudaMemGetMemPool)
+  if (location == nullptr) return real(memPool, location, type);
+  cudaMemLocation l = *location;
+  MapLocation(&l);
+  return real(memPool, &l, type);
+}
+
+PRISM_API cudaError_t cudaMemSetMemPool(cudaMemLocation* location, cudaMemAllocationType type,
+                                        cudaMemPool_t memPool) {
+  PRISM_REAL(cudaMemSetMemPool)
+  if (location == nullptr) return real(location, type, memPool);
+  cudaMemLocation l = *location;
+  MapLocation(&l);
+  return real(&l, type, memPool);
+}
+
+PRISM_API cudaError_t cudaMemcpyPeer(void* dst, int dstDevice, const void* src, int srcDevice, size_t count) {
+  PRISM_REAL(cudaMemcpyPeer)
+  if (dev::Virtualized()) {
+    if (!dev::Valid(dstDevice) || !dev::Valid(srcDevice)) return cudaErrorInvalidDevice;
+    dstDevice = srcDevice = Phys();
+  }
+  return real(dst, dstDevice, src, srcDevice, count);
+}
+
+PRISM_API cudaError_t cudaMemcpyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count,
+                                          cudaStream_t stream) {
+  PRISM_REAL(cudaMemcpyPeerAsync)
+  if (dev::Virtualized()) {
+    if (!dev::Valid(dstDevice) || !dev::Valid(srcDevice)) return cudaErrorInvalidDevice;
+    dstDevice = srcDevice = Phys();
+  }
+  return real(dst, dstDevice, src, srcDevice, count, stream);
+}
+
+PRISM_API cudaError_t cudaKernelSetAttributeForDevice(cudaKernel_t kernel, cudaFuncAttribute attr, int value,
+                                                      int device) {
+  PRISM_REAL(cudaKernelSetAttributeForDevice)
+  if (!dev::Virtualized()) return real(kernel, attr, value, device);
+  if (!dev::Valid(device)) return cudaErrorInvalidDevice;
+  return real(kernel, attr, value, Phys());
+}
+
+#undef PRISM_REAL

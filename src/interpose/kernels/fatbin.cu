@@ -1,0 +1,5 @@
+// The one translation unit nvcc turns into libprism's embedded fatbin (nvcc --fatbin takes a single input).
+// Add a kernel file here, not to CMake.
+#include "noop.cu"
+#include "shim_kernels.cuh"
+#include "payload.cu"
