@@ -1,10 +1,26 @@
-// prism-run [OPTIONS] torchrun ...: emulate (the default mode).
+// prism-run [OPTIONS] torchrun ...: emulate (the default mode). Parses, builds the plan (launcher/plan.h), prints
+// it (--dry-run) or runs it (launcher/launch.h).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "launcher/coordinator_link.h"
+#include "launcher/launch.h"
+#include "launcher/plan.h"
+#include "launcher/report_compare.h"
 #include "subcommands.h"
 
 namespace prism::cli {
 
+namespace fs = std::filesystem;
+
 struct EmulateOptions {
-  std::string ranks = "0";
+  std::string ranks;
   std::string layout;
   std::string topology;
   std::string graph;
@@ -12,25 +28,134 @@ struct EmulateOptions {
   std::string out;
   bool dry_run = false;
   bool json = false;
+  int gpus = 0;
+  std::string coordinator;
+  int node_rank = -1;
+  bool no_preload = false;
+  bool quiet = false;
 };
 
 EmulateOptions* AddEmulateOptions(CLI::App& app) {
   static EmulateOptions opts;
-  app.add_option("--ranks", opts.ranks, "logical ranks to run for real: \"0\", \"0,517\", \"0-7\"")
-      ->capture_default_str();
-  app.add_option("--layout", opts.layout, "\"tp=8,pp=4,dp=32[,cp=..,ep=..][,order=tp-cp-ep-dp-pp]\"");
+  app.add_option("--ranks", opts.ranks, "logical ranks to run for real: \"0\", \"0,517\", \"0-7\" (default 0)");
+  app.add_option("--layout", opts.layout,
+                 "\"tp=8,pp=4,dp=32[,cp=..,ep=..,etp=..][,order=tp-cp-ep-dp-pp]\" (default: the job's Megatron "
+                 "arguments)");
   app.add_option("--topology", opts.topology, "target cluster: preset name or JSON file");
   app.add_option("--graph", opts.graph, "replay virtual ranks from this PrismTrace (otherwise mirror)");
   app.add_option("--payload", opts.payload, "data of virtual members: mirror|recorded|random|zeros")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mirror", "recorded", "random", "zeros"}));
   app.add_option("--out", opts.out, "report directory (default ./prism-out/<timestamp>)");
   app.add_flag("--dry-run", opts.dry_run, "print the plan and run nothing");
   app.add_flag("--json", opts.json, "with --dry-run: the plan as JSON");
+  app.add_option("--gpus", opts.gpus, "GPUs of this host to use (default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--coordinator", opts.coordinator,
+                 "HOST:PORT of a running coordinator to join (multi-host); default: start one here");
+  app.add_option("--node-rank", opts.node_rank, "run every rank of this virtual node for real (instead of --ranks)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-preload", opts.no_preload,
+               "do not LD_PRELOAD libprism.so (tests the launch only: the job's NCCL calls are not emulated)");
+  app.add_flag("--quiet", opts.quiet, "do not copy the workers' output to the terminal (it is still in <out>/logs)");
   return &opts;
 }
 
+namespace {
+
+std::string DefaultOutDir() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  fs::path base = fs::current_path() / "prism-out" / buf;
+  fs::path p = base;
+  for (int i = 2; fs::exists(p); ++i) p = base.string() + "-" + std::to_string(i);
+  return p.string();
+}
+
+std::vector<std::string> SelfArgv() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> out;
+  std::string arg;
+  while (std::getline(in, arg, '\0')) out.push_back(arg);
+  return out;
+}
+
+std::string SelfExe() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("prism-run") : p.string();
+}
+
+}  // namespace
+
 int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& command) {
-  return NotBuilt("emulate", "issue 6");
+  launcher::PlanRequest req;
+  req.command = command;
+  req.ranks = opts.ranks;
+  req.layout = opts.layout;
+  req.gpus = opts.gpus;
+  req.node_rank = opts.node_rank;
+  req.coordinator = opts.coordinator;
+  req.payload = opts.payload;
+  req.preload = !opts.no_preload;
+  std::error_code ec;
+  req.out_dir = opts.out.empty() ? DefaultOutDir() : fs::absolute(opts.out, ec).string();
+  if (!opts.graph.empty()) {
+    if (!fs::is_regular_file(opts.graph, ec)) {
+      std::fprintf(stderr, "prism-run: --graph %s: no such file\n", opts.graph.c_str());
+      return kExitBadInput;
+    }
+    req.graph = fs::absolute(opts.graph, ec).string();
+  }
+  if (!opts.topology.empty()) {
+    // A file is passed by absolute path (the workers may run elsewhere); otherwise it names a preset.
+    req.topology = fs::is_regular_file(opts.topology, ec) ? fs::absolute(opts.topology, ec).string() : opts.topology;
+  }
+  req.run_id = "prism-" + fs::path(req.out_dir).filename().string();
+
+  launcher::HostInfo host = launcher::DetectHost(SelfExe());
+  std::string error;
+  // Why preload is not required for a dry run: the plan is worth seeing on a machine without the shim built.
+  if (opts.dry_run && host.libprism.empty() && req.preload) {
+    host.libprism = "<libprism.so not built>";
+    host.python_hook_dir = "<libprism.so not built>/python";
+  }
+  auto plan = launcher::BuildPlan(req, host, &error);
+  if (!plan) {
+    std::fprintf(stderr, "prism-run: %s\n", error.c_str());
+    return kExitBadInput;
+  }
+  if (opts.dry_run) {
+    if (opts.json) {
+      std::printf("%s\n", launcher::PlanToJson(*plan).dump(2).c_str());
+    } else {
+      std::printf("%s(dry run: nothing was started)\n", launcher::PlanToText(*plan).c_str());
+    }
+    return kExitOk;
+  }
+  if (opts.json) std::fprintf(stderr, "prism-run: --json only applies to --dry-run; running\n");
+  for (const std::string& w : plan->warnings) std::fprintf(stderr, "prism-run: warning: %s\n", w.c_str());
+
+  std::unique_ptr<launcher::CoordinatorLink> coord;
+  if (plan->start_coordinator) coord = launcher::MakeLocalCoordinator();
+  launcher::LaunchOptions lo;
+  lo.prism_argv = SelfArgv();
+  lo.echo_output = !opts.quiet;
+  std::printf("prism: emulating %d ranks (%d nodes x %d), layout %s; %zu real rank(s); output %s\n",
+              plan->world_size, plan->nnodes, plan->nproc_per_node, plan->layout.ToSpec().c_str(), plan->real.size(),
+              plan->out_dir.c_str());
+  std::fflush(stdout);
+  launcher::LaunchResult res = launcher::RunPlan(*plan, coord.get(), lo);
+  if (!res.error.empty()) std::fprintf(stderr, "prism-run: %s\n", res.error.c_str());
+  std::string rep_path = (fs::path(plan->out_dir) / "report.json").string();
+  if (auto rep = launcher::LoadReport(rep_path, &error)) {
+    std::printf("\n%s", launcher::ShowReport(*rep, 16).c_str());
+  }
+  std::printf("prism: report %s (exit %d)\n", rep_path.c_str(), res.exit_code);
+  return res.exit_code;
 }
 
 }  // namespace prism::cli

@@ -1,0 +1,471 @@
+#include "launcher/launch.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "launcher/run_report.h"
+#include "prism/report.h"
+
+extern char** environ;
+
+namespace prism::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int sig) {
+  unsigned char b = static_cast<unsigned char>(sig);
+  if (g_signal_pipe[1] >= 0) (void)!write(g_signal_pipe[1], &b, 1);
+}
+
+// Installs handlers for SIGINT/SIGTERM/SIGHUP that only write to a pipe; restores the old ones on destruction.
+class SignalCatcher {
+ public:
+  SignalCatcher() {
+    if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) g_signal_pipe[0] = g_signal_pipe[1] = -1;
+    struct sigaction sa {};
+    sa.sa_handler = OnSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaction(s, &sa, &old_[s]);
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ign, &old_[SIGPIPE]);  // Why: a closed terminal pipe must not kill the run mid-report
+  }
+  ~SignalCatcher() {
+    for (auto& [s, sa] : old_) sigaction(s, &sa, nullptr);
+    for (int& fd : g_signal_pipe) {
+      if (fd >= 0) close(fd);
+      fd = -1;
+    }
+  }
+  int fd() const { return g_signal_pipe[0]; }
+
+ private:
+  std::map<int, struct sigaction> old_;
+};
+
+struct Stream {
+  int fd = -1;
+  bool to_stderr = false;
+  std::string partial;  // for the "[rank R] " prefix on the terminal
+};
+
+struct Proc {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  bool reaped = false;
+  int status = 0;
+  Clock::time_point reaped_at;
+  Stream out, err;
+  std::ofstream log;
+  std::string log_path;
+};
+
+int ExitCodeOf(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string DescribeStatus(int status) {
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const char* name = strsignal(WTERMSIG(status));
+    return "signal " + std::to_string(WTERMSIG(status)) + " (" + (name ? name : "?") + ")";
+  }
+  return "status " + std::to_string(status);
+}
+
+std::vector<std::string> TailLines(const std::string& path, int n) {
+  std::ifstream in(path);
+  std::deque<std::string> q;
+  for (std::string line; std::getline(in, line);) {
+    q.push_back(line);
+    if (static_cast<int>(q.size()) > n) q.pop_front();
+  }
+  return {q.begin(), q.end()};
+}
+
+json EnvJson(const EnvList& a, const EnvList& b) {
+  json j = json::object();
+  for (const auto& [k, v] : a) j[k] = v;
+  for (const auto& [k, v] : b) j[k] = v;
+  return j;
+}
+
+}  // namespace
+
+LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptions& opts) {
+  LaunchResult res;
+  auto t0 = Clock::now();
+  auto print = opts.print ? opts.print : [](const std::string& s) {
+    std::fprintf(stdout, "%s\n", s.c_str());
+    std::fflush(stdout);
+  };
+  std::error_code ec;
+  fs::create_directories(fs::path(plan.out_dir) / "logs", ec);
+  if (ec) {
+    res.error = "cannot create " + plan.out_dir + "/logs: " + ec.message();
+    res.exit_code = 1;
+    return res;
+  }
+
+  SignalCatcher signals;
+  if (plan.start_coordinator) {
+    if (!coordinator) {
+      res.error = "no coordinator to start";
+      res.exit_code = 1;
+      return res;
+    }
+    std::string err;
+    if (!coordinator->Start(&plan, &err)) {
+      res.error = "could not start the coordinator: " + err;
+      res.exit_code = 1;
+      return res;
+    }
+    print("prism: " + coordinator->Describe());
+  }
+
+  // command.json: exactly what runs.
+  {
+    json cmd;
+    cmd["prism"] = opts.prism_argv;
+    cmd["job"] = PlanToJson(plan)["job_command"];
+    cmd["cwd"] = fs::current_path(ec).string();
+    json workers = json::array();
+    for (const Worker& w : plan.workers)
+      workers.push_back({{"rank", w.rank}, {"argv", w.argv}, {"shell", ShellJoin(w.argv)},
+                         {"env", EnvJson(plan.env, w.env)}});
+    cmd["workers"] = workers;
+    cmd["store"] = plan.store_addr + ":" + std::to_string(plan.store_port);
+    std::string err;
+    if (!WriteJsonAtomic((fs::path(plan.out_dir) / "command.json").string(), cmd, &err)) print("prism: " + err);
+  }
+
+  std::vector<int> ranks;
+  for (const RealRank& r : plan.real) ranks.push_back(r.rank);
+  RunReport report(plan.out_dir, plan.world_size, ranks);
+  std::string status = "running";
+  auto extra = [&]() {
+    json e;
+    e["status"] = status;
+    e["exit_code"] = status == "running" ? json(nullptr) : json(res.exit_code);
+    if (res.failed_rank >= 0) e["failed_rank"] = res.failed_rank;
+    json l = PlanToJson(plan);
+    e["layout"] = l["layout"];
+    e["real_ranks"] = l["real_ranks"];
+    e["gpus_per_node"] = plan.nproc_per_node;
+    e["command"] = l["command"];
+    e["out_dir"] = plan.out_dir;
+    e["iteration_time_note"] = "median over iterations excluding the first (warm-up)";
+    return e;
+  };
+  auto write_report = [&]() {
+    double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::string err;
+    if (!WriteJsonAtomic((fs::path(plan.out_dir) / std::string(report::kFileName)).string(),
+                         report.Build(wall, plan.warnings, extra()), &err))
+      print("prism: " + err);
+  };
+  write_report();
+
+  // Start the workers.
+  std::vector<std::unique_ptr<Proc>> procs;
+  std::vector<std::string> base_env;
+  for (char** e = environ; e && *e; ++e) base_env.emplace_back(*e);
+  bool stopping = false;  // a rank failed or Ctrl-C: the others are being stopped
+  Clock::time_point term_at{}, kill_at{};
+  bool termed = false, killed = false;
+  auto signal_all = [&](int sig) {
+    for (auto& p : procs)
+      if (p->pid > 0 && !p->reaped) kill(-p->pid, sig);
+  };
+  auto begin_stop = [&](double grace) {
+    stopping = true;
+    term_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
+    kill_at = term_at + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
+  };
+
+  for (const Worker& w : plan.workers) {
+    auto p = std::make_unique<Proc>();
+    p->rank = w.rank;
+    p->log_path = (fs::path(plan.out_dir) / "logs" / ("rank" + std::to_string(w.rank) + ".log")).string();
+    p->log.open(p->log_path, std::ios::trunc);
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+      res.error = std::string("pipe: ") + std::strerror(errno);
+      break;
+    }
+    std::vector<std::string> env = WorkerEnvironment(plan, w, base_env);
+    std::vector<char*> argv_c, env_c;
+    for (const std::string& a : w.argv) argv_c.push_back(const_cast<char*>(a.c_str()));
+    argv_c.push_back(nullptr);
+    for (const std::string& e : env) env_c.push_back(const_cast<char*>(e.c_str()));
+    env_c.push_back(nullptr);
+
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t def, none;
+    sigemptyset(&def);
+    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaddset(&def, s);
+    sigemptyset(&none);
+    posix_spawnattr_setsigdefault(&attr, &def);
+    posix_spawnattr_setsigmask(&attr, &none);
+    // Why its own process group: Ctrl-C reaches prism only, which then stops every worker (and its children)
+    // in order and still writes the report.
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+    pid_t pid = -1;
+    // Why posix_spawnp: prism-run has threads (the coordinator's store); fork+exec in a threaded process is
+    // only safe with async-signal-safe calls in between.
+    int rc = posix_spawnp(&pid, w.argv[0].c_str(), &fa, &attr, argv_c.data(), env_c.data());
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    close(out[1]);
+    close(err[1]);
+    p->out.fd = out[0];
+    p->err.fd = err[0];
+    p->err.to_stderr = true;
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    if (rc != 0) {
+      std::string msg = "cannot start rank " + std::to_string(w.rank) + ": " + w.argv[0] + ": " + std::strerror(rc);
+      print("prism: " + msg);
+      p->log << msg << "\n";
+      p->log.flush();
+      p->reaped = true;
+      p->status = 127 << 8;  // as a shell reports "command not found"
+      report.rank(w.rank).status = "failed";
+      report.rank(w.rank).exit_code = 127;
+      if (res.failed_rank < 0) {
+        res.failed_rank = w.rank;
+        res.exit_code = 127;
+      }
+      procs.push_back(std::move(p));
+      break;  // do not start the rest
+    }
+    p->pid = pid;
+    p->running = true;
+    report.rank(w.rank).status = "running";
+    print("prism: rank " + std::to_string(w.rank) + " started (pid " + std::to_string(pid) + "), log " + p->log_path);
+    procs.push_back(std::move(p));
+  }
+  if (res.failed_rank >= 0 || !res.error.empty()) {
+    signal_all(SIGTERM);
+    begin_stop(opts.failure_grace_s);
+    termed = true;
+  }
+
+  auto echo = [&](Proc& p, Stream& s, const char* data, size_t n) {
+    p.log.write(data, static_cast<std::streamsize>(n));
+    p.log.flush();
+    if (!opts.echo_output) return;
+    s.partial.append(data, n);
+    size_t start = 0;
+    FILE* f = s.to_stderr ? stderr : stdout;
+    while (true) {
+      size_t nl = s.partial.find('\n', start);
+      if (nl == std::string::npos) break;
+      std::fprintf(f, "[rank %d] %.*s\n", p.rank, static_cast<int>(nl - start), s.partial.data() + start);
+      start = nl + 1;
+    }
+    s.partial.erase(0, start);
+    std::fflush(f);
+  };
+  auto drain = [&](Proc& p, Stream& s) {
+    char buf[65536];
+    while (s.fd >= 0) {
+      ssize_t n = read(s.fd, buf, sizeof buf);
+      if (n > 0) {
+        echo(p, s, buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        if (!s.partial.empty() && opts.echo_output) {
+          std::fprintf(s.to_stderr ? stderr : stdout, "[rank %d] %s\n", p.rank, s.partial.c_str());
+          s.partial.clear();
+        }
+        close(s.fd);
+        s.fd = -1;
+      }
+      break;
+    }
+  };
+
+  auto last_report = Clock::now();
+  auto progress = [&]() {
+    report.Poll();
+    auto done = [&](int rank) {
+      for (auto& p : procs)
+        if (p->rank == rank) return p->reaped;
+      return true;  // never started
+    };
+    for (int64_t it : report.NewCompleteIterations(done)) print(report.ProgressLine(it));
+  };
+
+  while (true) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Proc*, Stream*>> owners;
+    if (signals.fd() >= 0) {
+      fds.push_back({signals.fd(), POLLIN, 0});
+      owners.push_back({nullptr, nullptr});
+    }
+    for (auto& p : procs)
+      for (Stream* s : {&p->out, &p->err})
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          owners.push_back({p.get(), s});
+        }
+    poll(fds.data(), fds.size(), 100);
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      if (!owners[i].first) {
+        unsigned char sig[16];
+        ssize_t n = read(signals.fd(), sig, sizeof sig);
+        for (ssize_t k = 0; k < n; ++k) {
+          if (res.interrupted) {
+            print("prism: second signal: killing every worker now");
+            signal_all(SIGKILL);
+            killed = true;
+          } else {
+            res.interrupted = true;
+            print(std::string("prism: ") + (sig[k] == SIGINT ? "Ctrl-C" : strsignal(sig[k])) +
+                  ": stopping the workers (again to kill them), the report is kept");
+            signal_all(SIGINT);
+            begin_stop(opts.interrupt_grace_s);
+          }
+        }
+        continue;
+      }
+      drain(*owners[i].first, *owners[i].second);
+    }
+
+    // Reap.
+    for (auto& p : procs) {
+      if (p->reaped || p->pid <= 0) continue;
+      int st = 0;
+      pid_t r = waitpid(p->pid, &st, WNOHANG);
+      if (r != p->pid) continue;
+      p->reaped = true;
+      p->running = false;
+      p->status = st;
+      p->reaped_at = Clock::now();
+      int code = ExitCodeOf(st);
+      RankEvents& ev = report.rank(p->rank);
+      ev.exit_code = code;
+      if (code == 0) {
+        ev.status = "exited";
+      } else if (stopping) {
+        ev.status = res.interrupted ? "interrupted" : "stopped";
+      } else {
+        ev.status = "failed";
+      }
+      print("prism: rank " + std::to_string(p->rank) + " ended with " + DescribeStatus(st));
+      if (code != 0 && !stopping && res.failed_rank < 0) {
+        res.failed_rank = p->rank;
+        res.exit_code = code;
+        print("prism: rank " + std::to_string(p->rank) + " failed; stopping the other workers");
+        signal_all(SIGTERM);
+        termed = true;
+        begin_stop(opts.failure_grace_s);
+      }
+    }
+    // A worker's children may keep its pipes open after it exited: give them 2 s, then end them.
+    for (auto& p : procs) {
+      if (!p->reaped || (p->out.fd < 0 && p->err.fd < 0)) continue;
+      if (Clock::now() - p->reaped_at > std::chrono::seconds(2)) {
+        if (p->pid > 0) kill(-p->pid, SIGKILL);
+        drain(*p, p->out);
+        drain(*p, p->err);
+        for (Stream* s : {&p->out, &p->err})
+          if (s->fd >= 0) {
+            close(s->fd);
+            s->fd = -1;
+          }
+      }
+    }
+    if (stopping) {
+      auto now = Clock::now();
+      if (!termed && now >= term_at) {
+        signal_all(SIGTERM);
+        termed = true;
+      }
+      if (!killed && now >= kill_at) {
+        signal_all(SIGKILL);
+        killed = true;
+      }
+    }
+
+    progress();
+    if (Clock::now() - last_report > std::chrono::duration<double>(opts.report_interval_s)) {
+      write_report();
+      last_report = Clock::now();
+    }
+    bool all_done = true;
+    for (auto& p : procs)
+      if (!p->reaped || p->out.fd >= 0 || p->err.fd >= 0) all_done = false;
+    if (all_done) break;
+  }
+
+  if (coordinator && plan.start_coordinator) {
+    print("prism: " + coordinator->Describe());
+    coordinator->Stop();
+  }
+  progress();
+
+  if (res.interrupted) {
+    status = "interrupted";
+    res.exit_code = 130;
+  } else if (res.failed_rank >= 0) {
+    status = "failed";
+  } else if (!res.error.empty()) {
+    status = "failed";
+    res.exit_code = 1;
+  } else {
+    status = "finished";
+    res.exit_code = 0;
+    for (auto& p : procs)
+      if (ExitCodeOf(p->status) != 0) res.exit_code = ExitCodeOf(p->status);
+  }
+  write_report();
+  {
+    std::string err;
+    if (!WriteJsonAtomic((fs::path(plan.out_dir) / "trace.json").string(), report.BuildTrace(), &err))
+      print("prism: " + err);
+  }
+  if (res.failed_rank >= 0) {
+    std::string log = (fs::path(plan.out_dir) / "logs" / ("rank" + std::to_string(res.failed_rank) + ".log")).string();
+    std::fprintf(stderr, "prism: rank %d failed (exit %d); last lines of %s:\n", res.failed_rank, res.exit_code,
+                 log.c_str());
+    for (const std::string& line : TailLines(log, opts.log_tail_lines)) std::fprintf(stderr, "  | %s\n", line.c_str());
+    std::fflush(stderr);
+  }
+  return res;
+}
+
+}  // namespace prism::launcher

@@ -1,0 +1,119 @@
+// The emulation plan: what `prism-run [OPTIONS] torchrun ...` will run. Built from the job's torchrun line, the
+// prism options and what this host offers; printed by --dry-run (for people, or as JSON), then executed by
+// launcher/launch.h.
+//
+// Decision (docs/cli.md, "How the job is launched"): prism starts the workers itself, one process per real rank,
+// without torchrun's elastic agent. torchrun's agent numbers its workers 0..nproc-1 on each node and runs its own
+// rendezvous; prism needs each worker to be an arbitrary logical rank of the target world (e.g. 517 of 1024)
+// talking to the coordinator's store. Each worker gets exactly the command torchrun would have run
+// (python -u [-m] SCRIPT ARGS, or the script itself with --no-python, runpy for --run-path, --local-rank=N for
+// torch.distributed.launch without --use-env) and the environment torchrun's agent would have given it, plus
+// prism's own variables.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "coordinator/world.h"
+#include "launcher/torchrun_args.h"
+
+namespace prism::launcher {
+
+using EnvList = std::vector<std::pair<std::string, std::string>>;
+
+// What the host offers. DetectHost fills it from the real machine; tests fill it by hand.
+struct HostInfo {
+  EnvLookup env;                     // the user's environment
+  std::function<int()> count_gpus;   // GPUs nvidia-smi lists; -1 when unknown
+  int cpu_count = 1;
+  std::string libprism;              // absolute path of libprism.so, "" when not found
+  std::string python_hook_dir;       // <dir of libprism.so>/python (sitecustomize.py)
+  // PATH lookup of an executable name: absolute path or nullopt.
+  std::function<std::optional<std::string>(const std::string&)> which;
+  // The interpreter named on line 1 of a script ("#!/usr/bin/python3" -> "/usr/bin/python3"), or nullopt.
+  std::function<std::optional<std::string>(const std::string&)> shebang;
+  std::string cwd;
+};
+
+// `prism_exe`: path of the running prism-run (libprism.so is looked up in ../lib and next to it, or PRISM_LIBPRISM).
+HostInfo DetectHost(const std::string& prism_exe);
+
+struct PlanRequest {
+  std::vector<std::string> command;  // the job's torchrun line
+  std::string ranks;                 // --ranks ("" = default "0", or the node of --node-rank)
+  std::string layout;                // --layout ("" = from Megatron's arguments)
+  int gpus = 0;                      // --gpus (0 = detect)
+  int node_rank = -1;                // --node-rank: real ranks = that virtual node's ranks
+  std::string out_dir;               // absolute
+  std::string coordinator;           // --coordinator HOST:PORT (join); "" = start one here
+  std::string payload = "mirror";
+  std::string topology;
+  std::string graph;
+  bool preload = true;               // false (--no-preload): run without libprism.so, for launch debugging only
+  std::string run_id;                // TORCHELASTIC_RUN_ID when the job's --rdzv-id is "none"
+};
+
+struct RealRank {
+  int rank = 0;        // logical (global) rank in the target world
+  int gpu = 0;         // index among this host's GPUs used by prism (0 .. gpus-1)
+  int node = 0;        // virtual node of the target world (rank / gpus_per_node)
+  int local_rank = 0;  // within that virtual node (rank % gpus_per_node)
+  std::string device;  // what CUDA_VISIBLE_DEVICES gets (the user's entry, e.g. "3" or a GPU UUID)
+  world::Coords coords;
+};
+
+struct Worker {
+  int rank = 0;
+  std::vector<std::string> argv;
+  EnvList env;  // what prism sets for this worker only (RANK, LOCAL_RANK, CUDA_VISIBLE_DEVICES, ...)
+};
+
+struct Plan {
+  TorchrunArgs torchrun;
+  world::Layout layout;
+  std::string layout_source;  // "--layout", "Megatron arguments", "none (pure data parallel)"
+  int world_size = 0;
+  int nnodes = 0;
+  int nproc_per_node = 0;     // the target's GPUs per node
+  int gpus = 0;               // GPUs of this host prism uses
+  std::vector<RealRank> real;
+  bool start_coordinator = true;
+  std::string store_addr;     // MASTER_ADDR the workers get
+  int store_port = 0;         // MASTER_PORT the workers get (the coordinator's store)
+  std::string coord_socket;   // PRISM_COORD_SOCKET (local coordinator)
+  std::string out_dir;
+  std::string python;         // interpreter the workers run under ("" with --no-python)
+  EnvList env;                // variables every worker gets
+  std::vector<Worker> workers;
+  std::vector<std::string> warnings;
+  std::vector<std::string> notes;  // e.g. which user variables prism replaced
+};
+
+std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std::string* error);
+
+// After the coordinator chose its port: rewrites MASTER_PORT in the plan and every worker.
+void SetStorePort(Plan* plan, int port);
+
+// "0", "0,517", "0-7", "0,4-7": distinct ranks, each < world_size, in the order given.
+std::optional<std::vector<int>> ParseRankList(const std::string& spec, int world_size, std::string* error);
+
+// The --dry-run --json document: world_size, layout {tp,pp,dp,cp,ep,etp,vpp,order}, real_ranks
+// [{rank,gpu,node,local_rank}], gpus_per_node, nnodes, gpus, command, env, workers, warnings.
+nlohmann::ordered_json PlanToJson(const Plan& plan);
+// The same for people.
+std::string PlanToText(const Plan& plan);
+
+// The complete environment of a worker: the user's (`base`, "NAME=value" strings), then plan.env, then
+// worker.env, each replacing earlier values of the same name.
+std::vector<std::string> WorkerEnvironment(const Plan& plan, const Worker& worker,
+                                           const std::vector<std::string>& base);
+
+// Shell-quoted command line ("a 'b c'"), for people and command.json.
+std::string ShellJoin(const std::vector<std::string>& argv);
+
+}  // namespace prism::launcher

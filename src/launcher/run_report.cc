@@ -1,0 +1,339 @@
+#include "launcher/run_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "prism/events.h"
+#include "prism/report.h"
+
+namespace prism::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr size_t kMaxTraceOpsPerRank = 200000;  // Why: trace.json of a long run must stay loadable in Perfetto
+
+int64_t GetInt(const json& j, const char* key, int64_t dflt = -1) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return dflt;
+  return it->get<int64_t>();
+}
+
+std::string GetStr(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) return "";
+  return it->get<std::string>();
+}
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+}  // namespace
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string HumanBytes(int64_t bytes) {
+  if (bytes < 0) return "?";
+  double b = static_cast<double>(bytes);
+  if (b >= 1e9) return Fixed(b / 1e9, 2) + " GB";
+  if (b >= 1e6) return Fixed(b / 1e6, 1) + " MB";
+  if (b >= 1e3) return Fixed(b / 1e3, 1) + " kB";
+  return std::to_string(bytes) + " B";
+}
+
+bool WriteJsonAtomic(const std::string& path, const json& j, std::string* error) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) {
+      *error = "cannot write " + tmp;
+      return false;
+    }
+    out << j.dump(2) << "\n";
+    if (!out.flush()) {
+      *error = "cannot write " + tmp;
+      return false;
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    *error = "cannot rename " + tmp + " to " + path + ": " + ec.message();
+    return false;
+  }
+  return true;
+}
+
+RunReport::RunReport(std::string out_dir, int world_size, std::vector<int> real_ranks)
+    : out_dir_(std::move(out_dir)), world_size_(world_size), real_ranks_(std::move(real_ranks)) {
+  for (int r : real_ranks_) {
+    ranks_[r].rank = r;
+    tails_[r].path = (fs::path(out_dir_) / events::FileName(r)).string();
+  }
+}
+
+RankEvents& RunReport::rank(int r) {
+  RankEvents& e = ranks_[r];
+  e.rank = r;
+  return e;
+}
+
+bool RunReport::Poll() {
+  bool any = false;
+  for (auto& [r, t] : tails_) {
+    std::ifstream in(t.path, std::ios::binary);
+    if (!in) continue;
+    in.seekg(0, std::ios::end);
+    auto size = static_cast<uint64_t>(in.tellg());
+    if (size < t.offset) {  // truncated or replaced: start over
+      t.offset = 0;
+      t.partial.clear();
+    }
+    if (size == t.offset) continue;
+    in.seekg(static_cast<std::streamoff>(t.offset));
+    std::string chunk(size - t.offset, '\0');
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    chunk.resize(static_cast<size_t>(in.gcount()));
+    t.offset += chunk.size();
+    t.partial += chunk;
+    size_t start = 0;
+    while (true) {
+      size_t nl = t.partial.find('\n', start);
+      if (nl == std::string::npos) break;
+      std::string line = t.partial.substr(start, nl - start);
+      start = nl + 1;
+      ++t.line_no;
+      if (!line.empty()) {
+        Feed(r, line);
+        any = true;
+      }
+    }
+    t.partial.erase(0, start);
+  }
+  return any;
+}
+
+void RunReport::Feed(int r, const std::string& line) {
+  RankEvents& e = rank(r);
+  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    if (e.malformed++ == 0)
+      e.errors.push_back("rank " + std::to_string(r) + " events: a line is not a JSON object: " + line.substr(0, 80));
+    return;
+  }
+  std::string type = GetStr(j, "type");
+  if (e.status == "starting") e.status = "running";
+  if (type == events::kHello) {
+    e.seen_hello = true;
+    e.pid = GetInt(j, "pid");
+    e.host = GetStr(j, "host");
+    e.gpu = GetInt(j, "gpu");
+  } else if (type == events::kIter) {
+    IterationSample s;
+    s.iteration = GetInt(j, "iteration", static_cast<int64_t>(e.iterations.size()));
+    s.t_ns = GetInt(j, "t_ns", 0);
+    s.dur_ns = GetInt(j, "dur_ns", 0);
+    s.peak_bytes = GetInt(j, "peak_bytes");
+    s.torch_max_allocated = GetInt(j, "torch_max_allocated");
+    e.peak_bytes = std::max(e.peak_bytes, s.peak_bytes);
+    e.torch_max_allocated = std::max(e.torch_max_allocated, s.torch_max_allocated);
+    e.iterations[s.iteration] = s;
+  } else if (type == events::kMem || type == events::kBye) {
+    e.peak_bytes = std::max(e.peak_bytes, GetInt(j, "peak_bytes"));
+    if (type == events::kBye) e.seen_bye = true;
+  } else if (type == events::kComm) {
+    std::string desc = GetStr(j, "desc");
+    int64_t id = GetInt(j, "comm_id");
+    if (desc.empty()) desc = GetStr(j, "key");
+    if (desc.empty()) desc = "comm" + std::to_string(id);
+    e.comm_desc[id] = desc;
+  } else if (type == events::kOp) {
+    int64_t id = GetInt(j, "comm_id");
+    auto it = e.comm_desc.find(id);
+    std::string desc = it != e.comm_desc.end() ? it->second : "comm" + std::to_string(id);
+    int64_t arrival = GetInt(j, "arrival_ns", 0);
+    int64_t release = GetInt(j, "release_ns", 0);
+    int64_t model = std::max<int64_t>(0, GetInt(j, "model_dur_ns", 0));
+    double held = release > arrival ? (release - arrival) * 1e-9 : 0;
+    double wait = std::max(0.0, held - model * 1e-9);
+    CommTotals& c = e.comms[desc];
+    c.comm_s += held;
+    c.wait_s += wait;
+    ++c.ops;
+    int64_t last = GetInt(j, "wait_on_rank");
+    if (last >= 0 && wait > 0) e.wait_on_ranks[static_cast<int>(last)] += wait;
+    if (e.ops.size() < kMaxTraceOpsPerRank && release > arrival) {
+      e.ops.push_back({{"name", GetStr(j, "op").empty() ? std::string("op") : GetStr(j, "op")},
+                       {"cat", "comm"},
+                       {"ph", "X"},
+                       {"pid", r},
+                       {"tid", desc},
+                       {"ts", arrival / 1000.0},
+                       {"dur", (release - arrival) / 1000.0},
+                       {"args", {{"seq", GetInt(j, "seq")}, {"bytes", GetInt(j, "bytes")},
+                                 {"model_dur_us", model / 1000.0}, {"wait_on_rank", last}}}});
+    }
+  } else if (type == events::kError) {
+    e.errors.push_back("rank " + std::to_string(r) + ": " + GetStr(j, "what"));
+  }
+  // Unknown types are from a newer shim: ignored on purpose.
+}
+
+std::vector<int64_t> RunReport::NewCompleteIterations(const std::function<bool(int)>& done) {
+  // The iterations reported by every rank that can still report; ranks that are done contribute what they have.
+  std::set<int64_t> candidates;
+  for (int r : real_ranks_)
+    for (const auto& [it, s] : ranks_[r].iterations) candidates.insert(it);
+  std::vector<int64_t> out;
+  for (int64_t it : candidates) {
+    if (printed_any_ && it <= printed_through_) continue;
+    bool complete = true;
+    for (int r : real_ranks_) {
+      const RankEvents& e = ranks_[r];
+      if (e.iterations.count(it)) continue;
+      if (done && done(r)) continue;
+      complete = false;
+    }
+    if (!complete) break;  // keep the lines in order
+    out.push_back(it);
+    printed_through_ = it;
+    printed_any_ = true;
+  }
+  return out;
+}
+
+std::string RunReport::ProgressLine(int64_t iteration) const {
+  std::ostringstream o;
+  o << "iter " << iteration;
+  for (int r : real_ranks_) {
+    const RankEvents& e = ranks_.at(r);
+    auto it = e.iterations.find(iteration);
+    o << " | rank " << r << ": ";
+    if (it == e.iterations.end()) {
+      o << "-";
+      continue;
+    }
+    o << Fixed(it->second.dur_ns / 1e6, 1) << " ms";
+    int64_t peak = -1;
+    for (const auto& [n, s] : e.iterations)
+      if (n <= iteration) peak = std::max({peak, s.peak_bytes, s.torch_max_allocated});
+    if (peak >= 0) o << ", peak " << HumanBytes(peak);
+  }
+  return o.str();
+}
+
+json RunReport::Build(double wall_s, const std::vector<std::string>& warnings, const json& extra) const {
+  json rep;
+  rep[std::string(report::kSchema)] = report::kSchemaVersion;
+  rep[std::string(report::kWorldSize)] = world_size_;
+  rep[std::string(report::kMode)] = "emulate";
+  std::vector<std::string> warns = warnings;
+
+  // Per-iteration slowest rank; iterations each rank measured (without its first).
+  std::map<int64_t, double> slowest;
+  int64_t iterations = 0;
+  json ranks = json::array();
+  for (int r : real_ranks_) {
+    const RankEvents& e = ranks_.at(r);
+    json jr;
+    jr[std::string(report::kRank)] = r;
+    std::vector<double> durs;
+    json times = json::array();
+    bool first = true;
+    for (const auto& [n, s] : e.iterations) {
+      double d = s.dur_ns * 1e-9;
+      times.push_back(d);
+      slowest[n] = std::max(slowest[n], d);
+      if (first) {
+        first = false;
+        continue;
+      }
+      durs.push_back(d);
+    }
+    if (durs.empty() && !e.iterations.empty()) durs.push_back(e.iterations.begin()->second.dur_ns * 1e-9);
+    iterations = std::max<int64_t>(iterations, static_cast<int64_t>(e.iterations.size()));
+    jr[std::string(report::kIterationTime)] = durs.empty() ? json(nullptr) : json(Median(durs));
+    jr["iterations"] = e.iterations.size();
+    jr["iteration_times_s"] = times;
+    jr[std::string(report::kPeakMemory)] = e.peak_bytes >= 0 ? json(e.peak_bytes) : json(nullptr);
+    jr["torch_max_allocated_bytes"] = e.torch_max_allocated >= 0 ? json(e.torch_max_allocated) : json(nullptr);
+    json wait = json::object(), comm = json::object(), ops = json::object();
+    for (const auto& [desc, c] : e.comms) {
+      wait[desc] = c.wait_s;
+      comm[desc] = c.comm_s;
+      ops[desc] = c.ops;
+    }
+    jr[std::string(report::kWait)] = wait;
+    jr["comm_s"] = comm;
+    jr["comm_ops"] = ops;
+    json on = json::object();
+    for (const auto& [peer, s] : e.wait_on_ranks) on[std::to_string(peer)] = s;
+    jr["wait_on_ranks"] = on;
+    jr["status"] = e.status;
+    jr["exit_code"] = e.exit_code ? json(*e.exit_code) : json(nullptr);
+    if (e.pid >= 0) jr["pid"] = e.pid;
+    if (!e.host.empty()) jr["host"] = e.host;
+    if (e.gpu >= 0) jr["gpu"] = e.gpu;
+    ranks.push_back(jr);
+    for (const std::string& err : e.errors) warns.push_back(err);
+    if (e.malformed > 1)
+      warns.push_back("rank " + std::to_string(r) + " events: " + std::to_string(e.malformed) + " malformed lines skipped");
+  }
+  std::vector<double> measured;
+  bool first = true;
+  for (const auto& [n, d] : slowest) {
+    if (first) {
+      first = false;
+      continue;
+    }
+    measured.push_back(d);
+  }
+  if (measured.empty() && !slowest.empty()) {
+    measured.push_back(slowest.begin()->second);
+    warns.push_back("only one iteration was measured: iteration_time_s includes warm-up");
+  }
+  rep[std::string(report::kIterationTime)] = measured.empty() ? json(nullptr) : json(Median(measured));
+  rep[std::string(report::kIterations)] = iterations;
+  rep["measured_iterations"] = measured.size();
+  rep[std::string(report::kRanks)] = ranks;
+  rep[std::string(report::kWall)] = wall_s;
+  rep["warnings"] = warns;
+  for (const auto& [k, v] : extra.items()) rep[k] = v;
+  return rep;
+}
+
+json RunReport::BuildTrace() const {
+  json events = json::array();
+  for (int r : real_ranks_) {
+    const RankEvents& e = ranks_.at(r);
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r}, {"args", {{"name", "rank " + std::to_string(r)}}}});
+    for (const auto& [n, s] : e.iterations) {
+      if (s.dur_ns <= 0 || s.t_ns <= 0) continue;
+      // Why t_ns - dur_ns: the iter line is written when the iteration ends.
+      events.push_back({{"name", "iteration " + std::to_string(n)},
+                        {"cat", "iteration"},
+                        {"ph", "X"},
+                        {"pid", r},
+                        {"tid", "iterations"},
+                        {"ts", (s.t_ns - s.dur_ns) / 1000.0},
+                        {"dur", s.dur_ns / 1000.0}});
+    }
+    for (const json& op : e.ops) events.push_back(op);
+  }
+  return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+}
+
+}  // namespace prism::launcher

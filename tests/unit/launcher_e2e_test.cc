@@ -1,0 +1,234 @@
+// prism-run end to end without a GPU: the job is tests/data/launcher/fake_worker.py, which records the environment
+// it was given, joins the coordinator's store like torch's TCPStore client, and writes the rank event file libprism
+// would write. Checks the launch (commands, env, logs), the coordinator's stand-in for virtual ranks, progress
+// lines, report.json, a failing rank (exit status and log tail) and Ctrl-C (clean stop, report kept).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string Worker() { return std::string(PRISM_SOURCE_DIR) + "/tests/data/launcher/fake_worker.py"; }
+
+fs::path FreshDir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("prism-e2e-" + name + "-" + std::to_string(getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+json ReadJson(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str(), nullptr, false);
+}
+
+std::string ReadText(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs prism-run with `args` under `env_prefix` ("A=1 B=2"), output captured. Returns the exit status.
+int RunPrism(const std::string& env_prefix, const std::string& args, std::string* out) {
+  std::string cmd = "env " + env_prefix + " PYTHON_EXEC=python3 " + std::getenv("PRISM_RUN") + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  char buf[4096];
+  out->clear();
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out->append(buf, n);
+  int st = pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+class LauncherE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_NE(std::getenv("PRISM_RUN"), nullptr) << "PRISM_RUN is not set (ctest sets it)";
+    if (std::system("python3 -c 'import json, socket, struct' >/dev/null 2>&1") != 0)
+      GTEST_SKIP() << "python3 is needed for the fake worker";
+  }
+};
+
+TEST_F(LauncherE2E, TwoRealRanksOfEight) {
+  fs::path out = FreshDir("ok");
+  std::string log;
+  int rc = RunPrism("FAKE_ITERS=4 FAKE_ITER_MS=20 FAKE_USER_VAR=kept",
+                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --no-preload torchrun --nnodes 2 "
+                    "--nproc-per-node 4 " + Worker() + " --tensor-model-parallel-size 2 --lr 0.1",
+                    &log);
+  ASSERT_EQ(rc, 0) << log;
+
+  // Each worker got the environment of its logical rank, the user's own variables, and the script arguments.
+  json w0 = ReadJson(out / "fake_rank0.json"), w5 = ReadJson(out / "fake_rank5.json");
+  ASSERT_FALSE(w0.is_discarded() || w5.is_discarded()) << log;
+  EXPECT_EQ(w0["env"]["RANK"], "0");
+  EXPECT_EQ(w5["env"]["RANK"], "5");
+  EXPECT_EQ(w5["env"]["WORLD_SIZE"], "8");
+  EXPECT_EQ(w5["env"]["LOCAL_RANK"], "1");  // 5 % 4
+  EXPECT_EQ(w5["env"]["GROUP_RANK"], "1");  // 5 / 4
+  EXPECT_EQ(w5["env"]["LOCAL_WORLD_SIZE"], "4");
+  EXPECT_EQ(w5["env"]["CUDA_VISIBLE_DEVICES"], "1");
+  EXPECT_EQ(w0["env"]["CUDA_VISIBLE_DEVICES"], "0");
+  EXPECT_EQ(w5["env"]["TORCHELASTIC_USE_AGENT_STORE"], "True");
+  EXPECT_EQ(w5["env"]["TORCH_NCCL_ENABLE_MONITORING"], "0");
+  EXPECT_EQ(w5["env"]["PRISM_RANK"], "5");
+  EXPECT_EQ(w5["env"]["PRISM_LAYOUT"], "tp=2,pp=1,dp=4,cp=1,ep=1,etp=2,order=tp-cp-ep-dp-pp");
+  EXPECT_EQ(w5["env"]["FAKE_USER_VAR"], "kept");
+  EXPECT_TRUE(w5["env"]["LD_PRELOAD"].is_null());  // --no-preload
+  EXPECT_EQ(w5["argv"].back(), "0.1");
+  EXPECT_EQ(w5["argv"][1], "--tensor-model-parallel-size");
+
+  // The coordinator's store stood in for the 6 virtual ranks: the init/ count reached the world size.
+  EXPECT_EQ(w0["ping_ok"], true);
+  std::set<int> counts = {w0["init_count"].get<int>(), w5["init_count"].get<int>()};
+  EXPECT_EQ(counts, (std::set<int>{7, 8})) << log;
+
+  // One progress line per iteration, from the event files.
+  for (int it = 0; it < 4; ++it)
+    EXPECT_NE(log.find("iter " + std::to_string(it) + " | rank 0: "), std::string::npos) << log;
+  EXPECT_NE(log.find("[rank 5] iteration 3 done"), std::string::npos) << log;
+
+  // report.json
+  json rep = ReadJson(out / "report.json");
+  ASSERT_FALSE(rep.is_discarded());
+  EXPECT_EQ(rep["world_size"], 8);
+  EXPECT_EQ(rep["mode"], "emulate");
+  EXPECT_EQ(rep["status"], "finished");
+  EXPECT_EQ(rep["exit_code"], 0);
+  EXPECT_EQ(rep["iterations"], 4);
+  // Iterations 1-3: rank 0 takes 20 ms, rank 5 (local rank 1) 40 ms; the first (5x, warm-up) is left out.
+  EXPECT_NEAR(rep["iteration_time_s"].get<double>(), 0.040, 1e-9);
+  ASSERT_EQ(rep["ranks"].size(), 2u);
+  EXPECT_EQ(rep["ranks"][0]["rank"], 0);
+  EXPECT_NEAR(rep["ranks"][0]["iteration_time_s"].get<double>(), 0.020, 1e-9);
+  EXPECT_NEAR(rep["ranks"][1]["iteration_time_s"].get<double>(), 0.040, 1e-9);
+  EXPECT_EQ(rep["ranks"][1]["peak_memory_bytes"], 150000000);
+  EXPECT_EQ(rep["ranks"][1]["torch_max_allocated_bytes"], 93000000);
+  EXPECT_NEAR(rep["ranks"][0]["wait_s"]["TENSOR_MODEL_PARALLEL_GROUP"].get<double>(), 0.002, 1e-9);
+  EXPECT_EQ(rep["ranks"][1]["exit_code"], 0);
+  EXPECT_GT(rep["wall_s"].get<double>(), 0.0);
+  EXPECT_EQ(rep["layout"]["tp"], 2);
+  std::string warnings = rep["warnings"].dump();
+  EXPECT_NE(warnings.find("--no-preload"), std::string::npos) << warnings;
+
+  // command.json holds the exact command lines; logs hold each rank's output; trace.json is there.
+  json cmd = ReadJson(out / "command.json");
+  ASSERT_EQ(cmd["workers"].size(), 2u);
+  EXPECT_EQ(cmd["workers"][1]["rank"], 5);
+  EXPECT_EQ(cmd["workers"][1]["argv"][0], "python3");
+  EXPECT_EQ(cmd["workers"][1]["env"]["RANK"], "5");
+  EXPECT_NE(ReadText(out / "logs" / "rank5.log").find("iteration 3 done"), std::string::npos);
+  EXPECT_FALSE(ReadJson(out / "trace.json").is_discarded());
+  fs::remove_all(out);
+}
+
+TEST_F(LauncherE2E, FailingRankGivesItsStatusAndLogTail) {
+  fs::path out = FreshDir("fail");
+  std::string log;
+  int rc = RunPrism("FAKE_ITERS=200 FAKE_ITER_MS=20 FAKE_FAIL_RANK=5 FAKE_FAIL_AFTER=2",
+                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --no-preload torchrun --nnodes 2 "
+                    "--nproc-per-node 4 " + Worker(),
+                    &log);
+  EXPECT_EQ(rc, 3) << log;  // the job's own status
+  EXPECT_NE(log.find("rank 5 failed (exit 3)"), std::string::npos) << log;
+  EXPECT_NE(log.find("| boom: rank 5 fails on purpose"), std::string::npos) << log;
+  json rep = ReadJson(out / "report.json");
+  EXPECT_EQ(rep["status"], "failed");
+  EXPECT_EQ(rep["failed_rank"], 5);
+  EXPECT_EQ(rep["exit_code"], 3);
+  EXPECT_EQ(rep["ranks"][1]["status"], "failed");
+  EXPECT_EQ(rep["ranks"][0]["status"], "stopped");  // rank 0 was stopped, not failed
+  EXPECT_GE(rep["iterations"].get<int>(), 2);       // what was measured before the failure is kept
+  EXPECT_NE(ReadText(out / "logs" / "rank5.log").find("boom"), std::string::npos);
+  fs::remove_all(out);
+}
+
+TEST_F(LauncherE2E, CtrlCStopsCleanlyAndKeepsTheReport) {
+  fs::path out = FreshDir("int");
+  std::vector<std::string> args = {std::getenv("PRISM_RUN"), "--out", out.string(), "--ranks", "0,1", "--gpus", "1",
+                                   "--no-preload", "--quiet", "torchrun", "--nproc-per-node", "2", Worker()};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
+  env_s.push_back("FAKE_ITERS=100000");
+  env_s.push_back("FAKE_ITER_MS=20");
+  env_s.push_back("PYTHON_EXEC=python3");
+  std::vector<char*> envp;
+  for (auto& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, (out.string() + ".stdout").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid;
+  ASSERT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()), 0);
+  posix_spawn_file_actions_destroy(&fa);
+
+  // Wait until both ranks measured a few iterations.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  bool running = false;
+  while (std::chrono::steady_clock::now() < deadline && !running) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    json rep = ReadJson(out / "report.json");
+    running = !rep.is_discarded() && rep["iterations"].is_number() && rep["iterations"].get<int>() >= 3 &&
+              rep["ranks"][1]["iterations"].get<int>() >= 3;
+  }
+  ASSERT_TRUE(running) << ReadText(out.string() + ".stdout");
+  kill(pid, SIGINT);
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st)) << ReadText(out.string() + ".stdout");
+  EXPECT_EQ(WEXITSTATUS(st), 130);
+  std::string log = ReadText(out.string() + ".stdout");
+  EXPECT_NE(log.find("Ctrl-C"), std::string::npos) << log;
+  json rep = ReadJson(out / "report.json");
+  EXPECT_EQ(rep["status"], "interrupted");
+  EXPECT_GE(rep["iterations"].get<int>(), 3);
+  EXPECT_TRUE(rep["iteration_time_s"].is_number());
+  EXPECT_EQ(rep["ranks"][0]["status"], "interrupted");
+  // No worker is left behind: the pids of their hello lines are gone.
+  for (const char* f : {"rank0.events.jsonl", "rank1.events.jsonl"}) {
+    std::ifstream in(out / f);
+    std::string first;
+    std::getline(in, first);
+    json hello = json::parse(first, nullptr, false);
+    ASSERT_TRUE(!hello.is_discarded() && hello["pid"].is_number()) << first;
+    EXPECT_NE(kill(hello["pid"].get<int>(), 0), 0) << "worker " << hello["pid"] << " still runs";
+  }
+  fs::remove_all(out);
+  fs::remove(out.string() + ".stdout");
+}
+
+TEST_F(LauncherE2E, CommandThatCannotStart) {
+  fs::path out = FreshDir("nostart");
+  std::string log;
+  int rc = RunPrism("", "--out " + out.string() + " --no-preload torchrun --no-python /nonexistent/job.sh", &log);
+  EXPECT_EQ(rc, 127) << log;
+  EXPECT_NE(log.find("cannot start rank 0"), std::string::npos) << log;
+  json rep = ReadJson(out / "report.json");
+  EXPECT_EQ(rep["status"], "failed");
+  fs::remove_all(out);
+}
+
+}  // namespace
