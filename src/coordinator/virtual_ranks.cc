@@ -301,8 +301,8 @@ bool VirtualRanks::OnSet(std::string_view key, std::string_view value) {
       g.name = j.value("name", std::string());
       g.desc = j.value("desc", std::string());
       if (j.contains("ranks")) g.members = j.at("ranks").get<std::vector<int>>();
-      int size = j.value("size", static_cast<int>(g.members.size()));
-      if (g.members.empty()) g.members = Iota(size);  // the default group registers "ranks": [] (all)
+      // torch passes no ranks for the default group: "ranks": [] means the whole world (or "size" ranks).
+      if (g.members.empty()) g.members = Iota(j.value("size", opts_.world_size));
       for (int m : g.members) {
         if (m < 0 || m >= opts_.world_size) throw std::runtime_error("rank " + std::to_string(m) + " outside world");
       }

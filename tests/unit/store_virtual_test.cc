@@ -333,6 +333,18 @@ TEST_F(VirtualStoreTest, StoreBarrierOfNewGroups) {
   EXPECT_EQ(TorchGet(*r5, "/default_pg/0//store_based_barrier_key:1:last_worker", 200), "");
 }
 
+TEST_F(VirtualStoreTest, DefaultGroupRegistersWithoutRanks) {
+  Start(8, {3, 5});
+  auto c = Connect();
+  // What the hook sends for init_process_group: torch's global_ranks_in_group is [] there.
+  ASSERT_TRUE(c->Set("/default_pg/0//__prism_group__", R"({"name":"0","ranks":[]})"));
+  std::string id = TorchGet(*c, "/default_pg/0//cuda//0");
+  int writer = -1;
+  ASSERT_TRUE(ipc::IsVirtualNcclId(id.data(), id.size(), &writer));
+  EXPECT_EQ(writer, 0);
+  EXPECT_EQ(vr_->LookupGroupByName("0")->members.size(), 8u);
+}
+
 TEST_F(VirtualStoreTest, BadRegistrationIsIgnoredNotStored) {
   Start(8, {0});
   auto c = Connect();
