@@ -98,7 +98,7 @@ ReleaseDecision DefaultRelease(const CommView& comm, uint64_t seq, std::span<con
       latest = a.op.arrival_ns;
       d.last_rank = a.rank;
     }
-    dur = std::max<uint64_t>(dur, a.op.reserved);
+    dur = std::max<uint64_t>(dur, a.op.model_dur_ns);
   }
   if (arrivals.size() <= 1) d.last_rank = -1;  // nobody else to wait for: the duration decides
   d.release_ns = latest + dur;

@@ -41,7 +41,7 @@ struct CommView {
 };
 
 // Decides when an operation completes at target scale once every real member arrived. The default: max(arrivals)
-// + the duration the shims sent (OpArrive::reserved, ns; see docs/coordinator.md). Graph replay plugs in here:
+// + the longest duration the shims sent (OpArrive::model_dur_ns). Graph replay plugs in here:
 // virtual members' arrivals and recorded durations.
 class ReleasePolicy {
  public:

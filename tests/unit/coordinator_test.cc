@@ -168,7 +168,7 @@ TEST_F(CoordinatorTest, CommMembersFromTheStoreAndReleaseWhenAllRealMembersArriv
   a.op = 1;
   a.seq = 1;
   a.arrival_ns = 1000;
-  a.reserved = 50;  // modelled duration, ns
+  a.model_dur_ns = 50;
   a.peer = -1;
   ASSERT_TRUE(r0.SendPod(ipc::MsgType::kOpArrive, a));
   ipc::Frame f;
@@ -207,7 +207,7 @@ TEST_F(CoordinatorTest, VirtualLeaderCommWithOneRealMember) {
   a.comm_id = c["comm_id"];
   a.seq = 9;
   a.arrival_ns = 5000;
-  a.reserved = 7;
+  a.model_dur_ns = 7;
   ASSERT_TRUE(r5.SendPod(ipc::MsgType::kOpArrive, a));
   ipc::Frame f;
   ASSERT_TRUE(r5.Recv(&f));
