@@ -3,12 +3,17 @@
 #include <algorithm>
 #include <optional>
 
-#include "coordinator/store_server.h"
-#include "coordinator/virtual_ranks.h"
+#include "coordinator/coordinator.h"
 #include "launcher/megatron_membership.h"
 
 namespace prism::launcher {
 namespace {
+
+std::string EnvOf(const Plan& p, const std::string& k) {
+  for (const auto& [name, v] : p.env)
+    if (name == k) return v;
+  return "";
+}
 
 class LocalCoordinator : public CoordinatorLink {
  public:
@@ -18,57 +23,59 @@ class LocalCoordinator : public CoordinatorLink {
     auto world = world::World::Make(plan->layout, plan->nproc_per_node, error);
     if (!world) return false;
     membership_ = std::make_unique<MegatronMembership>(*world);
-    coord::VirtualRanksOptions vo;
-    vo.world_size = plan->world_size;
-    for (const RealRank& r : plan->real) vo.real_ranks.push_back(r.rank);
+    coord::CoordinatorOptions o;
+    o.world_size = plan->world_size;
+    o.real_ranks.clear();
+    for (const RealRank& r : plan->real) o.real_ranks.push_back(r.rank);
+    std::sort(o.real_ranks.begin(), o.real_ranks.end());
+    o.store_host = plan->store_addr;
+    o.store_port = static_cast<uint16_t>(plan->store_port);
+    o.out_dir = plan->out_dir;
+    o.layout = plan->layout.ToSpec();
+    o.graph = EnvOf(*plan, "PRISM_GRAPH");
+    o.topology = EnvOf(*plan, "PRISM_TOPOLOGY");
+    o.payload = EnvOf(*plan, "PRISM_PAYLOAD");
+    o.run_id = EnvOf(*plan, "TORCHELASTIC_RUN_ID");
     // Why: the plan sets TORCH_NCCL_RANKS_PER_ROOT to this value, so both sides split scalable-init roots alike.
-    vo.ranks_per_root = std::max(plan->world_size, 128);
-    vo.membership = membership_.get();
-    stand_in_ = std::make_unique<coord::VirtualRanks>(vo);
-
-    store::StoreServerOptions so;
-    so.host = plan->store_addr == "127.0.0.1" || plan->store_addr == "localhost" ? "127.0.0.1" : "0.0.0.0";
-    so.port = static_cast<uint16_t>(plan->store_port);
-    so.stand_in = stand_in_.get();
-    server_ = std::make_unique<store::StoreServer>();
+    o.ranks_per_root = std::max(plan->world_size, 128);
+    o.membership = membership_.get();
     std::string first_error;
-    if (!server_->Start(so, &first_error)) {
+    coord_ = coord::Coordinator::Start(o, &first_error);
+    if (!coord_) {
       // Why: the job's --master-port (default 29500) may be taken by another run; any free port will do because
       // the workers are told the port through MASTER_PORT.
-      so.port = 0;
-      server_ = std::make_unique<store::StoreServer>();
-      if (!server_->Start(so, error)) {
-        *error = "coordinator store: " + *error + " (after " + first_error + ")";
+      o.store_port = 0;
+      coord_ = coord::Coordinator::Start(o, error);
+      if (!coord_) {
+        *error += " (first try: " + first_error + ")";
         return false;
       }
     }
-    SetStorePort(plan, server_->port());
-    addr_ = so.host + ":" + std::to_string(server_->port());
+    const coord::CoordinatorEndpoints& ep = coord_->endpoints();
+    SetStorePort(plan, ep.store_port, ep.socket_path);
+    addr_ = ep.store_host + ":" + std::to_string(ep.store_port) + ", event bus " + ep.socket_path;
     return true;
   }
 
   void Stop() override {
-    if (server_) server_->Stop();
+    if (coord_) coord_->Stop();
   }
 
   std::string Describe() const override {
-    if (!server_) return "coordinator not started";
-    std::string s = "coordinator store on " + addr_;
-    if (stand_in_ && stand_in_->synthesized() > 0)
-      s += ", " + std::to_string(stand_in_->synthesized()) + " NCCL ids stood in for virtual ranks";
-    if (stand_in_) {
-      auto unresolved = stand_in_->Unresolved();
-      if (!unresolved.empty())
-        s += ", " + std::to_string(unresolved.size()) + " keys of groups with unknown members (first: " +
-             unresolved.front() + ")";
-    }
+    if (!coord_) return "coordinator not started";
+    std::string s = "coordinator: store " + addr_;
+    uint64_t ids = coord_->virtual_ranks().synthesized();
+    if (ids > 0) s += "; " + std::to_string(ids) + " NCCL ids stood in for virtual ranks";
+    auto unresolved = coord_->virtual_ranks().Unresolved();
+    if (!unresolved.empty())
+      s += "; " + std::to_string(unresolved.size()) + " keys of groups with unknown members (first: " +
+           unresolved.front() + ")";
     return s;
   }
 
  private:
   std::unique_ptr<MegatronMembership> membership_;
-  std::unique_ptr<coord::VirtualRanks> stand_in_;
-  std::unique_ptr<store::StoreServer> server_;
+  std::unique_ptr<coord::Coordinator> coord_;
   std::string addr_;
 };
 

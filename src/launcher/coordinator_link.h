@@ -1,9 +1,9 @@
 // The one place the launcher starts and stops the coordinator of an emulation.
 //
-// Today it runs, inside prism-run, the coordinator's rendezvous store (coordinator/store_server.h) with the
-// virtual-rank stand-ins (coordinator/virtual_ranks.h) fed with the job's Megatron groups. When the coordinator's
-// Start()/Stop() API (src/coordinator/coordinator.h) lands, LocalCoordinator switches to it; nothing else in the
-// launcher changes.
+// LocalCoordinator runs prism::coord::Coordinator (src/coordinator/coordinator.h: the rendezvous store with virtual
+// ranks standing in, and libprism's event bus) in background threads of prism-run, with the job's Megatron groups
+// (launcher/megatron_membership.h) as the fallback membership. Its files (coordinator.json, status.json, coord.sock)
+// go to the run's output directory, so `prism-run status DIR` works on a running emulation.
 #pragma once
 
 #include <memory>

@@ -309,24 +309,45 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
                            "): functional and memory results hold, their timings do not");
 
   // Coordinator endpoint.
+  std::string join_bus;  // PRISM_COORD_ADDR when joining over TCP
   if (!req.coordinator.empty()) {
-    size_t colon = req.coordinator.rfind(':');
-    int port = 0;
-    if (colon == std::string::npos || colon == 0 || !ToInt(req.coordinator.substr(colon + 1), &port) || port <= 0 ||
-        port > 65535) {
-      *error = "--coordinator \"" + req.coordinator + "\" is not HOST:PORT";
-      return std::nullopt;
-    }
     p.start_coordinator = false;
-    p.store_addr = req.coordinator.substr(0, colon);
-    p.store_port = port;
+    fs::path info = req.coordinator;
+    std::error_code fec;
+    if (fs::is_directory(info, fec)) info /= "coordinator.json";
+    bool is_file = fs::is_regular_file(info, fec);
+    if (is_file || req.coordinator.find('/') != std::string::npos || req.coordinator.ends_with(".json")) {
+      std::ifstream in(info);
+      nlohmann::json j = in ? nlohmann::json::parse(in, nullptr, false) : nlohmann::json();
+      if (!in || j.is_discarded() || !j.is_object() || !j.contains("store_host") || !j.contains("store_port")) {
+        *error = "--coordinator " + req.coordinator + ": " + info.string() +
+                 (in ? " is not a coordinator.json (store_host, store_port)" : " cannot be read");
+        return std::nullopt;
+      }
+      p.store_addr = j.value("store_host", "");
+      p.store_port = j.value("store_port", 0);
+      join_bus = j.value("bus_tcp", "");
+      if (join_bus.empty()) p.coord_socket = j.value("socket", "");
+    } else {
+      size_t colon = req.coordinator.rfind(':');
+      int port = 0;
+      if (colon == std::string::npos || colon == 0 || !ToInt(req.coordinator.substr(colon + 1), &port) || port <= 0 ||
+          port > 65535) {
+        *error = "--coordinator \"" + req.coordinator + "\" is not HOST:PORT or a coordinator.json";
+        return std::nullopt;
+      }
+      p.store_addr = req.coordinator.substr(0, colon);
+      p.store_port = port;
+      p.warnings.push_back("--coordinator HOST:PORT gives the store only: libprism gets no event bus address "
+                           "(pass the coordinator's coordinator.json to give it one)");
+    }
   } else {
     p.start_coordinator = true;
     p.store_addr = "127.0.0.1";
     p.store_port = t.master_port;  // Why: the port the job asked for; the coordinator falls back to a free one
     std::string sock = (fs::path(req.out_dir) / "coord.sock").string();
-    // Why: a Unix socket path must fit sockaddr_un (108 bytes).
-    if (sock.size() >= 100) sock = "/tmp/prism-" + std::to_string(getpid()) + ".sock";
+    // Why: a Unix socket path must fit sockaddr_un (108 bytes); the coordinator makes the same choice.
+    if (sock.size() >= 100) sock = "(chosen by the coordinator under /tmp)";
     p.coord_socket = sock;
   }
 
@@ -397,8 +418,8 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
   Set(&env, "PRISM_WORLD_SIZE", std::to_string(p.world_size));
   Set(&env, "PRISM_GPUS_PER_NODE", std::to_string(p.nproc_per_node));
   Set(&env, "PRISM_OUT_DIR", p.out_dir);
-  if (p.start_coordinator) Set(&env, "PRISM_COORD_SOCKET", p.coord_socket);
-  else Set(&env, "PRISM_COORD_ADDR", req.coordinator);
+  if (!p.coord_socket.empty()) Set(&env, "PRISM_COORD_SOCKET", p.coord_socket);
+  if (!join_bus.empty()) Set(&env, "PRISM_COORD_ADDR", join_bus);
   Set(&env, "PRISM_PAYLOAD", req.payload);
   if (!req.topology.empty()) Set(&env, "PRISM_TOPOLOGY", req.topology);
   if (!req.graph.empty()) Set(&env, "PRISM_GRAPH", req.graph);
@@ -415,7 +436,8 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
     std::optional<std::string> user_preload = host.env ? host.env("LD_PRELOAD") : std::nullopt;
     Set(&env, "LD_PRELOAD", host.libprism + (user_preload && !user_preload->empty() ? ":" + *user_preload : ""));
     std::optional<std::string> user_pp = host.env ? host.env("PYTHONPATH") : std::nullopt;
-    // Why first: Python imports the first sitecustomize on sys.path; prism's hook chains to any other.
+    // Why first: Python imports only the first sitecustomize on sys.path (a user's own one later on the path is
+    // then not imported; docs/cli.md says so).
     Set(&env, "PYTHONPATH", host.python_hook_dir + (user_pp && !user_pp->empty() ? ":" + *user_pp : ""));
   } else {
     p.warnings.push_back("--no-preload: libprism.so is not loaded, so the job's NCCL calls are not emulated");
@@ -446,9 +468,13 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
   return p;
 }
 
-void SetStorePort(Plan* plan, int port) {
+void SetStorePort(Plan* plan, int port, const std::string& socket) {
   plan->store_port = port;
   Set(&plan->env, "MASTER_PORT", std::to_string(port));
+  if (!socket.empty()) {
+    plan->coord_socket = socket;
+    Set(&plan->env, "PRISM_COORD_SOCKET", socket);
+  }
 }
 
 std::vector<std::string> WorkerEnvironment(const Plan& plan, const Worker& worker,

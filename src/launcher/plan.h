@@ -50,7 +50,10 @@ struct PlanRequest {
   int gpus = 0;                      // --gpus (0 = detect)
   int node_rank = -1;                // --node-rank: real ranks = that virtual node's ranks
   std::string out_dir;               // absolute
-  std::string coordinator;           // --coordinator HOST:PORT (join); "" = start one here
+  // --coordinator: join a running coordinator instead of starting one. HOST:PORT of its store, or its
+  // coordinator.json (or the directory holding it: `prism-run coordinator --out DIR`), which also gives the event
+  // bus (Unix socket, or TCP for another host). "" = start one here.
+  std::string coordinator;
   std::string payload = "mirror";
   std::string topology;
   std::string graph;
@@ -96,8 +99,8 @@ struct Plan {
 
 std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std::string* error);
 
-// After the coordinator chose its port: rewrites MASTER_PORT in the plan and every worker.
-void SetStorePort(Plan* plan, int port);
+// After the coordinator started: rewrites MASTER_PORT (and PRISM_COORD_SOCKET when `socket` is not empty).
+void SetStorePort(Plan* plan, int port, const std::string& socket = "");
 
 // "0", "0,517", "0-7", "0,4-7": distinct ranks, each < world_size, in the order given.
 std::optional<std::vector<int>> ParseRankList(const std::string& spec, int world_size, std::string* error);

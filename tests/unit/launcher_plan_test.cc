@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -318,10 +322,38 @@ TEST(Plan, JoinACoordinator) {
   auto env = EnvMap(p.env);
   EXPECT_EQ(env["MASTER_ADDR"], "node0");
   EXPECT_EQ(env["MASTER_PORT"], "7000");
-  EXPECT_EQ(env["PRISM_COORD_ADDR"], "node0:7000");
   EXPECT_EQ(env.count("PRISM_COORD_SOCKET"), 0u);
+  EXPECT_EQ(p.warnings.size(), 1u);  // no event bus address
   req.coordinator = "node0";
   EXPECT_NE(BuildError(req, FakeHost()).find("HOST:PORT"), std::string::npos);
+
+  // A coordinator.json (prism-run coordinator --out DIR): store and event bus.
+  std::string dir = ::testing::TempDir() + "/prism-join-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/coordinator.json");
+    f << R"({"version":1,"store_host":"node0","store_port":7001,"socket":"/tmp/c/coord.sock","bus_tcp":"node0:7002"})";
+  }
+  req.coordinator = dir;
+  p = Build(req, FakeHost());
+  env = EnvMap(p.env);
+  EXPECT_EQ(env["MASTER_ADDR"], "node0");
+  EXPECT_EQ(env["MASTER_PORT"], "7001");
+  EXPECT_EQ(env["PRISM_COORD_ADDR"], "node0:7002");
+  EXPECT_EQ(env.count("PRISM_COORD_SOCKET"), 0u);
+  {
+    std::ofstream f(dir + "/coordinator.json");
+    f << R"({"version":1,"store_host":"127.0.0.1","store_port":7001,"socket":"/tmp/c/coord.sock","bus_tcp":""})";
+  }
+  req.coordinator = dir + "/coordinator.json";
+  p = Build(req, FakeHost());
+  EXPECT_EQ(EnvMap(p.env)["PRISM_COORD_SOCKET"], "/tmp/c/coord.sock");
+  {
+    std::ofstream f(dir + "/coordinator.json");
+    f << "{}";
+  }
+  EXPECT_NE(BuildError(req, FakeHost()).find("not a coordinator.json"), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Plan, JsonDocument) {
