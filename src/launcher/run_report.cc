@@ -1,6 +1,7 @@
 #include "launcher/run_report.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -157,6 +158,7 @@ void RunReport::Feed(int r, const std::string& line) {
   } else if (type == events::kComm) {
     std::string desc = GetStr(j, "desc");
     int64_t id = GetInt(j, "comm_id");
+    if (desc.empty()) desc = GetStr(j, "name");
     if (desc.empty()) desc = GetStr(j, "key");
     if (desc.empty()) desc = "comm" + std::to_string(id);
     e.comm_desc[id] = desc;
@@ -226,7 +228,8 @@ std::string RunReport::ProgressLine(int64_t iteration) const {
       o << "-";
       continue;
     }
-    o << Fixed(it->second.dur_ns / 1e6, 1) << " ms";
+    if (it->second.dur_ns > 0) o << Fixed(it->second.dur_ns / 1e6, 1) << " ms";
+    else o << "first mark";
     int64_t peak = -1;
     for (const auto& [n, s] : e.iterations)
       if (n <= iteration) peak = std::max({peak, s.peak_bytes, s.torch_max_allocated});
@@ -253,17 +256,21 @@ json RunReport::Build(double wall_s, const std::vector<std::string>& warnings, c
     std::vector<double> durs;
     json times = json::array();
     bool first = true;
+    double first_dur = 0;
     for (const auto& [n, s] : e.iterations) {
+      // Why skip dur <= 0: libprism's first mark has no previous mark to measure from.
+      bool measured = s.dur_ns > 0;
       double d = s.dur_ns * 1e-9;
-      times.push_back(d);
-      slowest[n] = std::max(slowest[n], d);
+      times.push_back(measured ? json(d) : json(nullptr));
+      if (measured) slowest[n] = std::max(slowest[n], d);
       if (first) {
         first = false;
+        first_dur = measured ? d : 0;
         continue;
       }
-      durs.push_back(d);
+      if (measured) durs.push_back(d);
     }
-    if (durs.empty() && !e.iterations.empty()) durs.push_back(e.iterations.begin()->second.dur_ns * 1e-9);
+    if (durs.empty() && first_dur > 0) durs.push_back(first_dur);
     iterations = std::max<int64_t>(iterations, static_cast<int64_t>(e.iterations.size()));
     jr[std::string(report::kIterationTime)] = durs.empty() ? json(nullptr) : json(Median(durs));
     jr["iterations"] = e.iterations.size();
@@ -293,14 +300,13 @@ json RunReport::Build(double wall_s, const std::vector<std::string>& warnings, c
       warns.push_back("rank " + std::to_string(r) + " events: " + std::to_string(e.malformed) + " malformed lines skipped");
   }
   std::vector<double> measured;
-  bool first = true;
-  for (const auto& [n, d] : slowest) {
-    if (first) {
-      first = false;
-      continue;
-    }
-    measured.push_back(d);
+  int64_t first_iteration = INT64_MAX;
+  for (int r : real_ranks_) {
+    const RankEvents& e = ranks_.at(r);
+    if (!e.iterations.empty()) first_iteration = std::min(first_iteration, e.iterations.begin()->first);
   }
+  for (const auto& [n, d] : slowest)
+    if (n != first_iteration) measured.push_back(d);
   if (measured.empty() && !slowest.empty()) {
     measured.push_back(slowest.begin()->second);
     warns.push_back("only one iteration was measured: iteration_time_s includes warm-up");

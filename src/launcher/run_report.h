@@ -3,8 +3,9 @@
 // lines; a malformed line becomes one warning, never a crash).
 //
 // Definitions (docs/cli.md, "report.json"):
-//   iteration_time_s (per rank)  median of the rank's iteration durations, excluding its first iteration (warm-up:
-//                                allocator growth, NCCL setup, CUDA module loading). With one iteration, that one.
+//   iteration_time_s (per rank)  median of the rank's iteration durations, excluding its first iteration line
+//                                (warm-up: allocator growth, NCCL setup, CUDA module loading; libprism's first mark
+//                                has dur_ns 0 anyway) and any line without a duration. With one, that one.
 //   iteration_time_s (top level) per iteration, the slowest real rank's duration; the median of those over the
 //                                measured iterations (again without the first).
 //   wait_s[comm]                 time the rank's operations on that communicator spent waiting for their last

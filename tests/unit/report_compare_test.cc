@@ -151,6 +151,28 @@ TEST(RunReport, AggregatesEvents) {
   EXPECT_GT(trace["traceEvents"].size(), 8u);
 }
 
+// libprism's first iteration mark ends the first training step and has nothing to measure from: dur_ns 0.
+TEST(RunReport, FirstMarkWithoutDuration) {
+  RunReport r("/nonexistent", 8, {3});
+  r.Feed(3, R"({"type":"iter","iteration":0,"t_ns":100,"dur_ns":0,"peak_bytes":5,"torch_max_allocated":4,"clock":"gpu"})");
+  r.Feed(3, R"({"type":"iter","iteration":1,"t_ns":200,"dur_ns":30000000,"peak_bytes":5,"torch_max_allocated":4})");
+  r.Feed(3, R"({"type":"iter","iteration":2,"t_ns":300,"dur_ns":50000000,"peak_bytes":5,"torch_max_allocated":4})");
+  r.Feed(3, R"({"type":"iter","iteration":3,"t_ns":400,"dur_ns":40000000,"peak_bytes":5,"torch_max_allocated":4})");
+  json rep = r.Build(1, {}, json::object());
+  EXPECT_EQ(rep["iterations"], 4);
+  EXPECT_EQ(rep["measured_iterations"], 3);
+  EXPECT_NEAR(rep["iteration_time_s"].get<double>(), 0.040, 1e-12);
+  EXPECT_NEAR(rep["ranks"][0]["iteration_time_s"].get<double>(), 0.040, 1e-12);
+  EXPECT_TRUE(rep["ranks"][0]["iteration_times_s"][0].is_null());
+  EXPECT_NE(r.ProgressLine(0).find("first mark"), std::string::npos) << r.ProgressLine(0);
+
+  RunReport only("/nonexistent", 8, {3});
+  only.Feed(3, R"({"type":"iter","iteration":0,"t_ns":100,"dur_ns":0})");
+  rep = only.Build(1, {}, json::object());
+  EXPECT_TRUE(rep["iteration_time_s"].is_null());
+  EXPECT_EQ(rep["iterations"], 1);
+}
+
 TEST(RunReport, ProgressWaitsForEveryLiveRank) {
   RunReport r("/nonexistent", 8, {0, 5});
   r.Feed(0, R"({"type":"iter","iteration":0,"dur_ns":1000000})");
