@@ -155,7 +155,9 @@ void FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key
   c->real_members = CountReal(c->members);
   if (!cfg.coord_socket.empty() && !r.coord_comm_init_broken.load()) {
     CoordCommInfo info;
-    if (CoordCommInit(coord_key.empty() ? c->key : coord_key, c->nranks, c->rank, c->desc, c->name, -1, 0, 5000, &info)) {
+    CoordReply reply =
+        CoordCommInit(coord_key.empty() ? c->key : coord_key, c->nranks, c->rank, c->desc, c->name, -1, 0, 5000, &info);
+    if (reply == CoordReply::kOk) {
       c->coord_comm_id = info.comm_id;
       if (static_cast<int>(info.members.size()) == c->nranks) c->members = info.members;
       if (!info.real.empty()) {
@@ -163,7 +165,7 @@ void FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key
       } else {
         c->real_members = CountReal(c->members);
       }
-    } else if (CoordActive()) {
+    } else if (reply == CoordReply::kNoAnswer && CoordActive()) {
       r.coord_comm_init_broken.store(true);  // Why: do not wait 5 s for every later communicator
     }
   }

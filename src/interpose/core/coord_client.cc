@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <climits>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -15,6 +18,7 @@
 #include "common/ipc_io.h"
 #include "common/log.h"
 #include "interpose/core/config.h"
+#include "interpose/core/event_log.h"
 #include "interpose/core/progress.h"
 #include "nccl_patch/semantics.h"
 
@@ -117,7 +121,15 @@ bool CoordActive() { return C().active.load(std::memory_order_relaxed); }
 bool ParseCommInfo(const std::string& text, CoordCommInfo* out, std::string* error) {
   try {
     nlohmann::json j = nlohmann::json::parse(text);
+    if (j.contains("error")) {
+      *error = "coordinator: " + j.at("error").get<std::string>();
+      return false;
+    }
     out->comm_id = j.at("comm_id").get<uint32_t>();
+    if (out->comm_id == 0) {
+      *error = "kCommInfo without a communicator id";
+      return false;
+    }
     out->members = j.value("members", std::vector<int32_t>{});
     out->real.clear();
     if (j.contains("real")) {
@@ -134,9 +146,10 @@ bool ParseCommInfo(const std::string& text, CoordCommInfo* out, std::string* err
   }
 }
 
-bool CoordCommInit(const std::string& key, int nranks, int rank, const std::string& desc, const std::string& name,
-                   int64_t parent_comm_id, int color, int timeout_ms, CoordCommInfo* out) {
-  if (!CoordConnect()) return false;
+CoordReply CoordCommInit(const std::string& key, int nranks, int rank, const std::string& desc,
+                         const std::string& name, int64_t parent_comm_id, int color, int timeout_ms,
+                         CoordCommInfo* out) {
+  if (!CoordConnect()) return CoordReply::kNoAnswer;
   Conn& c = C();
   try {
     nlohmann::json j = {{"key", key}, {"nranks", nranks}, {"rank", rank}, {"desc", desc}, {"name", name}};
@@ -147,7 +160,7 @@ bool CoordCommInit(const std::string& key, int nranks, int rank, const std::stri
     std::unique_lock<std::mutex> lock(c.mu);
     size_t seen = c.replies.size();
     lock.unlock();
-    if (!SendJson(ipc::MsgType::kCommInit, j)) return false;
+    if (!SendJson(ipc::MsgType::kCommInit, j)) return CoordReply::kNoAnswer;
     lock.lock();
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
@@ -159,26 +172,26 @@ bool CoordCommInit(const std::string& key, int nranks, int rank, const std::stri
           bool ok = ParseCommInfo(f.payload, &info, &err);
           c.replies.erase(c.replies.begin() + static_cast<long>(i));
           if (!ok) {
-            Log("interpose")->error("{}", err);
-            return false;
+            Log("interpose")->warn("communicator {}: {}", key.substr(0, 16), err);
+            return CoordReply::kRefused;
           }
           *out = std::move(info);
-          return true;
+          return CoordReply::kOk;
         }
         if (f.type == ipc::MsgType::kError) {
-          Log("interpose")->error("coordinator refused communicator {}: {}", key, f.payload);
+          Log("interpose")->error("coordinator refused communicator {}: {}", key.substr(0, 16), f.payload);
           c.replies.erase(c.replies.begin() + static_cast<long>(i));
-          return false;
+          return CoordReply::kRefused;
         }
       }
-      if (!c.active.load()) return false;
+      if (!c.active.load()) return CoordReply::kNoAnswer;
       if (c.cv.wait_until(lock, deadline) == std::cv_status::timeout) {
-        Log("interpose")->error("coordinator did not answer kCommInit for {} within {} ms", key, timeout_ms);
-        return false;
+        Log("interpose")->error("coordinator did not answer kCommInit within {} ms", timeout_ms);
+        return CoordReply::kNoAnswer;
       }
     }
   } catch (...) {
-    return false;
+    return CoordReply::kNoAnswer;
   }
 }
 
@@ -208,10 +221,57 @@ bool CoordSendArrive(const GateUnit& u) {
   a.seq = u.event.seq;
   a.bytes = u.event.bytes;
   a.arrival_ns = u.event.arrival_ns;
+  a.model_dur_ns = u.dur_ns;
+  // Why also `reserved` (us): coordinators built before ipc.h carried model_dur_ns read the duration there.
+  a.reserved = static_cast<uint32_t>(std::min<uint64_t>(u.dur_ns, UINT32_MAX));
   a.peer = u.event.peer;
   std::string err;
   std::lock_guard<std::mutex> lock(c.write_mu);
   return ipc::SendFrame(c.fd, ipc::MsgType::kOpArrive, &a, sizeof(a), &err) == ipc::IoStatus::kOk;
+}
+
+namespace {
+void SendPod(ipc::MsgType type, const void* pod, size_t len) {
+  Conn& c = C();
+  if (!c.active.load(std::memory_order_relaxed)) return;
+  std::string err;
+  std::lock_guard<std::mutex> lock(c.write_mu);
+  ipc::SendFrame(c.fd, type, pod, len, &err);
+}
+}  // namespace
+
+void CoordSendRecord(const OpEvent& e) {
+  ipc::OpRecord r{};
+  r.comm_id = e.comm_id;
+  r.op = IpcOp(e.op);
+  r.seq = e.seq;
+  r.bytes = e.bytes;
+  r.arrival_ns = e.arrival_ns;
+  r.release_ns = e.release_ns;
+  r.model_dur_ns = e.model_dur_ns;
+  r.wait_on_rank = e.wait_on_rank;
+  r.dtype = e.dtype;
+  r.algo = e.algo;
+  r.proto = e.proto;
+  SendPod(ipc::MsgType::kOpRecord, &r, sizeof(r));
+}
+
+void CoordSendIteration(uint32_t iteration, uint64_t t_ns, uint64_t dur_ns, uint64_t peak, uint64_t torch_max) {
+  ipc::IterationMark m{};
+  m.iteration = iteration;
+  m.t_ns = t_ns;
+  m.dur_ns = dur_ns;
+  m.peak_bytes = peak;
+  m.torch_max_allocated = torch_max;
+  SendPod(ipc::MsgType::kIteration, &m, sizeof(m));
+}
+
+void CoordSendMemory(uint64_t t_ns, uint64_t current, uint64_t peak) {
+  ipc::MemorySample m{};
+  m.t_ns = t_ns;
+  m.current_bytes = current;
+  m.peak_bytes = peak;
+  SendPod(ipc::MsgType::kMemory, &m, sizeof(m));
 }
 
 bool CoordTakeRelease(uint32_t comm_id, uint64_t seq, uint64_t* release_ns, int32_t* last_rank) {

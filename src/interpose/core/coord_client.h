@@ -21,15 +21,23 @@ struct CoordCommInfo {
   std::vector<int32_t> members;
   std::vector<bool> real;
 };
+enum class CoordReply { kOk, kRefused, kNoAnswer };
 // kCommInit {key, nranks, rank, desc, name, parent?, color?}; waits up to timeout_ms for kCommInfo.
-bool CoordCommInit(const std::string& key, int nranks, int rank, const std::string& desc, const std::string& name,
+// kRefused: the coordinator answered but does not know the members (its "error").
+CoordReply CoordCommInit(const std::string& key, int nranks, int rank, const std::string& desc, const std::string& name,
                    int64_t parent_comm_id, int color, int timeout_ms, CoordCommInfo* out);
 
 // From the progress thread: kOpArrive for a unit; later kOpRelease is matched by (comm_id, seq).
 bool CoordSendArrive(const GateUnit& unit);
 bool CoordTakeRelease(uint32_t comm_id, uint64_t seq, uint64_t* release_ns, int32_t* last_rank);
 
-// Parses a kCommInfo JSON payload (tests).
+// Status feed for `prism-run status` (from the event writer thread; best effort, never blocks the job).
+struct OpEvent;
+void CoordSendRecord(const OpEvent& e);
+void CoordSendIteration(uint32_t iteration, uint64_t t_ns, uint64_t dur_ns, uint64_t peak, uint64_t torch_max);
+void CoordSendMemory(uint64_t t_ns, uint64_t current, uint64_t peak);
+
+// Parses a kCommInfo JSON payload (tests). False when malformed or when it carries the coordinator's "error".
 bool ParseCommInfo(const std::string& json, CoordCommInfo* out, std::string* error);
 
 }  // namespace prism::interpose

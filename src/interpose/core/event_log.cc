@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "interpose/core/config.h"
+#include "interpose/core/coord_client.h"
 #include "interpose/core/gpu.h"
 #include "interpose/core/memory.h"
 #include "nccl_patch/semantics.h"
@@ -54,7 +55,12 @@ const char* OpName(uint8_t op) {
   return payload::OpKindName(static_cast<payload::OpKind>(op));
 }
 
-const char* DtypeName(uint8_t t) { return payload::DataTypeName(static_cast<payload::DataType>(t)); }
+// PrismTrace's spelling (include/prism/trace.h, docs/trace-format.md), indexed by ncclDataType_t.
+const char* DtypeName(uint8_t t) {
+  static const char* const kNames[] = {"i8", "u8", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "bf16",
+                                       "f8e4m3", "f8e5m2"};
+  return t < sizeof(kNames) / sizeof(kNames[0]) ? kNames[t] : "invalid";
+}
 
 void WriteOp(FILE* f, const OpEvent& e) {
   std::fprintf(f,
@@ -74,6 +80,7 @@ void WriteMem(Writer& w, FILE* f, bool force) {
   if (!force && cur == w.last_mem_current && peak == w.last_mem_peak) return;
   w.last_mem_current = cur;
   w.last_mem_peak = peak;
+  CoordSendMemory(HostNowNs(), cur, peak);
   std::fprintf(f, "{\"type\":\"mem\",\"t_ns\":%llu,\"current_bytes\":%llu,\"peak_bytes\":%llu}\n",
                static_cast<unsigned long long>(HostNowNs()), static_cast<unsigned long long>(cur),
                static_cast<unsigned long long>(peak));
@@ -97,6 +104,7 @@ void DrainIters(Writer& w, std::deque<PendingIter>* iters, bool final) {
     }
     uint64_t dur = w.last_iter_t != 0 && t > w.last_iter_t ? t - w.last_iter_t : 0;
     w.last_iter_t = t;
+    CoordSendIteration(it.iteration, t, dur, memory::PeakBytes(), it.torch_max);
     std::fprintf(w.file,
                  "{\"type\":\"iter\",\"iteration\":%u,\"t_ns\":%llu,\"dur_ns\":%llu,\"peak_bytes\":%llu,"
                  "\"torch_max_allocated\":%llu,\"clock\":\"%s\"}\n",
@@ -128,7 +136,10 @@ void Run() {
       stopping = w.stop;
     }
     for (const std::string& l : lines) std::fputs(l.c_str(), w.file);
-    for (const OpEvent& e : ops) WriteOp(w.file, e);
+    for (const OpEvent& e : ops) {
+      WriteOp(w.file, e);
+      CoordSendRecord(e);
+    }
     lines.clear();
     ops.clear();
     DrainIters(w, &iters, stopping);

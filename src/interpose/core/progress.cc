@@ -112,8 +112,8 @@ void Release(State& s, Pending& p, const ClockCalibration& cal) {
 void Loop() {
   prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // Why: default 50 us slack would make every sleep late.
   State& s = S();
-  Gpu& gpu = TheGpu();
   for (;;) {
+    Gpu& gpu = TheGpu();  // Why per loop: tests swap the GPU backend between cases
     GateUnit u;
     while (s.npending < kQueueSize && s.queue.Pop(&u)) {
       Pending& p = s.pending[s.npending++];

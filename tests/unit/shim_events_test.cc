@@ -1,0 +1,105 @@
+// The rank's event file (include/prism/events.h) as libprism writes it: hello, comm (and its superseding line
+// once members are known), op with arrival/release, iter from an iteration mark, mem, bye.
+#include <nccl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "interpose/core/comm.h"
+#include "interpose/core/config.h"
+#include "interpose/core/engine.h"
+#include "interpose/core/event_log.h"
+#include "interpose/core/memory.h"
+#include "interpose/core/progress.h"
+#include "shim_fake_gpu.h"
+
+namespace prism::interpose {
+namespace {
+
+TEST(ShimEvents, FileHasEveryKindOfLine) {
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  auto dir = std::filesystem::temp_directory_path() / ("prism_events_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  Config c;
+  c.rank = 3;
+  c.world_size = 16;
+  c.real_ranks = {3};
+  c.fixed_dur_us = 500;
+  c.out_dir = dir.string();
+  c.errors = {"PRISM_GATE='x' is not wait, spin or none; using wait"};
+  SetConfigForTest(c);
+  ResetCommsForTest();
+
+  ncclUniqueId id;
+  ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
+  InitArgs a;
+  a.nranks = 4;
+  a.rank = 1;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  BeginGroupScope({2, 3, 4, 5});
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  RegisterGroup("2", {2, 3, 4, 5}, "TENSOR_MODEL_PARALLEL_GROUP");
+  std::vector<uint16_t> buf(128);
+  OpCall call;
+  call.op = payload::OpKind::kAllGather;
+  call.comm = comm;
+  call.count = 32;
+  call.dtype = ncclBfloat16;
+  call.send = buf.data();
+  call.recv = buf.data();
+  ASSERT_EQ(Submit(call), ncclSuccess);
+  memory::RecordAlloc(reinterpret_cast<void*>(0x1000), 4096);
+  IterationMark(nullptr, 12345);
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  usleep(300000);  // the writer flushes every 200 ms
+  EventLogStop();
+  SetGpuForTest(nullptr);
+
+  std::ifstream in(EventLogPath());
+  ASSERT_TRUE(in.good()) << EventLogPath();
+  EXPECT_EQ(std::filesystem::path(EventLogPath()).filename(), "rank3.events.jsonl");
+  std::map<std::string, std::vector<nlohmann::json>> by_type;
+  std::string line;
+  std::string first;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);  // every line is one JSON object
+    if (first.empty()) first = j.at("type");
+    by_type[j.at("type")].push_back(j);
+  }
+  EXPECT_EQ(first, "hello");
+  EXPECT_EQ(by_type["hello"].at(0).at("rank"), 3);
+  EXPECT_EQ(by_type["hello"].at(0).at("world_size"), 16);
+  ASSERT_EQ(by_type["error"].size(), 1u);
+  ASSERT_GE(by_type["comm"].size(), 1u);
+  const nlohmann::json& cm = by_type["comm"].back();
+  EXPECT_EQ(cm.at("members"), nlohmann::json({2, 3, 4, 5}));
+  EXPECT_EQ(cm.at("name"), "2");
+  EXPECT_EQ(cm.at("desc"), "TENSOR_MODEL_PARALLEL_GROUP");
+  ASSERT_EQ(by_type["op"].size(), 1u);
+  const nlohmann::json& op = by_type["op"][0];
+  EXPECT_EQ(op.at("op"), "allgather");
+  EXPECT_EQ(op.at("dtype"), "bf16");
+  EXPECT_EQ(op.at("bytes"), 32 * 2 * 4);
+  EXPECT_EQ(op.at("release_ns").get<uint64_t>() - op.at("arrival_ns").get<uint64_t>(), 500000u);
+  EXPECT_EQ(op.at("model_dur_ns"), 500000);
+  EXPECT_EQ(op.at("cost"), "fixed");
+  ASSERT_EQ(by_type["iter"].size(), 1u);
+  EXPECT_EQ(by_type["iter"][0].at("torch_max_allocated"), 12345);
+  EXPECT_EQ(by_type["iter"][0].at("clock"), "gpu");
+  ASSERT_GE(by_type["mem"].size(), 1u);
+  EXPECT_EQ(by_type["mem"].back().at("peak_bytes"), 4096);
+  ASSERT_EQ(by_type["bye"].size(), 1u);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace prism::interpose
