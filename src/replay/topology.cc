@@ -220,7 +220,7 @@ bool LoadTopology(const std::string& spec, Topology* out, std::string* error) {
   std::string text;
   std::string source;
   size_t first = spec.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && spec[first] == '{') {
+  if (first != std::string::npos && (spec[first] == '{' || spec[first] == '[')) {
     text = spec;
     source = "inline topology";
   } else if (IsFile(spec)) {
