@@ -7,77 +7,94 @@
 #   (3) host overhead per intercepted collective (median; target < 5 us)
 #   (4) GPU memory of a rank emulating a world of 8 vs 8192 (same within 64 MiB)
 # usage: tests/gpu/shim_suite.sh OUT_DIR      (exit 0 only when every check passes)
-set -uo pipefail
-out=${1:?out dir}
+#    or: sourced by tests/gpu/run.sh (uses its $out, $PRISM_LIB and appends to its $table)
+shim_suite_main() {
+local out=$1
 mkdir -p "$out"
-BUILD=${BUILD:-build-shim}
-PY=${PYTHON:-/opt/torch/.venv/bin/python3}
-LIB=$PWD/$BUILD/lib/libprism.so
-[ -f "$LIB" ] || { echo "no $LIB: build the prism target first"; exit 2; }
-export PYTHONPATH=$PWD/$BUILD/lib/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_NCCL_RANKS_PER_ROOT=1000000 TORCHELASTIC_USE_AGENT_STORE=True
-export MASTER_ADDR=127.0.0.1 TORCH_NCCL_ENABLE_MONITORING=0 TORCH_NCCL_ASYNC_ERROR_HANDLING=0
-export PRISM_LOG_LEVEL=${PRISM_LOG_LEVEL:-info}
-
-declare -a rows
-status=0
-row() {  # name result detail
-  rows+=("$(printf '%-34s %-5s %s' "$1" "$2" "$3")")
+local LIB=${PRISM_LIB:-$PWD/${BUILD:-build-shim}/lib/libprism.so}
+local PY=${PYTHON:-/opt/torch/.venv/bin/python3}
+[ -f "$LIB" ] || { echo "no $LIB: build the prism target first"; return 2; }
+local pydir; pydir=$(dirname "$LIB")/python
+local -a envs=(PYTHONPATH=$pydir${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+  TORCH_NCCL_RANKS_PER_ROOT=1000000 TORCHELASTIC_USE_AGENT_STORE=True MASTER_ADDR=127.0.0.1
+  TORCH_NCCL_ENABLE_MONITORING=0 TORCH_NCCL_ASYNC_ERROR_HANDLING=0 PRISM_LOG_LEVEL=${PRISM_LOG_LEVEL:-info})
+local -a rows=()
+local status=0
+shim_row() {  # name result detail
+  rows+=("$(printf '%-34s %-4s %s' "$1" "$2" "$3")")
   [ "$2" = PASS ] || [ "$2" = INFO ] || status=1
 }
 # rank 5 of W on virtual device 5 of 8
-as_rank() {  # world port outdir -- cmd...
-  local w=$1 port=$2 dir=$3; shift 3
-  env RANK=5 WORLD_SIZE=$w LOCAL_RANK=5 LOCAL_WORLD_SIZE=8 PRISM_GPUS_PER_NODE=8 PRISM_OUT_DIR=$dir \
-    MASTER_PORT=$port LD_PRELOAD=$LIB timeout 300 "$@"
+shim_as_rank() {  # seconds world port outdir cmd...
+  local t=$1 w=$2 port=$3 dir=$4; shift 4
+  env "${envs[@]}" RANK=5 WORLD_SIZE=$w LOCAL_RANK=5 LOCAL_WORLD_SIZE=8 PRISM_GPUS_PER_NODE=8 PRISM_OUT_DIR=$dir \
+    MASTER_PORT=$port LD_PRELOAD=$LIB timeout -k 5 "$t" "$@"
 }
+local t_ops=${SHIM_T_OPS:-300} t_bench=${SHIM_T_BENCH:-120}
+local rc line fails spec g d l med err detail overhead="" res diff w
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 
 # (1) torch ops
-as_rank 1024 29611 "$out/torch_ops" $PY tests/gpu/shim_torch_ops.py > "$out/torch_ops.log" 2>&1
+shim_as_rank $t_ops 1024 29611 "$out/torch_ops" $PY tests/gpu/shim_torch_ops.py > "$out/torch_ops.log" 2>&1
 rc=$?
 line=$(grep '^TORCH_OPS' "$out/torch_ops.log" | tail -1)
 fails=$(grep '^CHECK .* FAIL' "$out/torch_ops.log" | awk '{print $2}' | tr '\n' ' ')
-if [ $rc -eq 0 ] && [[ "$line" == *PASS* ]]; then row "1 torch ops, rank 5 of 1024" PASS "${line#TORCH_OPS }"
-else row "1 torch ops, rank 5 of 1024" FAIL "rc=$rc ${line#TORCH_OPS } ${fails}(see torch_ops.log)"; fi
+if [ $rc -eq 0 ] && [[ "$line" == *PASS* ]]; then shim_row "1 torch ops, rank 5 of 1024" PASS "${line#TORCH_OPS }"
+else shim_row "1 torch ops, rank 5 of 1024" FAIL "rc=$rc ${line#TORCH_OPS } ${fails}(see torch_ops.log)"; fi
 
 # (2)+(3) gate accuracy and host overhead
 overhead=""
 for spec in wait:100 wait:1000 wait:10000 spin:1000; do
   g=${spec%%:*} d=${spec##*:}
-  as_rank 8 29612 "$out/gate_${g}_$d" env PRISM_GATE=$g PRISM_FIXED_DUR_US=$d $PY tests/gpu/shim_gpu_bench.py gate \
+  shim_as_rank $t_bench 8 29612 "$out/gate_${g}_$d" env PRISM_GATE=$g PRISM_FIXED_DUR_US=$d $PY tests/gpu/shim_gpu_bench.py gate \
     > "$out/gate_${g}_$d.log" 2>&1
   l=$(grep '^GATE' "$out/gate_${g}_$d.log" | tail -1)
   med=$(sed -n 's/.*median_us=\([0-9.]*\).*/\1/p' <<< "$l")
-  if [ -z "$med" ]; then row "2 gate $g D=${d}us" FAIL "no result (see gate_${g}_$d.log)"; continue; fi
+  if [ -z "$med" ]; then shim_row "2 gate $g D=${d}us" FAIL "no result (see gate_${g}_$d.log)"; continue; fi
   err=$(awk -v m="$med" -v d="$d" 'BEGIN{e=m-d; if(e<0)e=-e; printf "%.1f", e}')
   detail="median ${med} us (|err| ${err} us) p10 $(sed -n 's/.*p10_us=\([0-9.]*\).*/\1/p' <<< "$l") p90 $(sed -n 's/.*p90_us=\([0-9.]*\).*/\1/p' <<< "$l")"
-  if [ "$g" = spin ]; then row "2 gate spin D=${d}us (reported)" INFO "$detail"
-  elif awk -v e="$err" 'BEGIN{exit !(e<=20)}'; then row "2 gate wait D=${d}us" PASS "$detail"
-  else row "2 gate wait D=${d}us" FAIL "$detail"; fi
+  if [ "$g" = spin ]; then shim_row "2 gate spin D=${d}us (reported)" INFO "$detail"
+  elif awk -v e="$err" 'BEGIN{exit !(e<=20)}'; then shim_row "2 gate wait D=${d}us" PASS "$detail"
+  else shim_row "2 gate wait D=${d}us" FAIL "$detail"; fi
   [ -z "$overhead" ] && overhead=$(sed -n 's/.*host_overhead_median_ns=\([0-9]*\).*host_overhead_p90_ns=\([0-9]*\).*/\1 \2/p' <<< "$l")
 done
 if [ -n "$overhead" ]; then
   set -- $overhead
   res=$([ "$1" -lt 5000 ] && echo PASS || echo FAIL)
-  row "3 host overhead per collective" "$res" "median $1 ns, p90 $2 ns (target < 5000 ns)"
-else row "3 host overhead per collective" FAIL "no measurement"; fi
+  shim_row "3 host overhead per collective" "$res" "median $1 ns, p90 $2 ns (target < 5000 ns)"
+else shim_row "3 host overhead per collective" FAIL "no measurement"; fi
 
 # (4) memory: world 8 vs 8192
-declare -A mem
+local -A mem
 for w in 8 8192; do
-  as_rank $w $((29620 + w % 7)) "$out/mem_$w" $PY tests/gpu/shim_gpu_bench.py memory > "$out/mem_$w.log" 2>&1
+  shim_as_rank $t_bench $w $((29620 + w % 7)) "$out/mem_$w" $PY tests/gpu/shim_gpu_bench.py memory > "$out/mem_$w.log" 2>&1
   mem[$w]=$(sed -n 's/^MEMORY .*used_mib=\([0-9.]*\).*/\1/p' "$out/mem_$w.log" | tail -1)
 done
 if [ -n "${mem[8]}" ] && [ -n "${mem[8192]}" ]; then
   diff=$(awk -v a="${mem[8]}" -v b="${mem[8192]}" 'BEGIN{d=a-b; if(d<0)d=-d; printf "%.1f", d}')
   res=$(awk -v d="$diff" 'BEGIN{print (d<=64)?"PASS":"FAIL"}')
-  row "4 GPU memory, world 8 vs 8192" "$res" "${mem[8]} MiB vs ${mem[8192]} MiB (diff ${diff} MiB)"
-else row "4 GPU memory, world 8 vs 8192" FAIL "no measurement (see mem_*.log)"; fi
+  shim_row "4 GPU memory, world 8 vs 8192" "$res" "${mem[8]} MiB vs ${mem[8192]} MiB (diff ${diff} MiB)"
+else shim_row "4 GPU memory, world 8 vs 8192" FAIL "no measurement (see mem_*.log)"; fi
 
 {
   echo "libprism GPU suite ($(cat "$out/gpu.txt" 2>/dev/null))"
   printf '%s\n' "${rows[@]}"
 } | tee "$out/shim_suite.txt"
-exit $status
+if [ -n "${table:-}" ]; then  # under tests/gpu/run.sh: its table format
+  local r
+  for r in "${rows[@]}"; do
+    printf 'shim: %-28s %-4s %4s  %s\n' "$(cut -c1-28 <<< "$r")" "$(cut -c36-39 <<< "$r" | tr -d ' ')" "-" \
+      "$(cut -c41- <<< "$r")" >> "$table"
+  done
+fi
+return $status
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  set -uo pipefail
+  shim_suite_main "${1:?usage: tests/gpu/shim_suite.sh OUT_DIR}"
+  exit $?
+else
+  shim_suite_main "${out:?tests/gpu/run.sh sets out}/shim" || true
+fi
