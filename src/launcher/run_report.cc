@@ -149,6 +149,7 @@ void RunReport::Feed(int r, const std::string& line) {
     s.dur_ns = GetInt(j, "dur_ns", 0);
     s.peak_bytes = GetInt(j, "peak_bytes");
     s.torch_max_allocated = GetInt(j, "torch_max_allocated");
+    if (s.torch_max_allocated == 0) s.torch_max_allocated = -1;  // libprism writes 0 when the hook reported nothing
     e.peak_bytes = std::max(e.peak_bytes, s.peak_bytes);
     e.torch_max_allocated = std::max(e.torch_max_allocated, s.torch_max_allocated);
     e.iterations[s.iteration] = s;

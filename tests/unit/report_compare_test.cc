@@ -167,9 +167,11 @@ TEST(RunReport, FirstMarkWithoutDuration) {
   EXPECT_NE(r.ProgressLine(0).find("first mark"), std::string::npos) << r.ProgressLine(0);
 
   RunReport only("/nonexistent", 8, {3});
-  only.Feed(3, R"({"type":"iter","iteration":0,"t_ns":100,"dur_ns":0})");
+  only.Feed(3, R"({"type":"iter","iteration":0,"t_ns":100,"dur_ns":0,"peak_bytes":7,"torch_max_allocated":0})");
   rep = only.Build(1, {}, json::object());
   EXPECT_TRUE(rep["iteration_time_s"].is_null());
+  EXPECT_TRUE(rep["ranks"][0]["torch_max_allocated_bytes"].is_null());  // 0: the hook reported nothing
+  EXPECT_EQ(rep["ranks"][0]["peak_memory_bytes"], 7);
   EXPECT_EQ(rep["iterations"], 1);
 }
 
