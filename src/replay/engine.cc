@@ -348,6 +348,7 @@ struct Simulator::Impl {
         slot_comm[r_slot_off[r] + s] = it->second;
       }
     }
+    std::vector<uint32_t> seen_in(world, kNone);
     for (uint32_t ci = 0; ci < t.comms.size(); ++ci) {
       const trace::Comm& c = t.comms[ci];
       for (size_t i = 0; i < c.ranks.size(); ++i) {
@@ -356,6 +357,10 @@ struct Simulator::Impl {
           return Fail(SimResult::Status::kBadGraph, "comm " + std::to_string(c.id) + ": member rank " + std::to_string(m) +
                                                         " is outside the world");
         }
+        if (seen_in[m] == ci) {
+          return Fail(SimResult::Status::kBadGraph, "comm " + std::to_string(c.id) + " lists rank " + std::to_string(m) + " twice");
+        }
+        seen_in[m] = ci;
         for (uint32_t s = r_slot_off[m]; s < r_slot_off[m + 1]; ++s) {
           if (slot_comm[s] == ci) slot_commrank[s] = static_cast<int32_t>(i);
         }
