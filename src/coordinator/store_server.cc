@@ -121,6 +121,10 @@ bool StoreServer::Start(const StoreServerOptions& opts, std::string* error) {
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd_, &ev);
   stop_ = false;
   running_ = true;
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    accepting_calls_ = true;
+  }
   thread_ = std::thread([this] { Loop(); });
   Log("store")->info("TCPStore server listening on {}:{}", opts_.host, port_);
   return true;
@@ -145,27 +149,33 @@ void StoreServer::Stop() {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;
   }
-  // Wake any Call() that raced with the stop.
+  // Calls posted before the loop stopped still run (their callers wait); later ones run inline.
   std::lock_guard<std::mutex> lock(calls_mu_);
+  accepting_calls_ = false;
   while (!calls_.empty()) {
     calls_.front().first(*state_);
+    calls_done_ = calls_.front().second;
     calls_.pop_front();
-    ++calls_done_;
   }
   calls_cv_.notify_all();
 }
 
 void StoreServer::Call(const std::function<void(StoreState&)>& fn) {
-  if (!running_ || std::this_thread::get_id() == loop_thread_id_) {
-    if (state_) fn(*state_);
+  if (std::this_thread::get_id() == loop_thread_id_) {
+    fn(*state_);
     return;
   }
   std::unique_lock<std::mutex> lock(calls_mu_);
+  if (!accepting_calls_) {
+    // Not running (before Start or after Stop): nobody else touches the state; the lock serialises callers.
+    if (state_) fn(*state_);
+    return;
+  }
   uint64_t ticket = ++calls_posted_;
   calls_.emplace_back(fn, ticket);
   uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
-  calls_cv_.wait(lock, [&] { return calls_done_ >= ticket || !running_; });
+  calls_cv_.wait(lock, [&] { return calls_done_ >= ticket; });
 }
 
 void StoreServer::RunCalls() {
@@ -241,7 +251,7 @@ void StoreServer::Loop() {
       if (!c.drop_reason.empty()) Drop(id, true);
     }
   }
-  loop_thread_id_ = {};
+  loop_thread_id_ = std::thread::id{};
 }
 
 void StoreServer::Accept() {

@@ -67,8 +67,8 @@ class StoreServer {
   const std::string& host() const { return opts_.host; }
   bool running() const { return running_.load(); }
 
-  // Runs fn on the server thread with the state and waits for it (runs inline when called from that thread or
-  // when the server is not running). Thread-safe.
+  // Runs fn on the server thread with the state and waits for it (inline when called from that thread, or when
+  // the server is not running). Thread-safe.
   void Call(const std::function<void(StoreState&)>& fn);
   // Re-offers waited keys to the stand-in (after it learned a group's members from outside the store).
   void RetryWaits();
@@ -112,7 +112,7 @@ class StoreServer {
   uint32_t record_next_conn_ = 1;  // Why: released to accept-and-close a client when the process is out of descriptors
   uint16_t port_ = 0;
   std::thread thread_;
-  std::thread::id loop_thread_id_;
+  std::atomic<std::thread::id> loop_thread_id_{};
   std::atomic<bool> running_{false};
   std::atomic<bool> stop_{false};
   std::unordered_map<ClientId, Client> clients_;
@@ -124,6 +124,7 @@ class StoreServer {
   std::condition_variable calls_cv_;
   std::deque<std::pair<std::function<void(StoreState&)>, uint64_t>> calls_;
   uint64_t calls_done_ = 0, calls_posted_ = 0;
+  bool accepting_calls_ = false;  // under calls_mu_: the loop thread runs posted calls
 };
 
 }  // namespace prism::store
