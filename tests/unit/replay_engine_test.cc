@@ -233,6 +233,24 @@ TEST(Engine, P2PCycleIsADeadlockWithAWaitForChain) {
   EXPECT_NE(r.wait_chain.back().find("cycle"), std::string::npos) << r.wait_chain.back();
 }
 
+TEST(Engine, CollectivesInOppositeOrderOnTwoCommunicatorsDeadlock) {
+  G g(2);
+  g.Comm({0, 1}, "A");
+  g.Comm({0, 1}, "B");
+  g.Coll(0, 0, "A", CollOp::kAllReduce, 1024);
+  g.Coll(0, 0, "B", CollOp::kAllReduce, 1024);
+  g.Coll(1, 0, "B", CollOp::kAllReduce, 1024);
+  g.Coll(1, 0, "A", CollOp::kAllReduce, 1024);
+  ASSERT_TRUE(ValidateTrace(g.t).empty()) << "each communicator on its own is consistent";
+  CostModel m = AlphaBeta();
+  SimResult r = Simulate(g.t, m);
+  EXPECT_EQ(r.status, SimResult::Status::kDeadlock);
+  ASSERT_EQ(r.wait_chain.size(), 3u);
+  EXPECT_NE(r.wait_chain[0].find("allreduce #0 on comm 100 (A) for rank 1"), std::string::npos) << r.wait_chain[0];
+  EXPECT_NE(r.wait_chain[1].find("allreduce #0 on comm 101 (B) for rank 0"), std::string::npos) << r.wait_chain[1];
+  EXPECT_NE(r.wait_chain[2].find("cycle of 2"), std::string::npos) << r.wait_chain[2];
+}
+
 TEST(Engine, CollectiveSomeMemberNeverReachesIsNamed) {
   G g(3);
   g.Comm({0, 1, 2}, "DP");
