@@ -84,8 +84,9 @@ def memory():
     world = int(os.environ["WORLD_SIZE"])
     server = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=True, wait_for_workers=False,
                            timeout=datetime.timedelta(seconds=60))
-    for g in range(8):
-        server.set("default_pg/%d//cuda//0" % g, b"P" * 128)
+    server.set("default_pg/0//cuda//0", b"P" * 128)
+    for g in range(1, 8):
+        server.set("default_pg/0//%d//cuda//0" % g, b"P" * 128)
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     t = torch.ones(1 << 20, device="cuda")

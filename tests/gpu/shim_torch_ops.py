@@ -38,8 +38,10 @@ def main():
     # their unique ids: pre-set every group's key (any 128 bytes do; libprism accepts them).
     server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                            timeout=datetime.timedelta(seconds=60))
-    for g in range(32):
-        server.set("default_pg/%d//cuda//0" % g, b"P" * 128)
+    # Wire keys: the default group's "/default_pg/0//cuda//0", new_group G's "/default_pg/0//G//cuda//0".
+    server.set("default_pg/0//cuda//0", b"P" * 128)
+    for g in range(1, 32):
+        server.set("default_pg/0//%d//cuda//0" % g, b"P" * 128)
 
     prism = ctypes.CDLL(None)
     check("libprism_preloaded", hasattr(prism, "prism_version"))

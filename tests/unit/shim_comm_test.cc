@@ -75,12 +75,13 @@ class ShimComm : public ::testing::Test {
 };
 
 TEST_F(ShimComm, StoreKeyAndCommNameGiveTheGroupName) {
-  EXPECT_EQ(GroupNameFromStoreKey("/default_pg/3//cuda//0"), "3");
-  EXPECT_EQ(GroupNameFromStoreKey("default_pg/12//cuda//1:5"), "12");
+  EXPECT_EQ(GroupNameFromStoreKey("/default_pg/0//cuda//0"), "0");
+  EXPECT_EQ(GroupNameFromStoreKey("/default_pg/0//3//cuda//0"), "3");
+  EXPECT_EQ(GroupNameFromStoreKey("default_pg/0//12//cuda//1:5"), "12");
   EXPECT_EQ(GroupNameFromStoreKey("/other/3"), "");
   EXPECT_EQ(GroupNameFromCommName("TENSOR_MODEL_PARALLEL_GROUP:7"), "7");
   EXPECT_EQ(GroupNameFromCommName("7"), "7");
-  EXPECT_EQ(StoreKeyFromVirtualId(VirtualId("/default_pg/4//cuda//0")), "/default_pg/4//cuda//0");
+  EXPECT_EQ(StoreKeyFromVirtualId(VirtualId("/default_pg/0//4//cuda//0")), "/default_pg/0//4//cuda//0");
   EXPECT_EQ(StoreKeyFromVirtualId(Id()), "");
 }
 
@@ -96,7 +97,7 @@ TEST_F(ShimComm, WorldSizedCommunicatorIsTheWorld) {
 TEST_F(ShimComm, MembersFromTheGroupNamedInAVirtualLeadersId) {
   RegisterGroup("3", {1, 5, 9, 13}, "TENSOR_MODEL_PARALLEL_GROUP");
   RegisterGroup("4", {4, 5, 6, 7}, "DATA_PARALLEL_GROUP");
-  Comm* c = Init(4, 1, VirtualId("/default_pg/3//cuda//0"));
+  Comm* c = Init(4, 1, VirtualId("/default_pg/0//3//cuda//0"));
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->members, (std::vector<int32_t>{1, 5, 9, 13}));
   EXPECT_EQ(c->name, "3");
@@ -117,7 +118,7 @@ TEST_F(ShimComm, UniqueRegisteredMatchIsUsedAmbiguousIsNot) {
 }
 
 TEST_F(ShimComm, LateRegistrationFillsANamedCommunicator) {
-  Comm* c = Init(4, 2, VirtualId("/default_pg/9//cuda//0"));
+  Comm* c = Init(4, 2, VirtualId("/default_pg/0//9//cuda//0"));
   EXPECT_TRUE(c->members.empty());
   RegisterGroup("9", {3, 4, 5, 6}, "CONTEXT_PARALLEL_GROUP");
   EXPECT_EQ(c->members, (std::vector<int32_t>{3, 4, 5, 6}));
@@ -271,6 +272,47 @@ TEST_F(ShimComm, GroupedSendRecvIsOneUnitAndTheRecvMirrorsTheSend) {
     }
   }
   EXPECT_TRUE(copied) << "mirror: the receive gets this rank's own send of the same size";
+}
+
+// torch's all_to_all_single with uneven splits over a 1024-rank world: 1024 sends and 1024 receives in one group.
+// Under mirror every receive must get this rank's own send to that peer (not a same-size send to another peer).
+TEST_F(ShimComm, LargeGroupedAllToAllReceivesWhatItSends) {
+  Comm* c = Init(64, 5, Id());
+  const int n = c->nranks;
+  std::vector<std::vector<float>> in(n), out(n);
+  ASSERT_EQ(GroupStart(), ncclSuccess);
+  for (int j = 0; j < n; ++j) {
+    in[j].assign(1 + j % 3, static_cast<float>(j));
+    out[j].assign(in[j].size(), -1.f);
+    OpCall send;
+    send.op = OpKind::kSend;
+    send.comm = c;
+    send.count = in[j].size();
+    send.send = in[j].data();
+    send.peer = j;
+    ASSERT_EQ(Submit(send), ncclSuccess);
+    OpCall recv = send;
+    recv.op = OpKind::kRecv;
+    recv.send = nullptr;
+    recv.recv = out[j].data();
+    ASSERT_EQ(Submit(recv), ncclSuccess);
+  }
+  ASSERT_EQ(GroupEnd(), ncclSuccess);
+  std::lock_guard<std::mutex> l(gpu_.mu);
+  int matched = 0;
+  for (size_t i = 0; i < gpu_.steps.size(); ++i) {
+    const payload::Step& st = gpu_.steps[i];
+    if (st.kind != StepKind::kCopy) continue;
+    uint64_t src = payload::StepAddr(gpu_.descs[i], st.src_buf, st.src_offset);
+    uint64_t dst = payload::StepAddr(gpu_.descs[i], st.dst_buf, st.dst_offset);
+    for (int j = 0; j < n; ++j) {
+      if (dst == reinterpret_cast<uint64_t>(out[j].data())) {
+        EXPECT_EQ(src, reinterpret_cast<uint64_t>(in[j].data())) << "peer " << j;
+        ++matched;
+      }
+    }
+  }
+  EXPECT_EQ(matched, n);
 }
 
 TEST_F(ShimComm, PreMulSumOperatorsAreTracked) {

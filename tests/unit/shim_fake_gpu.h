@@ -26,6 +26,12 @@ class FakeGpu : public Gpu {
     arrival[slot % kGateSlots] = HostNowNs();
     return CUDA_SUCCESS;
   }
+  CUresult StampAndStep(CUstream s, uint32_t slot, const payload::OpDesc& d, const payload::Step& st) override {
+    Stamp(s, slot);
+    return RunStep(s, d, st);
+  }
+  int64_t SpinReleaseNs(int) override { return 0; }
+  void MaybeRecalibrate() override {}
   CUresult Gate(CUstream, uint32_t slot, uint32_t ticket, GateKind kind, int ctas) override {
     std::lock_guard<std::mutex> l(mu);
     gates.push_back({slot, ticket, kind, ctas});

@@ -239,14 +239,24 @@ void SetLastError(const std::string& what) {
   }
 }
 
+// Wire keys (torch 2.11): the default group "/default_pg/0//cuda//<k>", new_group G "/default_pg/0//G//cuda//<k>"
+// (PrefixStore nesting joins with "/"). The group is the last "//"-separated segment before the device.
 std::string GroupNameFromStoreKey(std::string_view key) {
   constexpr std::string_view kPrefix = "default_pg/";
   size_t p = key.find(kPrefix);
   if (p == std::string_view::npos) return {};
   std::string_view rest = key.substr(p + kPrefix.size());
-  size_t end = rest.find('/');
-  if (end == std::string_view::npos || end == 0) return {};
-  return std::string(rest.substr(0, end));
+  size_t dev = std::string_view::npos;
+  for (std::string_view d : {"//cuda//", "//cpu//"}) {
+    size_t q = rest.rfind(d);
+    if (q != std::string_view::npos && (dev == std::string_view::npos || q > dev)) dev = q;
+  }
+  if (dev == std::string_view::npos || dev == 0) return {};
+  std::string_view head = rest.substr(0, dev);
+  size_t sep = head.rfind("//");
+  std::string_view group = sep == std::string_view::npos ? head : head.substr(sep + 2);
+  if (group.empty() || group.find('/') != std::string_view::npos) return {};
+  return std::string(group);
 }
 
 std::string GroupNameFromCommName(std::string_view name) {

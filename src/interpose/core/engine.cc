@@ -17,6 +17,7 @@ namespace prism::interpose {
 namespace {
 
 using payload::OpKind;
+using payload::StepKind;
 
 constexpr uint32_t kHistBucketNs = 25;
 constexpr uint32_t kHistBuckets = 8000;  // up to 200 us; beyond goes in the last bucket
@@ -51,15 +52,35 @@ struct Prepared {
   uint64_t seq = 0;
 };
 
+// A send of the unit being run: (comm, peer, bytes) -> buffer.
+struct UnitSend {
+  const Comm* comm;
+  int32_t peer;
+  uint64_t bytes;
+  uint32_t index;  // posting order: the latest matching send wins
+  uint64_t addr;
+  bool operator<(const UnitSend& o) const {
+    if (comm != o.comm) return comm < o.comm;
+    if (peer != o.peer) return peer < o.peer;
+    if (bytes != o.bytes) return bytes < o.bytes;
+    return index < o.index;
+  }
+  bool SameKey(const UnitSend& o) const { return comm == o.comm && peer == o.peer && bytes == o.bytes; }
+};
+
 struct Tls {
   int depth = 0;
   std::vector<OpCall> group;
   std::vector<Prepared> prepared;
   std::vector<OpCall> scratch;
+  std::vector<UnitSend> sends;
+  std::vector<uint8_t> done;
   Tls() {
     group.reserve(4096);
     prepared.reserve(4096);
     scratch.reserve(4096);
+    sends.reserve(4096);
+    done.reserve(4096);
   }
 };
 thread_local Tls tls;
@@ -185,17 +206,30 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
     p.bytes = OperationBytes(ops[i].op, ops[i].count, static_cast<payload::DataType>(ops[i].dtype), ops[i].comm->nranks);
     prep.push_back(p);
   }
+  // Why an exact in-unit match first: the history is a direct-mapped cache; with hundreds of peers in one
+  // all-to-all, colliding entries made a receive take another peer's send.
+  std::vector<UnitSend>& sends = tls.sends;
+  sends.clear();
   for (Prepared& p : prep) {
     if (p.call.op != OpKind::kSend || p.call.count == 0) continue;
+    const uint64_t addr = reinterpret_cast<uint64_t>(p.call.send);
+    sends.push_back(UnitSend{p.call.comm, p.call.peer, p.bytes, static_cast<uint32_t>(sends.size()), addr});
     std::lock_guard<std::mutex> lock(p.call.comm->mu);
-    p.call.comm->history.RecordSend(p.call.peer, p.bytes, reinterpret_cast<uint64_t>(p.call.send));
+    p.call.comm->history.RecordSend(p.call.peer, p.bytes, addr);
   }
+  std::sort(sends.begin(), sends.end());
   for (Prepared& p : prep) {
     p.desc = DescOf(p.call, p.seq);
     if (p.call.op == OpKind::kRecv && p.call.count > 0) {
       uint64_t addr = 0;
-      std::lock_guard<std::mutex> lock(p.call.comm->mu);
-      p.call.comm->history.Find(p.call.peer, p.bytes, &addr);
+      UnitSend key{p.call.comm, p.call.peer, p.bytes, UINT32_MAX, 0};
+      auto it = std::upper_bound(sends.begin(), sends.end(), key);
+      if (it != sends.begin() && (it - 1)->SameKey(key)) {
+        addr = (it - 1)->addr;
+      } else {
+        std::lock_guard<std::mutex> lock(p.call.comm->mu);
+        p.call.comm->history.Find(p.call.peer, p.bytes, &addr);
+      }
       p.desc.mirror_send_addr = addr;
     }
     payload::Status st = payload::Plan(p.desc, &p.steps);
@@ -214,10 +248,18 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   const bool gated = cfg.gate != GateKind::kNone && !capturing;
   *gpu.ArrivalWord(slot) = 0;
   CUresult r = CUDA_SUCCESS;
-  if (!capturing) r = gpu.Stamp(stream, slot);
+  // The arrival stamp rides on the first payload step (one launch); earlier operations of the unit have none.
+  bool stamped = capturing;
   for (const Prepared& p : prep) {
     for (uint32_t k = 0; k < p.steps.size && r == CUDA_SUCCESS; ++k) {
-      CUresult rs = gpu.RunStep(stream, p.desc, p.steps.steps[k]);
+      const payload::Step& st = p.steps.steps[k];
+      CUresult rs;
+      if (!stamped && st.kind != StepKind::kNoop) {
+        rs = gpu.StampAndStep(stream, slot, p.desc, st);
+        stamped = true;
+      } else {
+        rs = gpu.RunStep(stream, p.desc, st);
+      }
       if (rs == CUDA_ERROR_NOT_FOUND) {
         LogOnce(&warned_step, "a payload kernel is missing from the fatbin: that step was skipped");
       } else {
@@ -225,6 +267,7 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
       }
     }
   }
+  if (!stamped && r == CUDA_SUCCESS) r = gpu.Stamp(stream, slot);
   if (r == CUDA_SUCCESS && gated) r = gpu.Gate(stream, slot, ticket, cfg.gate, ops[0].comm->spin_ctas);
   if (r != CUDA_SUCCESS) {
     SetLastError("CUDA error " + std::to_string(static_cast<int>(r)) + " while enqueueing on the stream");
@@ -264,6 +307,9 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   u.ticket = ticket;
   u.dur_ns = dur;
   u.no_gate = !gated;
+  u.release_lat_ns = !gated ? 0
+                    : cfg.gate == GateKind::kSpin ? gpu.SpinReleaseNs(c0->spin_ctas)
+                                                  : gpu.Calibration().wait_release_ns;
   u.via_coordinator = c0->use_coordinator;
   u.coord_comm_id = c0->coord_comm_id;
   u.event.comm_id = c0->id;
@@ -282,6 +328,7 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
     LogOnce(&warned_full, "more than 16384 operations in flight: releasing gates immediately");
     __atomic_store_n(gpu.GateWord(slot), ticket, __ATOMIC_RELEASE);
   }
+  gpu.MaybeRecalibrate();
   return ncclSuccess;
 }
 
@@ -320,14 +367,15 @@ ncclResult_t GroupEnd() {
   // One unit per stream, in posting order of each stream's first operation.
   std::vector<OpCall>& ops = tls.group;
   std::vector<OpCall>& one = tls.scratch;
-  std::vector<bool> done(ops.size(), false);  // small; groups are rare next to single collectives
+  std::vector<uint8_t>& done = tls.done;
+  done.assign(ops.size(), 0);
   for (size_t i = 0; i < ops.size(); ++i) {
     if (done[i]) continue;
     one.clear();
     for (size_t j = i; j < ops.size(); ++j) {
       if (!done[j] && ops[j].stream == ops[i].stream) {
         one.push_back(ops[j]);
-        done[j] = true;
+        done[j] = 1;
       }
     }
     ncclResult_t r = RunUnit(one.data(), one.size());

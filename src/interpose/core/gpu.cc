@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -25,9 +26,24 @@ namespace {
 using payload::StepKind;
 
 constexpr int kNumStepKinds = 8;
+constexpr int kMaxCtas = 1024;
+std::atomic<bool> g_capture_began{false};
+
+uint64_t WorkItems(const payload::Step& st) {
+  switch (st.kind) {
+    case StepKind::kCopy:
+    case StepKind::kTile:
+    case StepKind::kFillZero: return st.bytes;
+    default: return st.count;
+  }
+}
 
 class DriverGpu final : public Gpu {
  public:
+  DriverGpu() {
+    for (auto& s : spin_release_) s.store(-1);
+  }
+
   bool EnsureReady() override {
     if (ready_.load(std::memory_order_acquire)) return true;
     std::lock_guard<std::mutex> lock(mu_);
@@ -44,7 +60,10 @@ class DriverGpu final : public Gpu {
   volatile uint64_t* ArrivalWord(uint32_t slot) override { return &arrival_[slot % kGateSlots]; }
   volatile uint32_t* GateWord(uint32_t slot) override { return &gate_[slot % kGateSlots]; }
   volatile uint64_t* IterWord(uint32_t slot) override { return &iter_[slot % kIterSlots]; }
-  ClockCalibration Calibration() const override { return calib_; }
+  ClockCalibration Calibration() const override {
+    return ClockCalibration{offset_.load(std::memory_order_relaxed), wait_release_.load(std::memory_order_relaxed),
+                            spin_release_[1].load(std::memory_order_relaxed)};
+  }
 
   CUresult Stamp(CUstream stream, uint32_t slot) override {
     CUdeviceptr p = arrival_dev_ + sizeof(uint64_t) * (slot % kGateSlots);
@@ -52,11 +71,29 @@ class DriverGpu final : public Gpu {
     return d().cuLaunchKernel(k_stamp_, 1, 1, 1, 32, 1, 1, 0, stream, args, nullptr);
   }
 
+  CUresult StampAndStep(CUstream stream, uint32_t slot, const payload::OpDesc& desc,
+                        const payload::Step& st) override {
+    if (k_fused_ == nullptr) {
+      CUresult r = Stamp(stream, slot);
+      return r == CUDA_SUCCESS ? RunStep(stream, desc, st) : r;
+    }
+    CUdeviceptr stamp = arrival_dev_ + sizeof(uint64_t) * (slot % kGateSlots);
+    int kind = static_cast<int>(st.kind);
+    CUdeviceptr dst = payload::StepAddr(desc, st.dst_buf, st.dst_offset);
+    CUdeviceptr src = payload::StepAddr(desc, st.src_buf, st.src_offset);
+    uint64_t bytes = st.bytes, tile = st.tile_bytes, count = st.count, param = st.param, base = st.index_base;
+    int dtype = static_cast<int>(st.dtype);
+    CUdeviceptr scalar = st.scalar_addr;
+    void* args[] = {&stamp, &kind, &dst, &src, &bytes, &tile, &count, &dtype, &param, &base, &scalar};
+    return d().cuLaunchKernel(k_fused_, payload::PayloadBlocks(WorkItems(st)), 1, 1, payload::kPayloadThreadsPerBlock,
+                              1, 1, 0, stream, args, nullptr);
+  }
+
   CUresult Gate(CUstream stream, uint32_t slot, uint32_t ticket, GateKind kind, int ctas) override {
     CUdeviceptr g = gate_dev_ + sizeof(uint32_t) * (slot % kGateSlots);
     if (kind == GateKind::kSpin) {
       void* args[] = {&g, &ticket};
-      unsigned blocks = static_cast<unsigned>(std::max(1, ctas));
+      unsigned blocks = static_cast<unsigned>(std::clamp(ctas, 1, kMaxCtas));
       return d().cuLaunchKernel(k_spin_, blocks, 1, 1, 32, 1, 1, 0, stream, args, nullptr);
     }
     // Why GEQ: tickets only grow, so a slot reused later never sees an old value as a release.
@@ -81,24 +118,25 @@ class DriverGpu final : public Gpu {
     int dtype = static_cast<int>(st.dtype);
     uint64_t bytes = st.bytes, tile = st.tile_bytes, count = st.count, param = st.param, base = st.index_base;
     CUdeviceptr scalar = st.scalar_addr;
-    unsigned threads = payload::kPayloadThreadsPerBlock;
+    const unsigned threads = payload::kPayloadThreadsPerBlock;
+    const unsigned blocks = payload::PayloadBlocks(WorkItems(st));
     switch (st.kind) {
       case StepKind::kTile: {
         void* args[] = {&dst, &src, &bytes, &tile};
-        return d().cuLaunchKernel(f, payload::PayloadBlocks(bytes), 1, 1, threads, 1, 1, 0, stream, args, nullptr);
+        return d().cuLaunchKernel(f, blocks, 1, 1, threads, 1, 1, 0, stream, args, nullptr);
       }
       case StepKind::kScale:
       case StepKind::kPower: {
         void* args[] = {&dst, &src, &count, &dtype, &param};
-        return d().cuLaunchKernel(f, payload::PayloadBlocks(count), 1, 1, threads, 1, 1, 0, stream, args, nullptr);
+        return d().cuLaunchKernel(f, blocks, 1, 1, threads, 1, 1, 0, stream, args, nullptr);
       }
       case StepKind::kMulScalar: {
         void* args[] = {&dst, &src, &count, &dtype, &param, &scalar};
-        return d().cuLaunchKernel(f, payload::PayloadBlocks(count), 1, 1, threads, 1, 1, 0, stream, args, nullptr);
+        return d().cuLaunchKernel(f, blocks, 1, 1, threads, 1, 1, 0, stream, args, nullptr);
       }
       case StepKind::kFillRandom: {
         void* args[] = {&dst, &count, &dtype, &param, &base};
-        return d().cuLaunchKernel(f, payload::PayloadBlocks(count), 1, 1, threads, 1, 1, 0, stream, args, nullptr);
+        return d().cuLaunchKernel(f, blocks, 1, 1, threads, 1, 1, 0, stream, args, nullptr);
       }
       default:
         return CUDA_ERROR_INVALID_VALUE;
@@ -112,6 +150,8 @@ class DriverGpu final : public Gpu {
   }
 
   bool Capturing(CUstream stream) override {
+    // Why the flag: cuStreamIsCapturing costs a driver call per collective; jobs that never capture skip it.
+    if (!g_capture_began.load(std::memory_order_relaxed)) return false;
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     if (d().cuStreamIsCapturing == nullptr || d().cuStreamIsCapturing(stream, &st) != CUDA_SUCCESS) return false;
     return st != CU_STREAM_CAPTURE_STATUS_NONE;
@@ -120,6 +160,29 @@ class DriverGpu final : public Gpu {
   void EnsureContext() override {
     CUcontext cur = nullptr;
     if (d().cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != ctx_ && ctx_ != nullptr) d().cuCtxSetCurrent(ctx_);
+  }
+
+  int64_t SpinReleaseNs(int ctas) override {
+    ctas = std::clamp(ctas, 1, kMaxCtas);
+    int64_t v = spin_release_[ctas].load(std::memory_order_relaxed);
+    if (v >= 0) return v;
+    std::lock_guard<std::mutex> lock(probe_mu_);
+    v = spin_release_[ctas].load();
+    if (v < 0) {
+      v = MeasureRelease(GateKind::kSpin, ctas);
+      spin_release_[ctas].store(v);
+    }
+    return v;
+  }
+
+  void MaybeRecalibrate() override {
+    const uint64_t now = HostNowNs();
+    if (now - last_calib_ns_.load(std::memory_order_relaxed) < 1000000000ull) return;
+    std::unique_lock<std::mutex> lock(probe_mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    last_calib_ns_.store(now);
+    int64_t off;
+    if (ProbeOffset(200000, &off)) offset_.store(off, std::memory_order_relaxed);
   }
 
  private:
@@ -160,6 +223,7 @@ class DriverGpu final : public Gpu {
       return Fail("prism_spin_gate", r);
     if ((r = f.cuModuleGetFunction(&k_probe_, module_, "prism_clock_probe")) != CUDA_SUCCESS)
       return Fail("prism_clock_probe", r);
+    if (f.cuModuleGetFunction(&k_fused_, module_, "prism_stamp_step") != CUDA_SUCCESS) k_fused_ = nullptr;
     for (int k = 0; k < kNumStepKinds; ++k) {
       const char* name = payload::KernelName(static_cast<StepKind>(k));
       if (name == nullptr) continue;
@@ -170,7 +234,7 @@ class DriverGpu final : public Gpu {
     }
     // Slot memory: host-mapped, so the host reads arrivals and writes gates without CUDA calls.
     const size_t bytes = sizeof(uint64_t) * kGateSlots + sizeof(uint32_t) * kGateSlots + sizeof(uint64_t) * kIterSlots +
-                         2 * sizeof(uint64_t);
+                         4 * sizeof(uint64_t);
     void* host = nullptr;
     if ((r = f.cuMemHostAlloc(&host, bytes, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE)) != CUDA_SUCCESS)
       return Fail("cuMemHostAlloc", r);
@@ -183,14 +247,13 @@ class DriverGpu final : public Gpu {
     gate_dev_ = dev + sizeof(uint64_t) * kGateSlots;
     iter_ = reinterpret_cast<volatile uint64_t*>(gate_ + kGateSlots);
     iter_dev_ = gate_dev_ + sizeof(uint32_t) * kGateSlots;
-    probe_ = iter_ + kIterSlots;
+    probe_ = iter_ + kIterSlots;  // [0] result, [1] started
     probe_dev_ = iter_dev_ + sizeof(uint64_t) * kIterSlots;
     if ((r = f.cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) return Fail("cuStreamCreate", r);
     if (!Warm()) return false;
     Calibrate();
-    Log("interpose")->info(
-        "GPU ready: clock offset {} ns, wait-gate release {} ns, spin-gate release {} ns", calib_.gpu_minus_host_ns,
-        calib_.wait_release_ns, calib_.spin_release_ns);
+    Log("interpose")->info("GPU ready: clock offset {} ns, wait-gate release {} ns, spin-gate (1 CTA) release {} ns",
+                           offset_.load(), wait_release_.load(), spin_release_[1].load());
     return true;
   }
 
@@ -199,16 +262,13 @@ class DriverGpu final : public Gpu {
   bool Warm() {
     const DriverFns& f = d();
     CUresult r;
-    if ((r = Stamp(stream_, kGateSlots - 1)) != CUDA_SUCCESS) return Fail("warm prism_stamp", r);
-    if ((r = Gate(stream_, kGateSlots - 1, 0, GateKind::kSpin, 1)) != CUDA_SUCCESS)
-      return Fail("warm prism_spin_gate", r);
-    uint32_t zero = 0;
-    CUdeviceptr flag = gate_dev_ + sizeof(uint32_t) * (kGateSlots - 1);
-    CUdeviceptr out = probe_dev_;
-    void* args[] = {&flag, &zero, &out};
-    if ((r = f.cuLaunchKernel(k_probe_, 1, 1, 1, 32, 1, 1, 0, stream_, args, nullptr)) != CUDA_SUCCESS)
-      return Fail("warm prism_clock_probe", r);
+    const uint32_t slot = kGateSlots - 2;
+    if ((r = Stamp(stream_, slot)) != CUDA_SUCCESS) return Fail("warm prism_stamp", r);
+    if ((r = Gate(stream_, slot, 0, GateKind::kSpin, 1)) != CUDA_SUCCESS) return Fail("warm prism_spin_gate", r);
     payload::OpDesc desc;
+    payload::Step noop;
+    noop.kind = StepKind::kFillZero;  // zero bytes: runs, touches nothing
+    if ((r = StampAndStep(stream_, slot, desc, noop)) != CUDA_SUCCESS) return Fail("warm prism_stamp_step", r);
     for (int k = 0; k < kNumStepKinds; ++k) {
       if (payload_[k] == nullptr) continue;
       payload::Step st;
@@ -216,8 +276,10 @@ class DriverGpu final : public Gpu {
       st.dtype = payload::DataType::kFloat32;
       if ((r = RunStep(stream_, desc, st)) != CUDA_SUCCESS) return Fail("warm payload kernel", r);
     }
+    int64_t off;
+    ProbeOffset(1000000000, &off);  // also warms prism_clock_probe
     if ((r = f.cuStreamSynchronize(stream_)) != CUDA_SUCCESS) return Fail("warm synchronize", r);
-    arrival_[kGateSlots - 1] = 0;
+    arrival_[slot] = 0;
     return true;
   }
 
@@ -230,46 +292,56 @@ class DriverGpu final : public Gpu {
     return true;
   }
 
-  void Calibrate() {
+  // One offset measurement on the private stream: the probe kernel says it started, the host writes the flag and
+  // notes its clock, the kernel reads %globaltimer when it sees the flag. False when the probe did not start within
+  // `start_timeout_ns` (GPU full) or did not answer.
+  bool ProbeOffset(int64_t start_timeout_ns, int64_t* offset) {
     const DriverFns& f = d();
-    constexpr int kTrials = 7;
     volatile uint32_t* flag = gate_ + (kGateSlots - 1);
     CUdeviceptr flag_dev = gate_dev_ + sizeof(uint32_t) * (kGateSlots - 1);
-    uint32_t ticket = 1;
-    // GPU - host clock offset: the kernel reads %globaltimer right after it sees the host's write.
-    int64_t best = INT64_MAX;
-    for (int i = 0; i < kTrials; ++i, ++ticket) {
-      *probe_ = 0;
-      CUdeviceptr out = probe_dev_;
-      void* args[] = {&flag_dev, &ticket, &out};
-      if (f.cuLaunchKernel(k_probe_, 1, 1, 1, 32, 1, 1, 0, stream_, args, nullptr) != CUDA_SUCCESS) break;
-      usleep(300);
-      uint64_t t_host = HostNowNs();
-      __atomic_store_n(flag, ticket, __ATOMIC_RELEASE);
-      if (!WaitNonZero(probe_, 1000000000)) break;
-      best = std::min<int64_t>(best, static_cast<int64_t>(*probe_) - static_cast<int64_t>(t_host));
+    const uint32_t ticket = ++probe_ticket_;
+    probe_[0] = 0;
+    probe_[1] = 0;
+    CUdeviceptr out = probe_dev_, started = probe_dev_ + sizeof(uint64_t);
+    uint64_t timeout = 2000000;  // the kernel gives up after 2 ms of GPU time
+    void* args[] = {&flag_dev, const_cast<uint32_t*>(&ticket), &out, &started, &timeout};
+    if (f.cuLaunchKernel(k_probe_, 1, 1, 1, 32, 1, 1, 0, stream_, args, nullptr) != CUDA_SUCCESS) return false;
+    const bool ran = WaitNonZero(&probe_[1], start_timeout_ns);
+    const uint64_t t_host = HostNowNs();
+    __atomic_store_n(flag, ticket, __ATOMIC_RELEASE);
+    if (!ran || !WaitNonZero(&probe_[0], 5000000) || probe_[0] <= 1) return false;
+    *offset = static_cast<int64_t>(probe_[0]) - static_cast<int64_t>(t_host);
+    return true;
+  }
+
+  void Calibrate() {
+    int64_t best = INT64_MAX, off;
+    for (int i = 0; i < 7; ++i) {
+      if (ProbeOffset(1000000000, &off)) best = std::min(best, off);
     }
-    f.cuStreamSynchronize(stream_);
-    if (best != INT64_MAX) calib_.gpu_minus_host_ns = best;
-    calib_.wait_release_ns = MeasureRelease(GateKind::kWait, &ticket);
-    calib_.spin_release_ns = MeasureRelease(GateKind::kSpin, &ticket);
+    d().cuStreamSynchronize(stream_);
+    if (best != INT64_MAX) offset_.store(best);
+    last_calib_ns_.store(HostNowNs());
+    wait_release_.store(MeasureRelease(GateKind::kWait, 1));
+    spin_release_[1].store(MeasureRelease(GateKind::kSpin, 1));
   }
 
   // Median time from the host's gate write to the stream running the next kernel.
-  int64_t MeasureRelease(GateKind kind, uint32_t* ticket) {
+  int64_t MeasureRelease(GateKind kind, int ctas) {
     const DriverFns& f = d();
     constexpr int kTrials = 7;
     std::vector<int64_t> samples;
     const uint32_t slot = kGateSlots - 2;
-    for (int i = 0; i < kTrials; ++i, ++*ticket) {
+    for (int i = 0; i < kTrials; ++i) {
+      const uint32_t ticket = ++release_ticket_;
       arrival_[slot] = 0;
-      if (Gate(stream_, slot, *ticket, kind, 1) != CUDA_SUCCESS) break;
+      if (Gate(stream_, slot, ticket, kind, ctas) != CUDA_SUCCESS) break;
       if (Stamp(stream_, slot) != CUDA_SUCCESS) break;
       usleep(300);
       uint64_t t_host = HostNowNs();
-      __atomic_store_n(&gate_[slot], *ticket, __ATOMIC_RELEASE);
+      __atomic_store_n(&gate_[slot], ticket, __ATOMIC_RELEASE);
       if (!WaitNonZero(&arrival_[slot], 1000000000)) break;
-      samples.push_back(static_cast<int64_t>(arrival_[slot]) - calib_.gpu_minus_host_ns - static_cast<int64_t>(t_host));
+      samples.push_back(static_cast<int64_t>(arrival_[slot]) - offset_.load() - static_cast<int64_t>(t_host));
     }
     f.cuStreamSynchronize(stream_);
     arrival_[slot] = 0;
@@ -279,11 +351,12 @@ class DriverGpu final : public Gpu {
   }
 
   std::mutex mu_;
+  std::mutex probe_mu_;  // the private stream's probes (calibration)
   std::atomic<bool> ready_{false};
   bool failed_ = false;
   CUcontext ctx_ = nullptr;
   CUmodule module_ = nullptr;
-  CUfunction k_stamp_ = nullptr, k_spin_ = nullptr, k_probe_ = nullptr;
+  CUfunction k_stamp_ = nullptr, k_spin_ = nullptr, k_probe_ = nullptr, k_fused_ = nullptr;
   CUfunction payload_[kNumStepKinds] = {};
   CUstream stream_ = nullptr;
   volatile uint64_t* arrival_ = nullptr;
@@ -291,12 +364,19 @@ class DriverGpu final : public Gpu {
   volatile uint64_t* iter_ = nullptr;
   volatile uint64_t* probe_ = nullptr;
   CUdeviceptr arrival_dev_ = 0, gate_dev_ = 0, iter_dev_ = 0, probe_dev_ = 0;
-  ClockCalibration calib_;
+  uint32_t probe_ticket_ = 0;
+  uint32_t release_ticket_ = 0;
+  std::atomic<int64_t> offset_{0};
+  std::atomic<int64_t> wait_release_{10000};
+  std::atomic<int64_t> spin_release_[kMaxCtas + 1];
+  std::atomic<uint64_t> last_calib_ns_{0};
 };
 
 std::atomic<Gpu*> g_fake{nullptr};
 
 }  // namespace
+
+void NoteCaptureBegan() { g_capture_began.store(true, std::memory_order_relaxed); }
 
 Gpu& TheGpu() {
   if (Gpu* f = g_fake.load(std::memory_order_acquire)) return *f;

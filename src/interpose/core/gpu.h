@@ -19,9 +19,9 @@ inline constexpr uint32_t kGateSlots = 16384;
 inline constexpr uint32_t kIterSlots = 1024;
 
 struct ClockCalibration {
-  int64_t gpu_minus_host_ns = 0;      // %globaltimer - CLOCK_REALTIME
+  int64_t gpu_minus_host_ns = 0;      // %globaltimer - CLOCK_REALTIME (re-measured at most every second)
   int64_t wait_release_ns = 10000;    // host writes a wait-gate word -> the stream runs on (measured)
-  int64_t spin_release_ns = 10000;    // same for the spinning gate
+  int64_t spin_release_ns = 10000;    // same for the spinning gate with one CTA
 };
 
 class Gpu {
@@ -38,6 +38,9 @@ class Gpu {
   // Enqueue on `stream`: the arrival stamp of `slot`; a gate that holds the stream until GateWord(slot) reaches
   // `ticket`; one payload step; an iteration stamp. CUDA_SUCCESS or the driver's error.
   virtual CUresult Stamp(CUstream stream, uint32_t slot) = 0;
+  // The arrival stamp fused with the unit's first payload step (one launch instead of two).
+  virtual CUresult StampAndStep(CUstream stream, uint32_t slot, const payload::OpDesc& desc,
+                                const payload::Step& step) = 0;
   virtual CUresult Gate(CUstream stream, uint32_t slot, uint32_t ticket, GateKind kind, int ctas) = 0;
   virtual CUresult RunStep(CUstream stream, const payload::OpDesc& desc, const payload::Step& step) = 0;
   virtual CUresult StampIteration(CUstream stream, uint32_t iter_slot) = 0;
@@ -45,7 +48,15 @@ class Gpu {
   virtual bool Capturing(CUstream stream) = 0;
   // Makes the job's context current on this thread if another one is.
   virtual void EnsureContext() = 0;
+  // Release latency of a spinning gate of `ctas` CTAs (measured on first use of that count, on this thread).
+  virtual int64_t SpinReleaseNs(int ctas) = 0;
+  // Re-measures the GPU-host clock offset when the last measurement is older than a second (the clocks drift by
+  // a few us per second). Called on job threads between operations; never blocks more than ~0.3 ms.
+  virtual void MaybeRecalibrate() = 0;
 };
+
+// Set by the cudaStreamBeginCapture wrappers: once any capture began, units check their stream's capture state.
+void NoteCaptureBegan();
 
 // The process-wide backend (DriverGpu unless a test installed a fake).
 Gpu& TheGpu();

@@ -20,7 +20,10 @@ namespace {
 
 constexpr uint32_t kQueueSize = 16384;  // power of two
 constexpr uint32_t kReservedSlots = 8;  // top gate slots: clock calibration (gpu.cc)
-constexpr int64_t kSpinWindowNs = 40000;  // spin (not sleep) when a release is this close
+// Spin (not sleep) when a release is this close. Why 200 us: on the GPU machine (a VM) a sleep overshot by up to
+// ~60 us, which made 10 ms gates 50 us late with a 40 us window.
+constexpr int64_t kSpinWindowNs = 200000;
+constexpr int64_t kMaxSleepNs = 200000;
 
 // Vyukov's bounded MPMC queue (used MPSC): one CAS per push, no allocation.
 class UnitQueue {
@@ -102,8 +105,7 @@ void SleepNs(int64_t ns) {
   nanosleep(&ts, nullptr);
 }
 
-void Release(State& s, Pending& p, const ClockCalibration& cal) {
-  (void)cal;
+void Release(State& s, Pending& p) {
   if (!p.u.no_gate) __atomic_store_n(TheGpu().GateWord(p.u.slot), p.u.ticket, __ATOMIC_RELEASE);
   LogOp(p.u.event);
   s.released.fetch_add(1, std::memory_order_release);
@@ -158,11 +160,11 @@ void Loop() {
         }
       }
       if (p.has_release) {
-        const int64_t lat = p.u.no_gate ? 0 : (Cfg().gate == GateKind::kSpin ? cal.spin_release_ns : cal.wait_release_ns);
+        const int64_t lat = p.u.no_gate ? 0 : p.u.release_lat_ns;
         const int64_t target_host = static_cast<int64_t>(p.u.event.release_ns) - cal.gpu_minus_host_ns - lat;
         const int64_t wait = target_host - static_cast<int64_t>(now_host);
         if (wait <= 0) {
-          Release(s, p, cal);
+          Release(s, p);
           s.pending[i] = s.pending[--s.npending];
           now_host = HostNowNs();
           continue;
@@ -182,12 +184,12 @@ void Loop() {
       continue;
     }
     // Next poll: soon enough to catch the nearest release, and to see an arrival well before a short op ends.
-    int64_t poll = 200000;  // 200 us
+    int64_t poll = kMaxSleepNs;
     if (min_dur != INT64_MAX) poll = std::min<int64_t>(poll, std::max<int64_t>(2000, min_dur / 4));
     if (CoordActive()) poll = std::min<int64_t>(poll, 20000);
     if (min_wait != INT64_MAX) {
       if (min_wait <= kSpinWindowNs) continue;  // spin: re-check immediately
-      poll = std::min(poll, min_wait - kSpinWindowNs / 2);
+      poll = std::min(poll, min_wait - kSpinWindowNs);
     }
     SleepNs(poll);
   }

@@ -18,7 +18,7 @@ struct GateUnit {
   uint32_t slot = 0;
   uint32_t ticket = 0;
   uint64_t dur_ns = 0;
-  uint64_t enqueue_ns = 0;
+  int64_t release_lat_ns = 0;   // measured latency of this gate kind: the word is written that much early
   bool no_gate = false;         // PRISM_GATE=none or capture: only record, release at arrival
   bool via_coordinator = false;
   uint32_t coord_comm_id = 0;

@@ -41,13 +41,23 @@ extern "C" __global__ void prism_spin_gate(const uint32_t* gate, uint32_t ticket
   __syncthreads();
 }
 
-// Clock calibration: waits for the host to write `ticket` into *flag, then writes the GPU time into *out.
-// The host notes its own clock when it writes; the difference is the GPU-host clock offset (+ one PCIe read).
-extern "C" __global__ void prism_clock_probe(const uint32_t* flag, uint32_t ticket, uint64_t* out) {
+// Clock calibration: says it started (*started = 1), waits for the host to write `ticket` into *flag, then writes
+// the GPU time into *out. The host notes its own clock when it writes; the difference is the GPU-host clock
+// offset (+ one PCIe read). Gives up after `timeout_ns` of GPU time (writes 1: not a measurement), so a probe
+// never holds its stream.
+extern "C" __global__ void prism_clock_probe(const uint32_t* flag, uint32_t ticket, uint64_t* out, uint64_t* started,
+                                             uint64_t timeout_ns) {
   if (threadIdx.x == 0 && blockIdx.x == 0) {
+    const uint64_t t0 = prism_shim_kernels::GlobalTimerNs();
+    *reinterpret_cast<volatile uint64_t*>(started) = 1;
+    __threadfence_system();
+    uint64_t t = t0;
     while (!prism_shim_kernels::Reached(flag, ticket)) {
+      t = prism_shim_kernels::GlobalTimerNs();
+      if (t - t0 > timeout_ns) break;
     }
-    *reinterpret_cast<volatile uint64_t*>(out) = prism_shim_kernels::GlobalTimerNs();
+    t = prism_shim_kernels::Reached(flag, ticket) ? prism_shim_kernels::GlobalTimerNs() : 1;
+    *reinterpret_cast<volatile uint64_t*>(out) = t;
     __threadfence_system();
   }
 }
