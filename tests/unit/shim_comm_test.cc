@@ -237,6 +237,20 @@ TEST_F(ShimComm, AllReduceSumPlansTheMirrorAndGatesUntilArrivalPlusDuration) {
   ASSERT_TRUE(ProgressDrain(5000000000ull));
   EXPECT_EQ(*gpu_.GateWord(slot), ticket);
   EXPECT_GE(HostNowNs(), arrival + 30000000ull) << "opened before arrival + duration";
+}
+
+TEST_F(ShimComm, HostOverheadIsSampled) {
+  ResetStatsForTest();
+  Comm* c = Init(8, 1, Id());
+  std::vector<float> buf(16);
+  OpCall call;
+  call.op = OpKind::kAllReduce;
+  call.comm = c;
+  call.count = buf.size();
+  call.send = buf.data();
+  call.recv = buf.data();
+  for (int i = 0; i < 16; ++i) ASSERT_EQ(Submit(call), ncclSuccess);
+  EXPECT_EQ(UnitsExecuted(), 16u);
   EXPECT_GT(HostOverheadQuantileNs(0.5), 0u);
 }
 

@@ -117,6 +117,13 @@ std::vector<int32_t> ResolveMembers(Registry& r, int nranks, int rank, const std
   if (nranks == cfg.world_size) {
     std::vector<int32_t> all(nranks);
     std::iota(all.begin(), all.end(), 0);
+    for (Group& g : r.groups) {  // the default group (or another whole-world group) names it
+      if (g.ranks == all && (name.empty() || g.name == name)) {
+        *desc = g.desc;
+        *bound_name = g.name;
+        break;
+      }
+    }
     return all;
   }
   auto fits = [&](const std::vector<int32_t>& ranks) {

@@ -27,7 +27,6 @@ struct OpEvent {
   uint64_t release_ns = 0;
   uint64_t model_dur_ns = 0;
   int32_t wait_on_rank = -1;
-  uint64_t host_enqueue_ns = 0;  // host time the unit was enqueued (same epoch)
 };
 
 struct CommEvent {
