@@ -94,11 +94,13 @@ ReleaseDecision DefaultRelease(const CommView& comm, uint64_t seq, std::span<con
   uint64_t latest = 0;
   uint64_t dur = 0;
   for (const Arrival& a : arrivals) {
-    if (a.op.arrival_ns >= latest) {
-      latest = a.op.arrival_ns;
+    // Why copies: OpArrive is packed; binding a reference (std::max) to its fields is misaligned.
+    uint64_t at = a.op.arrival_ns, d_ns = a.op.model_dur_ns;
+    if (at >= latest) {
+      latest = at;
       d.last_rank = a.rank;
     }
-    dur = std::max<uint64_t>(dur, a.op.model_dur_ns);
+    dur = std::max(dur, d_ns);
   }
   if (arrivals.size() <= 1) d.last_rank = -1;  // nobody else to wait for: the duration decides
   d.release_ns = latest + dur;
@@ -642,8 +644,9 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
           return;
         }
         RankState& s = ranks_[c.rank];
-        s.current_bytes = m.current_bytes;
-        s.peak_bytes = std::max(s.peak_bytes, m.peak_bytes);
+        uint64_t current = m.current_bytes, peak = m.peak_bytes;
+        s.current_bytes = current;
+        s.peak_bytes = std::max(s.peak_bytes, peak);
         s.last_seen_ns = NowNs();
         return;
       }
@@ -655,11 +658,12 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
           return;
         }
         RankState& s = ranks_[c.rank];
-        s.iterations = std::max<uint64_t>(s.iterations, m.iteration);
+        uint64_t iteration = m.iteration, peak = m.peak_bytes, torch_max = m.torch_max_allocated;
+        s.iterations = std::max(s.iterations, iteration);
         s.last_iter_dur_ns = m.dur_ns;
         s.last_iter_ns = m.t_ns;
-        s.peak_bytes = std::max(s.peak_bytes, m.peak_bytes);
-        s.torch_max_allocated = std::max(s.torch_max_allocated, m.torch_max_allocated);
+        s.peak_bytes = std::max(s.peak_bytes, peak);
+        s.torch_max_allocated = std::max(s.torch_max_allocated, torch_max);
         s.last_seen_ns = NowNs();
         return;
       }
@@ -803,48 +807,51 @@ void Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j) {
 }
 
 void Coordinator::Impl::HandleArrive(BusId id, BusClient& c, const ipc::OpArrive& a) {
-  if (a.comm_id == 0 || a.comm_id > comms_.size()) {
-    SendJson(id, ipc::MsgType::kError, {{"what", fmt::format("kOpArrive for unknown comm {}", a.comm_id)}});
+  // Why copies: OpArrive is packed; references to its fields (fmt, std::pair) would be misaligned.
+  const uint32_t comm_id = a.comm_id, op = a.op;
+  const uint64_t seq = a.seq, arrival_ns = a.arrival_ns;
+  if (comm_id == 0 || comm_id > comms_.size()) {
+    SendJson(id, ipc::MsgType::kError, {{"what", fmt::format("kOpArrive for unknown comm {}", comm_id)}});
     return;
   }
-  const CommView& comm = comms_[a.comm_id - 1];
+  const CommView& comm = comms_[comm_id - 1];
   if (std::find(comm.real_members.begin(), comm.real_members.end(), c.rank) == comm.real_members.end()) {
     SendJson(id, ipc::MsgType::kError,
-             {{"what", fmt::format("rank {} is not a member of comm {}", c.rank, a.comm_id)}});
+             {{"what", fmt::format("rank {} is not a member of comm {}", c.rank, comm_id)}});
     return;
   }
   RankState& s = ranks_[c.rank];
   ++s.ops_arrived;
   s.waiting = true;
-  s.waiting_comm = a.comm_id;
-  s.waiting_seq = a.seq;
-  s.waiting_op = a.op;
-  s.waiting_since_ns = a.arrival_ns;
+  s.waiting_comm = comm_id;
+  s.waiting_seq = seq;
+  s.waiting_op = op;
+  s.waiting_since_ns = arrival_ns;
   s.last_seen_ns = NowNs();
-  auto& arrivals = pending_[{a.comm_id, a.seq}];
+  auto& arrivals = pending_[{comm_id, seq}];
   auto dup = std::find_if(arrivals.begin(), arrivals.end(), [&](const Arrival& x) { return x.rank == c.rank; });
   if (dup != arrivals.end()) {
-    Log("coord")->warn("rank {} arrived twice at comm {} seq {}", c.rank, a.comm_id, a.seq);
+    Log("coord")->warn("rank {} arrived twice at comm {} seq {}", c.rank, comm_id, seq);
     dup->op = a;
   } else {
     arrivals.push_back(Arrival{c.rank, a});
   }
   if (arrivals.size() < comm.real_members.size()) return;
-  ReleaseDecision d = opts_.release_policy ? opts_.release_policy->Decide(comm, a.seq, arrivals)
-                                           : DefaultRelease(comm, a.seq, arrivals);
+  ReleaseDecision d = opts_.release_policy ? opts_.release_policy->Decide(comm, seq, arrivals)
+                                           : DefaultRelease(comm, seq, arrivals);
   ipc::OpRelease rel{};
-  rel.comm_id = a.comm_id;
-  rel.seq = a.seq;
+  rel.comm_id = comm_id;
+  rel.seq = seq;
   rel.release_ns = d.release_ns;
   rel.last_rank = d.last_rank;
   std::string frame = ipc::EncodePod(ipc::MsgType::kOpRelease, rel);
   for (const Arrival& x : arrivals) {
     RankState& rs = ranks_[x.rank];
-    if (rs.waiting && rs.waiting_comm == a.comm_id && rs.waiting_seq == a.seq) rs.waiting = false;
+    if (rs.waiting && rs.waiting_comm == comm_id && rs.waiting_seq == seq) rs.waiting = false;
     auto cl = clients_.find(rs.conn);
     if (cl != clients_.end()) cl->second.out.append(frame);
   }
-  pending_.erase({a.comm_id, a.seq});
+  pending_.erase({comm_id, seq});
   ++releases_;
 }
 
@@ -877,8 +884,9 @@ json Coordinator::Impl::StatusLocked() {
               {"last_seen_ns", s.last_seen_ns}};
     if (!s.bye_reason.empty()) x["bye_reason"] = s.bye_reason;
     if (s.has_record) {
-      x["last_op"] = {{"comm", s.last_record.comm_id}, {"seq", s.last_record.seq}, {"op", s.last_record.op},
-                      {"bytes", s.last_record.bytes}};
+      uint32_t comm = s.last_record.comm_id, op = s.last_record.op;
+      uint64_t seq = s.last_record.seq, bytes = s.last_record.bytes;
+      x["last_op"] = {{"comm", comm}, {"seq", seq}, {"op", op}, {"bytes", bytes}};
     }
     if (s.waiting) {
       json w = {{"comm", s.waiting_comm}, {"seq", s.waiting_seq}, {"op", s.waiting_op},

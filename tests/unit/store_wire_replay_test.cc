@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -242,7 +243,23 @@ struct Replayed {
   std::map<uint32_t, Conn> conns;
 };
 
-Replayed Replay(const std::vector<Record>& records, const nlohmann::json& meta) {
+// One thing to send: bytes of one connection (a whole request for raw captures, a read chunk for PRSMWIRE), or
+// its close.
+struct Item {
+  uint32_t conn;
+  std::string data;
+  bool close = false;
+};
+
+bool OnlyWaitsOutstanding(const Conn& c) {
+  return std::all_of(c.expect.begin(), c.expect.end(), [](const Expect& e) { return e.kind == Reply::kOptionalWait; });
+}
+
+// Sends `items` in their order as far as the clients' synchrony allows: torch's client sends its next request only
+// once the previous one is answered (SET and friends have no answer), so an item goes out only when its connection
+// owes nothing, except a CANCEL_WAIT, which torch sends while its WAIT is unanswered. Among the items that may go,
+// the earliest goes first; when none may, the blocked connections are drained until a reply frees one.
+Replayed ReplayItems(const std::vector<Item>& items, const nlohmann::json& meta) {
   coord::VirtualRanksOptions vo;
   vo.world_size = meta.value("world_size", 1);
   vo.real_ranks = meta.value("real_ranks", std::vector<int>{0});
@@ -254,27 +271,60 @@ Replayed Replay(const std::vector<Record>& records, const nlohmann::json& meta) 
   std::string error;
   Replayed out;
   EXPECT_TRUE(server.Start(so, &error)) << error;
-  for (const Record& r : records) {
-    Conn& c = out.conns[r.conn];
-    if (c.fd < 0) {
+  std::map<uint32_t, std::deque<size_t>> queue;
+  for (size_t i = 0; i < items.size(); ++i) queue[items[i].conn].push_back(i);
+  int stalls = 0;
+  while (stalls < 40) {  // 40 x 50 ms without any reply or send: what is left cannot go
+    size_t best = items.size();
+    for (auto& [id, q] : queue) {
+      if (q.empty()) continue;
+      Conn& c = out.conns[id];
+      if (c.fd >= 0 && !c.expect.empty()) Drain(c, 0);
+      const Item& it = items[q.front()];
+      bool cancel = !it.close && c.pending_requests.empty() && !it.data.empty() &&
+                    it.data[0] == static_cast<char>(QueryType::kCancelWait);
+      bool may = c.expect.empty() || (cancel && OnlyWaitsOutstanding(c));
+      if (may && q.front() < best) best = q.front();
+    }
+    if (best == items.size()) {
+      bool any_left = false, matched = false;
+      for (auto& [id, q] : queue) {
+        if (q.empty()) continue;
+        any_left = true;
+        Conn& c = out.conns[id];
+        size_t before = c.replies;
+        if (c.fd >= 0) Drain(c, 50);
+        matched = matched || c.replies != before;
+      }
+      if (!any_left) break;
+      stalls = matched ? 0 : stalls + 1;
+      continue;
+    }
+    stalls = 0;
+    const Item& it = items[best];
+    queue[it.conn].pop_front();
+    Conn& c = out.conns[it.conn];
+    if (c.fd == -1) {
       c.fd = ipc::ConnectTcp("127.0.0.1", server.port(), 5000, &error);
       EXPECT_GE(c.fd, 0) << error;
     }
-    if (r.kind == kWireClosed) {
-      Drain(c, 2000);
+    if (c.fd < 0) continue;
+    if (it.close) {
+      Drain(c, c.expect.empty() ? 0 : 2000);
       ::close(c.fd);
       c.fd = -2;
       continue;
     }
-    if (c.fd < 0) continue;
-    EXPECT_EQ(ipc::WriteAll(c.fd, r.data.data(), r.data.size(), &error), ipc::IoStatus::kOk) << error;
-    c.pending_requests += r.data;
+    EXPECT_EQ(ipc::WriteAll(c.fd, it.data.data(), it.data.size(), &error), ipc::IoStatus::kOk) << error;
+    c.pending_requests += it.data;
     Plan(c);
-    // Why drain as we go: a capture may hold more reply bytes than a socket buffer.
-    Drain(c, 0);
+    Drain(c, c.expect.empty() ? 0 : 20);
+  }
+  for (auto& [id, q] : queue) {
+    if (!q.empty()) ADD_FAILURE() << "connection " << id << ": " << q.size() << " requests could not be sent";
   }
   for (auto& [id, c] : out.conns) {
-    if (c.fd >= 0) Drain(c, c.expect.empty() ? 0 : 2000);
+    if (c.fd >= 0) Drain(c, c.expect.empty() ? 0 : 500);
   }
   out.stats = server.Stats();
   for (auto& [id, c] : out.conns) {
@@ -284,22 +334,16 @@ Replayed Replay(const std::vector<Record>& records, const nlohmann::json& meta) 
   return out;
 }
 
-// Raw per-connection captures: no cross-connection order is known, so each connection sends one request at a time
-// (as torch's synchronous client does) and a connection whose reply does not come (a WAIT on a key another
-// connection sets later) yields to the others.
+Replayed Replay(const std::vector<Record>& records, const nlohmann::json& meta) {
+  std::vector<Item> items;
+  for (const Record& r : records) items.push_back(Item{r.conn, r.data, r.kind == kWireClosed});
+  return ReplayItems(items, meta);
+}
+
+// Raw per-connection captures: no order across connections is known; requests are interleaved round robin.
 Replayed ReplayRaw(const std::vector<std::string>& streams, const nlohmann::json& meta) {
-  coord::VirtualRanksOptions vo;
-  vo.world_size = meta.value("world_size", 1);
-  vo.real_ranks = meta.value("real_ranks", std::vector<int>{0});
-  vo.ranks_per_root = meta.value("ranks_per_root", 128);
-  coord::VirtualRanks vr(vo);
-  StoreServerOptions so;
-  so.stand_in = &vr;
-  StoreServer server;
-  std::string error;
-  Replayed out;
-  EXPECT_TRUE(server.Start(so, &error)) << error;
   std::vector<std::vector<std::string>> requests(streams.size());
+  std::string error;
   for (size_t i = 0; i < streams.size(); ++i) {
     size_t pos = 0;
     while (pos < streams[i].size()) {
@@ -308,41 +352,27 @@ Replayed ReplayRaw(const std::vector<std::string>& streams, const nlohmann::json
       auto st = ParseRequest(reinterpret_cast<const uint8_t*>(streams[i].data()) + pos, streams[i].size() - pos,
                              Limits{}, &req, &consumed, &error);
       if (st != ParseStatus::kOk) {
-        ADD_FAILURE() << "connection " << i << ": capture ends in a " << (st == ParseStatus::kNeedMore ? "partial" : "bad")
-                      << " request at byte " << pos << " " << error;
+        ADD_FAILURE() << "connection " << i << ": capture ends in a "
+                      << (st == ParseStatus::kNeedMore ? "partial" : "bad") << " request at byte " << pos << " "
+                      << error;
         break;
       }
       requests[i].push_back(streams[i].substr(pos, consumed));
       pos += consumed;
     }
-    Conn& c = out.conns[static_cast<uint32_t>(i)];
-    c.fd = ipc::ConnectTcp("127.0.0.1", server.port(), 5000, &error);
-    EXPECT_GE(c.fd, 0) << error;
   }
-  std::vector<size_t> next(streams.size(), 0);
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (size_t i = 0; i < streams.size(); ++i) {
-      Conn& c = out.conns[static_cast<uint32_t>(i)];
-      size_t before = c.replies;
-      if (!c.expect.empty()) Drain(c, 0);  // blocked: was it answered meanwhile?
-      progress = progress || c.replies != before;
-      while (c.expect.empty() && next[i] < requests[i].size()) {
-        const std::string& r = requests[i][next[i]++];
-        EXPECT_EQ(ipc::WriteAll(c.fd, r.data(), r.size(), &error), ipc::IoStatus::kOk) << error;
-        c.pending_requests += r;
-        Plan(c);
-        if (!c.expect.empty()) Drain(c, 200);
-        progress = true;
+  std::vector<Item> items;
+  for (size_t round = 0;; ++round) {
+    bool any = false;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (round < requests[i].size()) {
+        items.push_back(Item{static_cast<uint32_t>(i), requests[i][round]});
+        any = true;
       }
     }
+    if (!any) break;
   }
-  out.stats = server.Stats();
-  for (auto& [id, c] : out.conns) {
-    if (c.fd >= 0) ::close(c.fd);
-  }
-  server.Stop();
-  return out;
+  return ReplayItems(items, meta);
 }
 
 void CheckReplayed(Replayed& r, const nlohmann::json& meta) {
