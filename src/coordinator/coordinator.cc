@@ -745,6 +745,16 @@ void Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j) {
       how = "unique id";
     }
   }
+  std::string name = j.value("name", std::string());
+  if (members.empty() && !name.empty()) {
+    if (auto g = vr_->LookupGroupByName(name)) {
+      members = g->members;
+      group = g->name;
+      group_desc = g->desc;
+      comm_key = "group:" + name + ":" + key;
+      how = "group name";
+    }
+  }
   if (members.empty() && !desc.empty()) {
     if (auto g = vr_->LookupGroupByCommDesc(desc)) {
       members = g->members;

@@ -228,6 +228,15 @@ TEST_F(CoordinatorTest, UnknownCommIsAnsweredWithAnError) {
   json d = r5.CommInit(std::string(128, '\x34'), 2, 0, "PIPELINE_MODEL_PARALLEL_GROUP:7");
   ASSERT_FALSE(d.contains("error")) << d.dump();
   EXPECT_EQ(d["members"], json::array({5, 6}));
+  // By torch group name (libprism sends it when it knows it).
+  coord_->RegisterGroup("8", {1, 5, 7});
+  ASSERT_TRUE(r5.SendJson(ipc::MsgType::kCommInit, {{"key", ipc::HexEncode(std::string(128, '\x36'))},
+                                                    {"nranks", 3}, {"rank", 1}, {"name", "8"}}));
+  ipc::Frame f;
+  ASSERT_TRUE(r5.Recv(&f));
+  json n = json::parse(f.payload);
+  ASSERT_FALSE(n.contains("error")) << n.dump();
+  EXPECT_EQ(n["members"], json::array({1, 5, 7}));
   // The world by size.
   json w = r5.CommInit(std::string(128, '\x35'), 8, 5);
   ASSERT_FALSE(w.contains("error")) << w.dump();
