@@ -202,7 +202,10 @@ class Coordinator::Impl {
   void Flush(BusId id, BusClient& c);
   void DropClient(BusId id);
   void HandleHello(BusId id, BusClient& c, const json& j);
-  void HandleCommInit(BusId id, BusClient& c, const json& j);
+  // Answers a kCommInit; false (nothing sent) when the members are unknown and `final` is false: the request is
+  // then parked until the store records a new id or the deadline passes.
+  bool HandleCommInit(BusId id, BusClient& c, const json& j, bool final);
+  void RetryParked(bool timer);
   void HandleArrive(BusId id, BusClient& c, const ipc::OpArrive& a);
   void MaybeWriteStatus(bool force);
   json StatusLocked();
@@ -219,6 +222,13 @@ class Coordinator::Impl {
   std::vector<CommView> comms_;     // comm_id - 1 -> view
   std::unordered_map<std::string, uint32_t> comm_by_key_;
   std::map<std::pair<uint32_t, uint64_t>, std::vector<Arrival>> pending_;
+  struct Parked {
+    BusId id;
+    json request;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  // Why park: a leader's SET of its id (store, TCP) and its kCommInit (bus) race; the SET has no reply.
+  std::vector<Parked> parked_;
   uint64_t releases_ = 0;
   uint64_t started_ns_ = 0;
   bool status_dirty_ = true;
@@ -274,6 +284,11 @@ bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error
     store_.Stop();
     return false;
   }
+  int wake = wake_fd_;
+  vr_->SetIdListener([wake] {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake, &one, sizeof(one));
+  });
   WriteInfo("running");
   MaybeWriteStatus(true);
   thread_ = std::thread([this] { Loop(); });
@@ -412,6 +427,7 @@ void Coordinator::Impl::Stop() {
   }
   if (info_written_) MaybeWriteStatus(true);
   store_.Stop();
+  if (vr_) vr_->SetIdListener(nullptr);
   for (int* fd : {&unix_fd_, &tcp_fd_, &epoll_fd_, &wake_fd_, &timer_fd_}) {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;
@@ -444,10 +460,12 @@ void Coordinator::Impl::Loop() {
           uint64_t v;
           while (::read(wake_fd_, &v, sizeof(v)) > 0) {
           }
+          RetryParked(false);
         } else if (id == kTimerId) {
           uint64_t v;
           while (::read(timer_fd_, &v, sizeof(v)) > 0) {
           }
+          RetryParked(true);
           tick = true;
         } else if (clients_.count(id)) {
           if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) OnReadable(id);
@@ -609,7 +627,12 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
       }
       case MsgType::kCommInit: {
         json j;
-        if (need_hello() && parse(&j)) HandleCommInit(id, c, j);
+        if (!need_hello() || !parse(&j)) return;
+        // Replies keep the order of requests: behind a parked request of this client, park too.
+        bool behind = std::any_of(parked_.begin(), parked_.end(), [&](const Parked& p) { return p.id == id; });
+        if (behind || !HandleCommInit(id, c, j, false)) {
+          parked_.push_back(Parked{id, std::move(j), std::chrono::steady_clock::now() + std::chrono::milliseconds(opts_.comm_wait_ms)});
+        }
         return;
       }
       case MsgType::kOpArrive: {
@@ -726,7 +749,25 @@ void Coordinator::Impl::HandleHello(BusId id, BusClient& c, const json& j) {
   Log("coord")->info("rank {} connected (pid {}, host {}, gpu {})", rank, s.pid, s.host, s.gpu);
 }
 
-void Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j) {
+void Coordinator::Impl::RetryParked(bool timer) {
+  if (parked_.empty()) return;
+  auto now = std::chrono::steady_clock::now();
+  std::vector<Parked> keep;
+  std::vector<BusId> blocked;  // clients with a request still parked: their later ones wait behind it
+  for (Parked& p : parked_) {
+    auto it = clients_.find(p.id);
+    if (it == clients_.end()) continue;
+    bool final = timer && now >= p.deadline;
+    bool behind = std::find(blocked.begin(), blocked.end(), p.id) != blocked.end();
+    if (behind || !HandleCommInit(p.id, it->second, p.request, final)) {
+      blocked.push_back(p.id);
+      keep.push_back(std::move(p));
+    }
+  }
+  parked_ = std::move(keep);
+}
+
+bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bool final) {
   std::string key = j.value("key", std::string());
   std::string desc = j.value("desc", std::string());
   int nranks = j.value("nranks", 0);
@@ -770,6 +811,7 @@ void Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j) {
     comm_key = "world:" + key;
     how = "world size";
   }
+  if (members.empty() && !final && id_bytes.size() == ipc::kNcclIdBytes) return false;
   json reply = {{"key", key}};
   std::string problem;
   if (members.empty()) {
@@ -787,7 +829,7 @@ void Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j) {
     reply["real"] = json::array();
     reply["error"] = problem;
     SendJson(id, ipc::MsgType::kCommInfo, reply);
-    return;
+    return true;
   }
   uint32_t comm_id;
   auto it = comm_by_key_.find(comm_key);
@@ -814,6 +856,7 @@ void Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j) {
   reply["desc"] = group_desc;
   reply["virtual_leader"] = virtual_leader;
   SendJson(id, ipc::MsgType::kCommInfo, reply);
+  return true;
 }
 
 void Coordinator::Impl::HandleArrive(BusId id, BusClient& c, const ipc::OpArrive& a) {

@@ -63,6 +63,8 @@ struct CoordinatorOptions {
   ReleasePolicy* release_policy = nullptr;      // not owned; nullptr: DefaultRelease
   std::string record_wire;               // capture every byte store clients send (store_server.h format)
   int status_interval_ms = 500;          // status.json refresh
+  // A kCommInit whose id the store has not seen yet waits this long for it (a leader's SET races its kCommInit).
+  int comm_wait_ms = 5000;
 };
 
 struct CoordinatorEndpoints {

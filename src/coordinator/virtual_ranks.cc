@@ -286,6 +286,7 @@ std::optional<std::string> VirtualRanks::Materialize(std::string_view key, Acces
   std::string id = ipc::MakeVirtualNcclId(key, writer);
   ids_[id] = std::string(key);
   ++synthesized_;
+  if (id_listener_) id_listener_();
   Log("store")->debug("NCCL id '{}' synthesized for virtual leader {}", store::PrintableKey(key), writer);
   return id;
 }
@@ -322,6 +323,7 @@ bool VirtualRanks::OnSet(std::string_view key, std::string_view value) {
     if (ResolveIdKeyLocked(key)) {
       ids_[std::string(value)] = std::string(key);
       unresolved_.erase(std::string(key));
+      if (id_listener_) id_listener_();
     }
   }
   return false;
@@ -343,6 +345,11 @@ CommIdentity VirtualRanks::IdentityLocked(const Resolved& r) const {
     c.members = m;
   }
   return c;
+}
+
+void VirtualRanks::SetIdListener(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  id_listener_ = std::move(fn);
 }
 
 std::optional<CommIdentity> VirtualRanks::LookupId(std::string_view id_bytes) const {

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -119,6 +120,10 @@ class VirtualRanks : public store::StandIn {
   void RegisterGroup(std::string_view name, std::vector<int> members, std::string_view desc = {},
                      std::string_view prefix = {});
 
+  // Called (from the store thread, under a lock: keep it short, e.g. write an eventfd) whenever a new unique id is
+  // recorded, so a LookupId that failed because the id's SET was not read yet can be retried.
+  void SetIdListener(std::function<void()> fn);
+
   // Thread-safe lookups for the event bus.
   std::optional<CommIdentity> LookupId(std::string_view id_bytes) const;
   std::optional<GroupInfo> LookupGroupByName(std::string_view name) const;
@@ -155,6 +160,7 @@ class VirtualRanks : public store::StandIn {
   std::unordered_map<std::string, std::string> ids_;  // 128-byte id -> the key it was exchanged under
   std::set<std::string> unresolved_;
   uint64_t synthesized_ = 0;
+  std::function<void()> id_listener_;
 };
 
 }  // namespace prism::coord

@@ -75,7 +75,7 @@ class FakeShim {
     EXPECT_TRUE(SendJson(ipc::MsgType::kCommInit,
                          {{"key", ipc::HexEncode(id)}, {"nranks", nranks}, {"rank", comm_rank}, {"desc", desc}}));
     ipc::Frame f;
-    EXPECT_TRUE(Recv(&f));
+    EXPECT_TRUE(Recv(&f, 10000));  // an unknown id is answered after comm_wait_ms
     EXPECT_EQ(f.type, ipc::MsgType::kCommInfo);
     return json::parse(f.payload);
   }
@@ -94,6 +94,7 @@ class CoordinatorTest : public ::testing::Test {
     o.real_ranks = {0, 5};
     o.out_dir = TempDir("coord");
     o.status_interval_ms = 20;
+    o.comm_wait_ms = 300;
     std::string error;
     coord_ = Coordinator::Start(o, &error);
     ASSERT_TRUE(coord_) << error;
@@ -241,6 +242,29 @@ TEST_F(CoordinatorTest, UnknownCommIsAnsweredWithAnError) {
   json w = r5.CommInit(std::string(128, '\x35'), 8, 5);
   ASSERT_FALSE(w.contains("error")) << w.dump();
   EXPECT_EQ(w["members"].size(), 8u);
+}
+
+TEST_F(CoordinatorTest, LeaderCommInitRacingItsOwnSetIsAnsweredWhenTheSetLands) {
+  // A real leader SETs its id (store, no reply) and at once sends kCommInit (bus): the bus may see it first.
+  FakeShim r0(coord_->endpoints().socket_path, 0);
+  r0.Hello();
+  std::string id(128, '\x51');
+  ASSERT_TRUE(r0.SendJson(ipc::MsgType::kCommInit, {{"key", ipc::HexEncode(id)}, {"nranks", 4}, {"rank", 0}}));
+  std::string id2(128, '\x52');
+  ASSERT_TRUE(r0.SendJson(ipc::MsgType::kCommInit, {{"key", ipc::HexEncode(id2)}, {"nranks", 8}, {"rank", 0}}));
+  ipc::Frame f;
+  EXPECT_FALSE(r0.Recv(&f, 200)) << "parked until the store has the id; the second waits behind the first";
+  auto s0 = Store();
+  ASSERT_TRUE(s0->Set("/default_pg/0//3//__prism_group__", R"({"name":"3","ranks":[0,1,2,3]})"));
+  ASSERT_TRUE(s0->Set("/default_pg/0//3//cuda//0", id));
+  ASSERT_TRUE(r0.Recv(&f));
+  json c = json::parse(f.payload);
+  EXPECT_EQ(c["key"], ipc::HexEncode(id));
+  EXPECT_EQ(c["members"], json::array({0, 1, 2, 3}));
+  ASSERT_TRUE(r0.Recv(&f));
+  json w = json::parse(f.payload);
+  EXPECT_EQ(w["key"], ipc::HexEncode(id2));
+  EXPECT_EQ(w["members"].size(), 8u) << "resolved by the world size, in order";
 }
 
 TEST_F(CoordinatorTest, StatusFollowsIterationsMemoryAndGoodbye) {
