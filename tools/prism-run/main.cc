@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
   AddReport(app, &rc);
   AddStatus(app, &rc);
   AddCoordinator(app, &rc);
+  AddImportChakra(app, &rc);
+  AddExportChakra(app, &rc);
 
   try {
     app.parse(argc, argv);

@@ -22,6 +22,8 @@ void AddFill(CLI::App& app, int* rc);
 void AddReport(CLI::App& app, int* rc);
 void AddStatus(CLI::App& app, int* rc);
 void AddCoordinator(CLI::App& app, int* rc);
+void AddImportChakra(CLI::App& app, int* rc);
+void AddExportChakra(CLI::App& app, int* rc);
 
 // Emulate is the default mode (`prism-run [OPTIONS] torchrun ...`): its options live on the top-level app.
 struct EmulateOptions;
