@@ -160,7 +160,7 @@ std::vector<int32_t> ResolveMembers(Registry& r, int nranks, int rank, const std
 void FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key) {
   const Config& cfg = Cfg();
   c->real_members = CountReal(c->members);
-  if (!cfg.coord_socket.empty() && !r.coord_comm_init_broken.load()) {
+  if ((!cfg.coord_socket.empty() || !cfg.coord_addr.empty()) && !r.coord_comm_init_broken.load()) {
     CoordCommInfo info;
     CoordReply reply =
         CoordCommInit(coord_key.empty() ? c->key : coord_key, c->nranks, c->rank, c->desc, c->name, -1, 0, 5000, &info);

@@ -15,6 +15,7 @@ const Setting kSettings[] = {
     {"PRISM_PHYS_DEVICE", "0", "Physical ordinal (within CUDA_VISIBLE_DEVICES) that virtual devices map to."},
     {"PRISM_OUT_DIR", "", "Directory for rank<R>.events.jsonl (no event file when empty)."},
     {"PRISM_COORD_SOCKET", "", "Coordinator Unix socket: communicators with several real members use it."},
+    {"PRISM_COORD_ADDR", "", "Coordinator TCP event bus HOST:PORT (used when PRISM_COORD_SOCKET is unset)."},
     {"PRISM_TOPOLOGY", "", "Cost-model topology (preset name, file or inline JSON); empty: built-in default."},
     {"PRISM_PAYLOAD", "mirror", "Data of virtual members: mirror | zeros | random | recorded."},
     {"PRISM_GATE", "wait",
@@ -113,6 +114,7 @@ void LoadConfig(EnvLookup lookup, Config* c) {
   }
   if (const char* v = lookup("PRISM_OUT_DIR")) c->out_dir = v;
   if (const char* v = lookup("PRISM_COORD_SOCKET")) c->coord_socket = v;
+  if (const char* v = lookup("PRISM_COORD_ADDR")) c->coord_addr = v;
   if (const char* v = lookup("PRISM_TOPOLOGY")) c->topology = v;
   if (const char* v = lookup("PRISM_PAYLOAD"); v && *v) c->payload = v;
   if (const char* v = lookup("PRISM_GATE"); v && *v) {

@@ -28,6 +28,7 @@ struct Config {
   int phys_device = 0;          // physical ordinal (within CUDA_VISIBLE_DEVICES) every virtual device maps to
   std::string out_dir;          // where rank<R>.events.jsonl goes ("" = no event file)
   std::string coord_socket;     // coordinator's Unix socket ("" = none)
+  std::string coord_addr;       // coordinator's TCP event bus "HOST:PORT" (another host's coordinator)
   std::string topology;         // cost-model topology: preset name, file or inline JSON
   std::string payload = "mirror";
   GateKind gate = GateKind::kWait;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include <atomic>
 #include <chrono>
@@ -87,13 +88,26 @@ bool CoordConnect() {
   if (c.tried) return c.active.load();
   c.tried = true;
   const Config& cfg = Cfg();
-  if (cfg.coord_socket.empty()) return false;
-  std::string err;
-  c.fd = ipc::ConnectUnix(cfg.coord_socket, &err);
+  std::string err, where;
+  if (!cfg.coord_socket.empty()) {
+    where = cfg.coord_socket;
+    c.fd = ipc::ConnectUnix(cfg.coord_socket, &err);
+  } else if (!cfg.coord_addr.empty()) {
+    where = cfg.coord_addr;
+    size_t colon = cfg.coord_addr.rfind(':');
+    int port = colon == std::string::npos ? -1 : std::atoi(cfg.coord_addr.c_str() + colon + 1);
+    if (port <= 0 || port > 65535) {
+      Log("interpose")->error("PRISM_COORD_ADDR='{}' is not HOST:PORT", cfg.coord_addr);
+      return false;
+    }
+    c.fd = ipc::ConnectTcp(cfg.coord_addr.substr(0, colon), static_cast<uint16_t>(port), 10000, &err);
+  } else {
+    return false;
+  }
   if (c.fd < 0) {
     Log("interpose")->error("cannot reach the coordinator at {}: {}; communicators with several real members "
                             "use the local rule",
-                            cfg.coord_socket, err);
+                            where, err);
     return false;
   }
   try {
@@ -222,7 +236,7 @@ bool CoordSendArrive(const GateUnit& u) {
   a.bytes = u.event.bytes;
   a.arrival_ns = u.event.arrival_ns;
   a.model_dur_ns = u.dur_ns;
-  // Why also `reserved` (us): coordinators built before ipc.h carried model_dur_ns read the duration there.
+  // Why also `reserved` (ns, capped at 4.29 s): coordinator.cc DefaultRelease still reads the duration there.
   a.reserved = static_cast<uint32_t>(std::min<uint64_t>(u.dur_ns, UINT32_MAX));
   a.peer = u.event.peer;
   std::string err;

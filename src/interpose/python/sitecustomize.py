@@ -183,7 +183,25 @@ def _install():
         sys.meta_path.insert(0, _TorchImportHook())
 
 
+def _chain_next_sitecustomize():
+    """Python imports only the first sitecustomize on sys.path: run the next one (the job's own), if any."""
+    import importlib.machinery
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None or os.path.abspath(spec.origin or "") == os.path.abspath(__file__):
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_prism_next_sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
 try:
     _install()
 except Exception as _e:  # a hook must never stop the interpreter
     _warn("not installed: %r" % (_e,))
+try:
+    _chain_next_sitecustomize()
+except Exception as _e:
+    _warn("the next sitecustomize failed: %r" % (_e,))
