@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "prism/report.h"
+#include "replay/simulate.h"
 
 namespace {
 
@@ -199,6 +200,31 @@ TEST_F(SimulateCli, ShippedExampleGraphSimulates) {
   Result r = RunCli("simulate " + graph + " --out " + P("out"));
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_GT(Load(P("out/report.json"))["iteration_time_s"].get<double>(), 0.0);
+}
+
+TEST(SimulateOptions, RankListsAndWhatIfSpecs) {
+  using prism::replay::ParseRankList;
+  using prism::replay::ParseWhatIf;
+  std::vector<int32_t> r;
+  std::string err;
+  ASSERT_TRUE(ParseRankList("0,517,8-10,9", &r, &err)) << err;
+  EXPECT_EQ(r, (std::vector<int32_t>{0, 8, 9, 10, 517}));
+  for (const char* bad : {"x", "3-1", "-2", "1-", "1,,a"}) {
+    EXPECT_FALSE(ParseRankList(bad, &r, &err)) << bad;
+    EXPECT_NE(err.find(bad), std::string::npos) << err;
+  }
+  prism::replay::WhatIf w;
+  ASSERT_TRUE(ParseWhatIf("straggler=5:1.5,bw-scale=0.5,straggler=6:2", &w, &err)) << err;
+  ASSERT_EQ(w.stragglers.size(), 2u);
+  EXPECT_EQ(w.stragglers[0].first, 5);
+  EXPECT_DOUBLE_EQ(w.stragglers[0].second, 1.5);
+  EXPECT_DOUBLE_EQ(w.bw_scale, 0.5);
+  ASSERT_TRUE(ParseWhatIf("topology=a100-8x200g", &w, &err));
+  EXPECT_EQ(w.topology, "a100-8x200g");
+  for (const char* bad : {"straggler=5", "straggler=5:0", "straggler=-1:2", "bw-scale=0", "bw-scale=x", "topology=",
+                          "fast=1", ""}) {
+    EXPECT_FALSE(ParseWhatIf(bad, &w, &err)) << bad;
+  }
 }
 
 }  // namespace
