@@ -158,6 +158,15 @@ def main():
     check("memory_accounted", peak >= torch.cuda.max_memory_allocated(),
           "shim peak %d >= torch max allocated %d" % (peak, torch.cuda.max_memory_allocated()))
 
+    # Triton (torch.compile) on the virtual device: its driver utilities call cuDeviceGet(current_device()).
+    try:
+        fn = torch.compile(lambda a: torch.nn.functional.gelu(a) * 2.0 + 1.0)
+        a = torch.randn(4096, device=dev)
+        check("torch_compile_virtual_device", torch.allclose(fn(a), torch.nn.functional.gelu(a) * 2.0 + 1.0,
+                                                             atol=1e-5))
+    except Exception as e:
+        check("torch_compile_virtual_device", False, repr(e)[-400:])
+
     dist.destroy_process_group()
     prism.prism_shutdown()
     path = os.path.join(os.environ["PRISM_OUT_DIR"], "rank%d.events.jsonl" % rank)
