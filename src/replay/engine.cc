@@ -5,6 +5,8 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "replay/symmetric.h"
+
 namespace prism::replay {
 
 using trace::CollOp;
@@ -137,6 +139,8 @@ struct Simulator::Impl {
   const trace::Trace& t;
   const CostModel& model;
   EngineOptions opt;
+  // The role classes (the fast path's replica graph reads the original graph's in place).
+  const std::vector<trace::RoleClass>& tclasses;
 
   // Plan (shared by ranks of a class).
   std::vector<ClassPlan> classes;
@@ -175,7 +179,12 @@ struct Simulator::Impl {
 
   SimResult res;
 
-  Impl(const trace::Trace& tr, const CostModel& m, EngineOptions o) : t(tr), model(m), opt(std::move(o)) {}
+  // Symmetric fast path: the fold and the engine that replays replica 0 (null: the full replay ran).
+  std::unique_ptr<ReplicaFold> fold;
+  std::unique_ptr<Impl> replica;
+
+  Impl(const trace::Trace& tr, const CostModel& m, EngineOptions o, const std::vector<trace::RoleClass>* cls = nullptr)
+      : t(tr), model(m), opt(std::move(o)), tclasses(cls ? *cls : tr.classes) {}
 
   bool Fail(SimResult::Status st, std::string msg) {
     if (res.status == SimResult::Status::kOk) {
@@ -188,7 +197,7 @@ struct Simulator::Impl {
   // ---- Plan ----------------------------------------------------------------------------------------------
 
   bool BuildClass(uint32_t ci, ClassPlan* cp) {
-    const trace::RoleClass& c = t.classes[ci];
+    const trace::RoleClass& c = tclasses[ci];
     cp->cls = &c;
     std::unordered_map<uint32_t, uint32_t> flat_of;
     cp->stream_begin.push_back(0);
@@ -278,7 +287,7 @@ struct Simulator::Impl {
                                                     " entries for world_size " + std::to_string(world));
     }
     // Iterations present.
-    for (const auto& c : t.classes) {
+    for (const auto& c : tclasses) {
       for (const auto& s : c.streams) {
         for (const auto& n : s.nodes) iter_values.push_back(n.iter);
       }
@@ -287,8 +296,8 @@ struct Simulator::Impl {
     iter_values.erase(std::unique(iter_values.begin(), iter_values.end()), iter_values.end());
     if (iter_values.empty()) iter_values.push_back(0);
 
-    classes.resize(t.classes.size());
-    for (uint32_t ci = 0; ci < t.classes.size(); ++ci) {
+    classes.resize(tclasses.size());
+    for (uint32_t ci = 0; ci < tclasses.size(); ++ci) {
       if (!BuildClass(ci, &classes[ci])) return false;
     }
     for (uint32_t i = 0; i < t.comms.size(); ++i) {
@@ -384,12 +393,14 @@ struct Simulator::Impl {
     uint64_t base = 0;
     for (uint32_t ci = 0; ci < t.comms.size(); ++ci) {
       const trace::Comm& c = t.comms[ci];
-      CommShape sh = model.Shape(c.ranks.data(), c.ranks.size());
+      // Placement: the communicator's own members, or the global ones it stands for (fast path).
+      const std::vector<int32_t>& place = ci < opt.placement_comm.size() ? opt.placement_comm[ci] : c.ranks;
+      CommShape sh = model.Shape(place.data(), place.size());
       auto it = std::find(shapes.begin(), shapes.end(), sh);
       if (it == shapes.end()) {
         shapes.push_back(sh);
         tunings.push_back(model.Tune(sh));
-        if (opt.baseline_model) base_tunings.push_back(opt.baseline_model->Tune(opt.baseline_model->Shape(c.ranks.data(), c.ranks.size())));
+        if (opt.baseline_model) base_tunings.push_back(opt.baseline_model->Tune(opt.baseline_model->Shape(place.data(), place.size())));
         it = shapes.end() - 1;
       }
       comm_shape[ci] = static_cast<uint32_t>(it - shapes.begin());
@@ -550,7 +561,8 @@ struct Simulator::Impl {
                     "collective mismatch on comm " + std::to_string(c.id) + (c.desc.empty() ? "" : " (" + c.desc + ")") +
                         " at sequence " + std::to_string(n.seq) + ": " + desc(p.first_rank, f) + ", but " + desc(rank, n));
       }
-      if (arrival > p.max_arrival) {
+      // Why the lower rank on a tie: who everybody waited for must not depend on the order of the walk.
+      if (arrival > p.max_arrival || (arrival == p.max_arrival && rank < p.last_rank)) {
         p.max_arrival = arrival;
         p.last_rank = rank;
       }
@@ -629,6 +641,10 @@ struct Simulator::Impl {
                                                     NodeLabel(n) + " has " + std::to_string(n.bytes));
     }
     int32_t src = send ? rank : other.rank, dst = send ? other.rank : rank;
+    if (!opt.placement_rank.empty()) {
+      src = opt.placement_rank[src];
+      dst = opt.placement_rank[dst];
+    }
     CommCost cost = model.SendRecv(n.bytes, src, dst);
     double dur = cost.time_us;
     double recorded = opt.use_recorded ? std::max(n.dur_us, o.dur_us) : -1.0;
@@ -1020,6 +1036,11 @@ struct Simulator::Impl {
 
   SimResult Run() {
     auto t0 = std::chrono::steady_clock::now();
+    std::string refused;
+    if (opt.symmetric && RunFolded(&refused)) {
+      res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return res;
+    }
     res = SimResult{};
     if (Plan()) {
       Simulate();
@@ -1031,9 +1052,76 @@ struct Simulator::Impl {
       }
     }
     res.events = events;
+    res.simulated_events = events;
+    res.symmetric_refused = std::move(refused);
     res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (opt.progress) opt.progress(events, total_events);
     return res;
+  }
+
+  // The symmetric fast path: replica 0 replayed as a graph of its own, its result copied to every replica.
+  // False with *why when a condition does not hold or the replica does not finish (the full replay then runs
+  // and, for a graph that cannot finish, names every rank in its diagnosis).
+  bool RunFolded(std::string* why) {
+    auto f = std::make_unique<ReplicaFold>();
+    if (!FoldReplicas(t, model, opt.baseline_model, opt.compute_scale, f.get(), why)) return false;
+    EngineOptions ro = opt;
+    ro.symmetric = false;
+    ro.compute_scale = f->compute_scale;
+    ro.placement_rank = std::move(f->placement_rank);
+    ro.placement_comm = std::move(f->placement_comm);
+    auto rep = std::make_unique<Impl>(f->replica, model, std::move(ro), &tclasses);
+    SimResult rr = rep->Run();
+    if (rr.status != SimResult::Status::kOk) {
+      *why = "replica 0 did not finish (" + rr.error + ")";
+      return false;
+    }
+    res = UnfoldResult(t, *f, rr);
+    fold = std::move(f);
+    replica = std::move(rep);
+    ran = true;
+    return true;
+  }
+
+  // Trace events of one rank: `r` indexes this engine's graph, `pid` is the rank the events are shown as;
+  // `global` (fast path) gives the communicators of rank pid in the original graph.
+  void AppendRankTrace(nlohmann::json& events, int32_t r, int32_t pid, const Impl* global) const {
+    using nlohmann::json;
+    const ClassPlan& cp = classes[r_cls[r]];
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
+    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+    for (uint32_t s = 0; s < cp.nstreams(); ++s) {
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", s},
+                        {"args", {{"name", cp.cls->streams[s].name}}}});
+    }
+    const double* fin = finish.data() + r_node_off[r];
+    for (uint32_t i = 0; i < cp.nodes.size(); ++i) {
+      if (fin[i] < 0) continue;
+      const FlatNode& n = cp.nodes[i];
+      double arr = Arrival(r, i);
+      json e = {{"ph", "X"}, {"pid", pid}, {"tid", n.stream}, {"ts", arr}, {"dur", fin[i] - arr}};
+      std::string name = n.src->name;
+      json args = {{"id", n.src->id}, {"iter", n.src->iter}};
+      if (n.kind == NodeKind::kCompute) {
+        if (name.empty()) name = "compute";
+        e["cat"] = "compute";
+      } else {
+        const trace::Comm& c = global ? global->t.comms[global->fold->binding[global->fold->slot_off[pid] + n.slot]]
+                                      : t.comms[slot_comm[r_slot_off[r] + n.slot]];
+        if (name.empty()) {
+          name = n.kind == NodeKind::kColl ? std::string(trace::ToString(n.op)) : (n.kind == NodeKind::kSend ? "send" : "recv");
+        }
+        e["cat"] = "comm";
+        args["comm"] = c.id;
+        if (!c.desc.empty()) args["desc"] = c.desc;
+        args["bytes"] = n.bytes;
+        args["seq"] = n.seq;
+        if (n.kind != NodeKind::kColl) args["peer"] = c.ranks[n.peer];
+      }
+      e["name"] = name;
+      e["args"] = std::move(args);
+      events.push_back(std::move(e));
+    }
   }
 
   nlohmann::json ChromeTrace(const std::vector<int32_t>& ranks) const {
@@ -1042,39 +1130,10 @@ struct Simulator::Impl {
     if (!ran) return json{{"traceEvents", events}};
     for (int32_t r : ranks) {
       if (r < 0 || static_cast<size_t>(r) >= t.ranks.size()) continue;
-      const ClassPlan& cp = classes[r_cls[r]];
-      events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r}, {"args", {{"name", "rank " + std::to_string(r)}}}});
-      events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", r}, {"args", {{"sort_index", r}}}});
-      for (uint32_t s = 0; s < cp.nstreams(); ++s) {
-        events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", s},
-                          {"args", {{"name", cp.cls->streams[s].name}}}});
-      }
-      const double* fin = finish.data() + r_node_off[r];
-      for (uint32_t i = 0; i < cp.nodes.size(); ++i) {
-        if (fin[i] < 0) continue;
-        const FlatNode& n = cp.nodes[i];
-        double arr = Arrival(r, i);
-        json e = {{"ph", "X"}, {"pid", r}, {"tid", n.stream}, {"ts", arr}, {"dur", fin[i] - arr}};
-        std::string name = n.src->name;
-        json args = {{"id", n.src->id}, {"iter", n.src->iter}};
-        if (n.kind == NodeKind::kCompute) {
-          if (name.empty()) name = "compute";
-          e["cat"] = "compute";
-        } else {
-          uint32_t comm = slot_comm[r_slot_off[r] + n.slot];
-          if (name.empty()) {
-            name = n.kind == NodeKind::kColl ? std::string(trace::ToString(n.op)) : (n.kind == NodeKind::kSend ? "send" : "recv");
-          }
-          e["cat"] = "comm";
-          args["comm"] = t.comms[comm].id;
-          if (!t.comms[comm].desc.empty()) args["desc"] = t.comms[comm].desc;
-          args["bytes"] = n.bytes;
-          args["seq"] = n.seq;
-          if (n.kind != NodeKind::kColl) args["peer"] = t.comms[comm].ranks[n.peer];
-        }
-        e["name"] = name;
-        e["args"] = std::move(args);
-        events.push_back(std::move(e));
+      if (replica) {
+        replica->AppendRankTrace(events, fold->position_of[r], r, this);
+      } else {
+        AppendRankTrace(events, r, r, nullptr);
       }
     }
     return json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};

@@ -34,6 +34,15 @@ struct EngineOptions {
   const CostModel* baseline_model = nullptr;
   // Called about every million events with (events done, events in the graph).
   std::function<void(uint64_t, uint64_t)> progress;
+  // Try the symmetric fast path (src/replay/symmetric.h, docs/simulate.md): when every data-parallel replica is
+  // identical, replay replica 0 only and copy its results to the others. Falls back to the full replay, with
+  // the reason in SimResult::symmetric_refused, when a condition does not hold.
+  bool symmetric = false;
+  // Placement for the cost model when the graph's ranks stand for other ranks (the fast path replays replica 0
+  // as a graph of its own): the global rank of each graph rank, and the global members of each communicator
+  // (index in Trace::comms). Empty: the graph's own ranks.
+  std::vector<int32_t> placement_rank;
+  std::vector<std::vector<int32_t>> placement_comm;
 };
 
 struct WaitOn {
@@ -98,6 +107,13 @@ struct SimResult {
   std::vector<CommResult> comms;
   CriticalPath critical_path;
   std::vector<std::string> warnings;
+
+  // Which path ran. symmetric: replica 0 was replayed and stands for `replicas` identical replicas; events
+  // still counts every rank's node completions, simulated_events those actually computed.
+  bool symmetric = false;
+  int32_t replicas = 1;
+  uint64_t simulated_events = 0;
+  std::string symmetric_refused;  // EngineOptions::symmetric was set but the full replay ran: why (one line)
 };
 
 class Simulator {

@@ -173,6 +173,26 @@ bool ParseWhatIf(const std::string& spec, WhatIf* out, std::string* error) {
   return true;
 }
 
+ordered_json ReplayPathJson(const trace::Trace& trace, const SimResult& res) {
+  ordered_json p;
+  p["path"] = res.symmetric ? "symmetric" : "full";
+  p["replicas"] = res.replicas;
+  p["ranks_replayed"] = res.replicas > 0 ? trace.world_size / res.replicas : trace.world_size;
+  p["simulated_events"] = res.simulated_events;
+  p["reason"] = ReplayPathReason(trace, res);
+  return p;
+}
+
+std::string ReplayPathReason(const trace::Trace& trace, const SimResult& res) {
+  if (res.symmetric) {
+    return std::to_string(res.replicas) + " identical data-parallel replicas: replica 0 (" +
+           std::to_string(trace.world_size / std::max(res.replicas, 1)) + " ranks) replayed, the others copied";
+  }
+  if (res.symmetric_refused.empty()) return "the fast path was not asked for";
+  if (res.symmetric_refused == "--no-symmetric") return "--no-symmetric";
+  return "fast path refused: " + res.symmetric_refused;
+}
+
 ordered_json SimReportJson(const trace::Trace& trace, const SimResult& res) {
   namespace rk = prism::report;
   ordered_json j;
@@ -192,7 +212,9 @@ ordered_json SimReportJson(const trace::Trace& trace, const SimResult& res) {
   j["makespan_s"] = res.makespan_s;
   j["events"] = res.events;
   j["simulate_s"] = res.wall_s;
-  j["events_per_s"] = res.wall_s > 0 ? static_cast<double>(res.events) / res.wall_s : 0.0;
+  // Why simulated_events: on the fast path `events` counts every rank, but only one replica's were computed.
+  j["events_per_s"] = res.wall_s > 0 ? static_cast<double>(res.simulated_events) / res.wall_s : 0.0;
+  j["replay"] = ReplayPathJson(trace, res);
   if (!res.warnings.empty()) j["warnings"] = res.warnings;
 
   ordered_json ranks = ordered_json::array();
@@ -299,6 +321,7 @@ void PrintSummary(std::ostream& out, const SimulateOptions& o, const trace::Trac
                 t.world_size, t.classes.size(), t.comms.size(), topo.name.c_str(),
                 model.kind() == CostModelKind::kAlphaBeta ? "alpha-beta" : "NCCL 2.28");
   out << buf;
+  out << "  replay           " << (r.symmetric ? "symmetric fast path: " : "full: ") << ReplayPathReason(t, r) << "\n";
   out << "  iteration time   " << Ms(r.iteration_time_s) << "  (median of " << r.iteration_ids.size()
       << " iteration" << (r.iteration_ids.size() == 1 ? "" : "s") << ", slowest rank)\n";
   const CriticalPath& cp = r.critical_path;
@@ -466,9 +489,11 @@ int RunSimulate(const SimulateOptions& o, std::ostream& out, std::ostream& err) 
   progress.what = "baseline";
   EngineOptions eo;
   eo.use_recorded = o.use_recorded;
+  eo.symmetric = o.symmetric;
   eo.progress = [&progress](uint64_t d, uint64_t n) { progress(d, n); };
   Simulator sim(t, model, eo);
   SimResult res = sim.Run();
+  if (!o.symmetric) res.symmetric_refused = "--no-symmetric";
 
   ordered_json report = SimReportJson(t, res);
   report["graph"] = o.graph;
@@ -498,6 +523,7 @@ int RunSimulate(const SimulateOptions& o, std::ostream& out, std::ostream& err) 
       if (what_ifs[i].bw_scale != 1.0 || !what_ifs[i].topology.empty()) wo.baseline_model = &model;
       progress.what = "what-if " + what_ifs[i].spec;
       SimResult wr = Simulate(t, wi_models[i], wo);
+      if (!o.symmetric) wr.symmetric_refused = "--no-symmetric";
       ordered_json w;
       w["spec"] = what_ifs[i].spec;
       w["status"] = StatusName(wr.status);
@@ -506,6 +532,7 @@ int RunSimulate(const SimulateOptions& o, std::ostream& out, std::ostream& err) 
       w["ratio"] = res.iteration_time_s > 0 ? wr.iteration_time_s / res.iteration_time_s : 0.0;
       w["makespan_s"] = wr.makespan_s;
       w["critical_path_ranks"] = wr.critical_path.ranks;
+      w["replay"] = ReplayPathJson(t, wr);
       if (!what_ifs[i].topology.empty()) w["topology"] = wi_topos[i].name;
       arr.push_back(std::move(w));
       if (wr.status != SimResult::Status::kOk) {
@@ -545,15 +572,27 @@ int RunSimulate(const SimulateOptions& o, std::ostream& out, std::ostream& err) 
     if (report.contains("what_if")) {
       for (const auto& w : report["what_if"]) {
         char buf[256];
-        std::snprintf(buf, sizeof buf, "  what-if %-24s %s (x%.3f)\n", w["spec"].get<std::string>().c_str(),
+        std::snprintf(buf, sizeof buf, "  what-if %-24s %s (x%.3f)", w["spec"].get<std::string>().c_str(),
                       Ms(w[std::string(report::kIterationTime)].get<double>()).c_str(), w["ratio"].get<double>());
         out << buf;
+        const auto& path = w["replay"];
+        if (path["path"] == "symmetric") {
+          out << "  symmetric\n";
+        } else {
+          out << "  full replay (" << path["reason"].get<std::string>() << ")\n";
+        }
       }
     }
     char buf[256];
-    std::snprintf(buf, sizeof buf, "  simulated %llu events in %.3f s (%.2f M events/s); loaded in %.3f s\n",
-                  static_cast<unsigned long long>(res.events), res.wall_s,
-                  res.wall_s > 0 ? res.events / res.wall_s / 1e6 : 0.0, load_s);
+    if (res.symmetric) {
+      std::snprintf(buf, sizeof buf, "  simulated %llu events standing for %llu in %.3f s (%.2f M events/s); loaded in %.3f s\n",
+                    static_cast<unsigned long long>(res.simulated_events), static_cast<unsigned long long>(res.events),
+                    res.wall_s, res.wall_s > 0 ? res.simulated_events / res.wall_s / 1e6 : 0.0, load_s);
+    } else {
+      std::snprintf(buf, sizeof buf, "  simulated %llu events in %.3f s (%.2f M events/s); loaded in %.3f s\n",
+                    static_cast<unsigned long long>(res.events), res.wall_s,
+                    res.wall_s > 0 ? res.events / res.wall_s / 1e6 : 0.0, load_s);
+    }
     out << buf;
     out << "  report: " << (dir / std::string(report::kFileName)).string();
     if (report.contains("trace")) out << "  trace: " << report["trace"].get<std::string>();

@@ -37,6 +37,7 @@ struct SimulateOptions {
   std::string trace_ranks = "0";    // ranks in trace.json; "" or "none": no trace
   bool use_recorded = true;
   bool validate = true;
+  bool symmetric = true;            // symmetric fast path when the graph allows it (--no-symmetric: full replay)
   bool quiet = false;               // no summary on stdout
 };
 
@@ -46,5 +47,10 @@ int RunSimulate(const SimulateOptions& opts, std::ostream& out, std::ostream& er
 
 // The report for one finished simulation (the keys of include/prism/report.h plus the simulate extras).
 nlohmann::ordered_json SimReportJson(const trace::Trace& trace, const SimResult& res);
+
+// Which replay ran (report.json "replay": path, replicas, ranks_replayed, simulated_events, reason) and why, in
+// one line: the symmetric fast path with its replica count, or the full replay with the fast path's refusal.
+nlohmann::ordered_json ReplayPathJson(const trace::Trace& trace, const SimResult& res);
+std::string ReplayPathReason(const trace::Trace& trace, const SimResult& res);
 
 }  // namespace prism::replay

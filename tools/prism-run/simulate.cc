@@ -25,6 +25,9 @@ void AddSimulate(CLI::App& app, int* rc) {
   sub->add_flag("--use-recorded,!--no-use-recorded", opts->use_recorded,
                 "use recorded comm durations from the graph when present (default on)");
   sub->add_flag("!--no-validate", opts->validate, "skip the graph validator (the engine still refuses what it cannot run)");
+  sub->add_flag("!--no-symmetric,!--full", opts->symmetric,
+                "replay every rank even when all data-parallel replicas are identical (default: replay one replica "
+                "and copy it, which gives the same result)");
   sub->add_option("--nccl-algo", *nccl_algo, "NCCL_ALGO for the model (default: $NCCL_ALGO)");
   sub->add_option("--nccl-proto", *nccl_proto, "NCCL_PROTO for the model (default: $NCCL_PROTO)");
   sub->add_flag("--quiet", opts->quiet, "no summary on stdout");
