@@ -153,6 +153,33 @@ TEST(Engine, CollectiveCompletesAtLastArrivalPlusDuration) {
   EXPECT_NE(std::find(r.critical_path.ranks.begin(), r.critical_path.ranks.end(), 1), r.critical_path.ranks.end());
 }
 
+TEST(Engine, WhoWasWaitedForOnATieIsTheLowerRank) {
+  // Ranks 1 and 2 reach the all-reduce together at 10 us, rank 0 at 5 us. Rank 2 gets there first in the walk
+  // (its send completes the p2p pair and it runs on), so only the tie rule makes rank 1 the one waited for.
+  G g(3);
+  g.Comm({0, 1, 2}, "DP");
+  g.Comm({1, 2}, "PP");
+  g.Compute(0, 0, 5);
+  g.Coll(0, 0, "DP", CollOp::kAllReduce, 1024);
+  g.t.classes[1].streams.resize(1);
+  uint32_t recv = g.P2P(1, 0, "PP", false, 1, 1024);
+  g.Compute(1, 0, 8);
+  g.Coll(1, 0, "DP", CollOp::kAllReduce, 1024);
+  uint32_t send = g.P2P(2, 0, "PP", true, 0, 1024);
+  g.Compute(2, 0, 8);
+  g.Coll(2, 0, "DP", CollOp::kAllReduce, 1024);
+  g.t.classes[1].streams[0].nodes[recv].dur_us = 2.0;  // recorded: the pair takes exactly 2 us
+  g.t.classes[2].streams[0].nodes[send].dur_us = 2.0;
+  ASSERT_TRUE(ValidateTrace(g.t).empty());
+  CostModel m = AlphaBeta();
+  SimResult r = Simulate(g.t, m);
+  ASSERT_EQ(r.status, SimResult::Status::kOk) << r.error;
+  EXPECT_NEAR(r.ranks[1].end_s, r.ranks[2].end_s, 0);
+  ASSERT_EQ(r.ranks[0].waited_on.size(), 1u);
+  EXPECT_EQ(r.ranks[0].waited_on[0].rank, 1);
+  EXPECT_NEAR(r.ranks[0].waited_on[0].seconds, 5e-6, 1e-12);
+}
+
 TEST(Engine, RecordedDurationWinsUnlessDisabled) {
   G g(2);
   g.Comm({0, 1}, "TP");
