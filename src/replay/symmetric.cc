@@ -23,6 +23,10 @@ std::string Factor(double f) {
 // dimension fastest). Why ep and etp count 1: they subdivide dp and tp for expert layers (Megatron's expert
 // rank generator); the dense layout is tp*cp*dp*pp = world_size.
 bool ReplicaStride(const trace::Layout& l, int32_t world, int64_t* stride, std::string* why) {
+  if (l.tp < 1 || l.cp < 1 || l.pp < 1 || l.dp < 1) {
+    *why = "the layout has a dimension below 1";
+    return false;
+  }
   int64_t s = 1;
   bool seen_dp = false;
   std::vector<std::string> seen;
