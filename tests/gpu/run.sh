@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU suite: one entry script, run on the GPU machine from the repo root over a build made elsewhere
+# (carry build/ and third_party/megatron/). Prints a PASS/FAIL table and writes logs under OUT_DIR.
+#   tests/gpu/run.sh OUT_DIR [suite...]      suites: shim megatron (default: all)
+set -uo pipefail
+out=$(realpath -m "${1:?usage: tests/gpu/run.sh OUT_DIR [suite...]}"); shift
+mkdir -p "$out"
+suites=("$@"); ((${#suites[@]})) || suites=(shim megatron)
+export PRISM_BUILD=${PRISM_BUILD:-$PWD/build}
+export PRISM_RUN=$PRISM_BUILD/bin/prism-run PRISM_LIB=$PRISM_BUILD/lib/libprism.so
+export NCCL_NVLS_ENABLE=0 NCCL_NVLINK_SHARP_ENABLE=0 PYTHONUNBUFFERED=1
+table=$out/table.txt; : > "$table"
+# check NAME CMD...: runs CMD, records PASS/FAIL; CMD may append "detail" lines to $out/NAME.detail
+check() {
+  local name=$1; shift
+  local t0=$SECONDS
+  if "$@" > "$out/$name.log" 2>&1; then st=PASS; else st=FAIL; fi
+  local detail=""; [ -f "$out/$name.detail" ] && detail=$(tr '\n' ' ' < "$out/$name.detail")
+  printf '%-34s %-4s %4ss  %s\n' "$name" "$st" $((SECONDS - t0)) "$detail" | tee -a "$table"
+}
+export -f check
+export out
+for s in "${suites[@]}"; do
+  case $s in
+    shim) [ -x tests/gpu/shim_suite.sh ] && source tests/gpu/shim_suite.sh ;;
+    megatron) source tests/gpu/megatron_suite.sh ;;
+    *) echo "unknown suite $s" >&2 ;;
+  esac
+done
+echo; echo "== GPU suite"; cat "$table"
+! grep -q ' FAIL ' "$table"
