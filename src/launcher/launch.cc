@@ -16,7 +16,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <functional>
 
+#include "coordinator/world.h"
 #include "launcher/run_report.h"
 #include "prism/report.h"
 
@@ -24,6 +27,25 @@ extern char** environ;
 
 namespace prism::launcher {
 namespace {
+
+// Labels a communicator by the Megatron groups (of the plan's layout) with exactly its members, in order;
+// several groups can share members (PIPELINE and EMBEDDING for pp=2), then they are joined with '|'.
+std::function<std::string(const std::vector<int>&)> MegatronGroupLabeler(const Plan& plan) {
+  std::string err;
+  auto world = world::World::Make(plan.layout, plan.nproc_per_node, &err);
+  if (!world) return nullptr;
+  auto by_members = std::make_shared<std::map<std::vector<int>, std::string>>();
+  for (const world::Group& g : world->MegatronGroups()) {
+    if (g.backend != "nccl") continue;
+    std::string& label = (*by_members)[g.members];
+    std::string name = g.desc.empty() ? g.kind : g.desc;
+    if (label.find(name) == std::string::npos) label += (label.empty() ? "" : "|") + name;
+  }
+  return [by_members](const std::vector<int>& members) {
+    auto it = by_members->find(members);
+    return it == by_members->end() ? std::string() : it->second;
+  };
+}
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -165,6 +187,7 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
   std::vector<int> ranks;
   for (const RealRank& r : plan.real) ranks.push_back(r.rank);
   RunReport report(plan.out_dir, plan.world_size, ranks);
+  report.SetCommLabeler(MegatronGroupLabeler(plan));
   std::string status = "running";
   auto extra = [&]() {
     json e;

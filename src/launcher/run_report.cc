@@ -159,6 +159,13 @@ void RunReport::Feed(int r, const std::string& line) {
   } else if (type == events::kComm) {
     std::string desc = GetStr(j, "desc");
     int64_t id = GetInt(j, "comm_id");
+    if (desc.empty() && labeler_ && j.contains("members") && j["members"].is_array()) {
+      std::vector<int> members;
+      for (const json& m : j["members"]) {
+        if (m.is_number_integer()) members.push_back(m.get<int>());
+      }
+      desc = labeler_(members);
+    }
     if (desc.empty()) desc = GetStr(j, "name");
     if (desc.empty()) desc = GetStr(j, "key");
     if (desc.empty()) desc = "comm" + std::to_string(id);

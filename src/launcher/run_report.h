@@ -73,6 +73,10 @@ class RunReport {
   // Feeds one event line (as the file would hold it) for `rank`; public for tests.
   void Feed(int rank, const std::string& line);
 
+  // Names a communicator that the shim reported without a description (e.g. a group whose unique id this
+  // rank generated itself) from its global members; "" when unknown. Set before the first Poll().
+  void SetCommLabeler(std::function<std::string(const std::vector<int>&)> labeler) { labeler_ = std::move(labeler); }
+
   RankEvents& rank(int r);
   const std::vector<int>& real_ranks() const { return real_ranks_; }
 
@@ -98,6 +102,7 @@ class RunReport {
   int world_size_;
   std::vector<int> real_ranks_;
   std::map<int, RankEvents> ranks_;
+  std::function<std::string(const std::vector<int>&)> labeler_;
   std::map<int, Tail> tails_;
   int64_t printed_through_ = -1;
   bool printed_any_ = false;
