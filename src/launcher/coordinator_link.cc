@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "coordinator/coordinator.h"
+#include "coordinator/graph_release.h"
 #include "launcher/megatron_membership.h"
 
 namespace prism::launcher {
@@ -39,6 +40,11 @@ class LocalCoordinator : public CoordinatorLink {
     // Why: the plan sets TORCH_NCCL_RANKS_PER_ROOT to this value, so both sides split scalable-init roots alike.
     o.ranks_per_root = std::max(plan->world_size, 128);
     o.membership = membership_.get();
+    if (!o.graph.empty()) {
+      graph_release_ = coord::GraphRelease::Load(o.graph, o.world_size, o.real_ranks, error);
+      if (!graph_release_) return false;
+      o.release_policy = graph_release_.get();
+    }
     std::string first_error;
     coord_ = coord::Coordinator::Start(o, &first_error);
     if (!coord_) {
@@ -75,6 +81,7 @@ class LocalCoordinator : public CoordinatorLink {
 
  private:
   std::unique_ptr<MegatronMembership> membership_;
+  std::unique_ptr<coord::GraphRelease> graph_release_;  // before coord_: outlives it
   std::unique_ptr<coord::Coordinator> coord_;
   std::string addr_;
 };

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "coordinator/coordinator.h"
+#include "coordinator/graph_release.h"
 #include "coordinator/world.h"
 #include "subcommands.h"
 
@@ -84,6 +85,16 @@ int RunCoordinator(const CoordinatorCli& o) {
   opts.bus_tcp = o.bus_tcp;
   opts.layout = o.layout;
   opts.graph = o.graph;
+  // Why here and not in the coordinator: a bad graph is bad input (exit 2) before anything listens.
+  std::unique_ptr<coord::GraphRelease> graph_release;
+  if (!o.graph.empty()) {
+    graph_release = coord::GraphRelease::Load(o.graph, o.world_size, opts.real_ranks, &error);
+    if (!graph_release) {
+      std::fprintf(stderr, "prism-run coordinator: --graph: %s\n", error.c_str());
+      return kExitBadInput;
+    }
+    opts.release_policy = graph_release.get();
+  }
   opts.payload = o.payload;
   opts.topology = o.topology;
   opts.out_dir = o.out.empty() ? DefaultOut() : o.out;
@@ -108,6 +119,7 @@ int RunCoordinator(const CoordinatorCli& o) {
   std::printf("MASTER_ADDR=%s MASTER_PORT=%u PRISM_COORD_SOCKET=%s%s%s\n", ep.store_host.c_str(),
               unsigned{ep.store_port}, ep.socket_path.c_str(), ep.bus_tcp.empty() ? "" : " PRISM_COORD_ADDR=",
               ep.bus_tcp.c_str());
+  if (graph_release) std::fprintf(stderr, "prism coordinator: virtual ranks follow graph %s\n", o.graph.c_str());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&set, &sig);
@@ -142,7 +154,7 @@ void AddCoordinator(CLI::App& app, int* rc) {
   sub->add_option("--layout", o->layout,
                   "\"tp=8,pp=4,dp=32[,...]\": Megatron's groups as a fallback for unregistered group members");
   sub->add_option("--gpus-per-node", o->gpus_per_node, "placement for --layout")->capture_default_str();
-  sub->add_option("--graph", o->graph, "PrismTrace the virtual ranks follow (recorded; replay not built yet)");
+  sub->add_option("--graph", o->graph, "PrismTrace the virtual ranks follow in real time (release times of real ranks' operations)");
   sub->add_option("--payload", o->payload, "data policy of virtual members, passed to the shims")
       ->capture_default_str()
       ->check(CLI::IsMember({"mirror", "recorded", "random", "zeros"}));

@@ -1,0 +1,350 @@
+#include "coordinator/graph_release.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/log.h"
+#include "replay/trace_io.h"
+
+namespace prism::coord {
+namespace {
+
+int64_t UsToNs(double us) { return us > 0 ? static_cast<int64_t>(std::llround(us * 1000.0)) : 0; }
+
+// The kOpArrive `op` a graph node stands for (ipc.h: CollOp, or 100 + NodeKind for p2p).
+uint32_t IpcOpOf(const trace::Node& n) {
+  if (n.kind == trace::NodeKind::kColl) return static_cast<uint32_t>(n.op);
+  return 100 + static_cast<uint32_t>(n.kind);
+}
+
+}  // namespace
+
+GraphRelease::GraphRelease(trace::Trace trace, std::vector<int> real_ranks)
+    : trace_(std::move(trace)), real_ranks_(std::move(real_ranks)) {
+  std::sort(real_ranks_.begin(), real_ranks_.end());
+  classes_.resize(trace_.classes.size());
+  for (size_t c = 0; c < trace_.classes.size(); ++c) {
+    const trace::RoleClass& rc = trace_.classes[c];
+    ClassInfo& ci = classes_[c];
+    ci.slot_nodes.resize(rc.comm_slots.size());
+    ci.slot_colls.resize(rc.comm_slots.size());
+    for (uint32_t s = 0; s < rc.streams.size(); ++s) {
+      for (uint32_t k = 0; k < rc.streams[s].nodes.size(); ++k) {
+        const trace::Node& n = rc.streams[s].nodes[k];
+        ci.by_id[n.id] = NodeRef{s, k};
+        if (n.kind == trace::NodeKind::kCompute || n.comm_slot >= rc.comm_slots.size()) continue;
+        ci.slot_nodes[n.comm_slot].push_back(n.id);
+        if (n.kind == trace::NodeKind::kColl) {
+          ci.ordinal[n.id] = static_cast<uint32_t>(ci.slot_colls[n.comm_slot].size());
+          ci.slot_colls[n.comm_slot].push_back(n.id);
+        } else {
+          auto& list = ci.p2p[{n.comm_slot, n.kind, n.peer}];
+          ci.ordinal[n.id] = static_cast<uint32_t>(list.size());
+          list.push_back(n.id);
+        }
+      }
+    }
+  }
+  for (size_t g = 0; g < trace_.comms.size(); ++g) {
+    std::vector<int32_t> m = trace_.comms[g].ranks;
+    std::sort(m.begin(), m.end());
+    comm_by_members_.emplace(std::move(m), static_cast<int>(g));
+  }
+  cursor_.resize(trace_.ranks.size());
+  for (size_t r = 0; r < trace_.ranks.size(); ++r)
+    cursor_[r].assign(trace_.classes[trace_.ranks[r].cls].streams.size(), {0u, 0u});
+}
+
+std::unique_ptr<GraphRelease> GraphRelease::Load(const std::string& path, int world_size,
+                                                 std::vector<int> real_ranks, std::string* error) {
+  trace::Trace t;
+  if (!replay::ReadTrace(path, &t, error)) return nullptr;
+  if (world_size > 0 && t.world_size != world_size) {
+    *error = path + ": graph world size " + std::to_string(t.world_size) + " differs from --world-size " +
+             std::to_string(world_size);
+    return nullptr;
+  }
+  for (int r : real_ranks) {
+    if (r < 0 || r >= t.world_size) {
+      *error = path + ": real rank " + std::to_string(r) + " is outside the graph's world";
+      return nullptr;
+    }
+  }
+  return std::make_unique<GraphRelease>(std::move(t), std::move(real_ranks));
+}
+
+bool GraphRelease::IsReal(int rank) const {
+  return std::binary_search(real_ranks_.begin(), real_ranks_.end(), rank);
+}
+
+const trace::Node& GraphRelease::NodeOf(int rank, uint32_t id) const {
+  uint32_t cls = trace_.ranks[rank].cls;
+  NodeRef ref = classes_[cls].by_id.at(id);
+  return trace_.classes[cls].streams[ref.stream].nodes[ref.index];
+}
+
+std::optional<uint32_t> GraphRelease::SlotOf(int rank, uint32_t comm) const {
+  const auto& b = trace_.ranks[rank].comms;
+  for (uint32_t s = 0; s < b.size(); ++s)
+    if (b[s] == trace_.comms[comm].id) return s;
+  return std::nullopt;
+}
+
+std::optional<int> GraphRelease::GraphComm(const CommView& comm) const {
+  // Why exact order first: two graph communicators never share members in practice, but if they did the one in
+  // the same communicator-rank order is the one the job made.
+  for (size_t g = 0; g < trace_.comms.size(); ++g) {
+    const auto& r = trace_.comms[g].ranks;
+    if (r.size() == comm.members.size() && std::equal(r.begin(), r.end(), comm.members.begin()))
+      return static_cast<int>(g);
+  }
+  std::vector<int32_t> m(comm.members.begin(), comm.members.end());
+  std::sort(m.begin(), m.end());
+  auto it = comm_by_members_.find(m);
+  if (it == comm_by_members_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool GraphRelease::MapOp(int rank, uint32_t gcomm, uint64_t seq, Inst* out) const {
+  if (rank < 0 || rank >= static_cast<int>(trace_.ranks.size())) return false;
+  std::optional<uint32_t> slot = SlotOf(rank, gcomm);
+  if (!slot) return false;
+  const auto& nodes = classes_[trace_.ranks[rank].cls].slot_nodes[*slot];
+  if (nodes.empty()) return false;
+  *out = Inst{rank, static_cast<uint32_t>(seq / nodes.size()), nodes[seq % nodes.size()]};
+  return true;
+}
+
+bool GraphRelease::Partners(const Inst& i, std::vector<Inst>* out) const {
+  out->clear();
+  const trace::Node& n = NodeOf(i.rank, i.node);
+  if (n.kind == trace::NodeKind::kCompute) return false;
+  const uint32_t cls = trace_.ranks[i.rank].cls;
+  const uint32_t comm_id = trace_.ranks[i.rank].comms[n.comm_slot];
+  uint32_t g = 0;
+  while (g < trace_.comms.size() && trace_.comms[g].id != comm_id) ++g;
+  if (g == trace_.comms.size()) return false;
+  const trace::Comm& comm = trace_.comms[g];
+  const uint32_t k = classes_[cls].ordinal.at(i.node);
+  if (n.kind == trace::NodeKind::kColl) {
+    for (int32_t m : comm.ranks) {
+      std::optional<uint32_t> s = SlotOf(m, g);
+      if (!s) return false;
+      const auto& colls = classes_[trace_.ranks[m].cls].slot_colls[*s];
+      if (k >= colls.size()) return false;
+      out->push_back(Inst{m, i.rep, colls[k]});
+    }
+    return true;
+  }
+  int32_t me = static_cast<int32_t>(std::find(comm.ranks.begin(), comm.ranks.end(), i.rank) - comm.ranks.begin());
+  if (n.peer < 0 || n.peer >= static_cast<int32_t>(comm.ranks.size())) return false;
+  int32_t peer = comm.ranks[n.peer];
+  std::optional<uint32_t> s = SlotOf(peer, g);
+  if (!s) return false;
+  trace::NodeKind other = n.kind == trace::NodeKind::kSend ? trace::NodeKind::kRecv : trace::NodeKind::kSend;
+  const auto& p2p = classes_[trace_.ranks[peer].cls].p2p;
+  auto it = p2p.find({*s, other, me});
+  if (it == p2p.end() || k >= it->second.size()) return false;
+  out->push_back(i);
+  out->push_back(Inst{peer, i.rep, it->second[k]});
+  return true;
+}
+
+int64_t GraphRelease::DurationNs(const std::vector<Inst>& parts) {
+  // The graph's recorded duration wins (the longest any participant recorded); else what the shims sent.
+  int64_t dur = -1;
+  for (const Inst& p : parts) {
+    double us = NodeOf(p.rank, p.node).dur_us;
+    if (us >= 0) dur = std::max(dur, UsToNs(us));
+  }
+  if (dur >= 0) return dur;
+  for (const Inst& p : parts) {
+    auto it = shim_dur_.find(p);
+    if (it != shim_dur_.end()) dur = std::max(dur, it->second);
+  }
+  if (dur >= 0) return dur;
+  ++stats_.no_duration;
+  return 0;
+}
+
+std::optional<int64_t> GraphRelease::Completion(const Inst& i, int* last_rank) {
+  std::vector<Inst> parts;
+  if (!Partners(i, &parts)) return std::nullopt;
+  int64_t latest = 0;
+  int last = -1;
+  for (const Inst& p : parts) {
+    auto it = arrival_.find(p);
+    if (it == arrival_.end()) return std::nullopt;
+    if (last < 0 || it->second > latest) {
+      latest = it->second;
+      last = p.rank;
+    }
+  }
+  if (last_rank) *last_rank = parts.size() > 1 ? last : -1;
+  return latest + DurationNs(parts);
+}
+
+int64_t GraphRelease::LocalOffsetNs(int rank, uint32_t target) {
+  // The rank alone, communication taking no time: when it reaches `target` after its own compute.
+  const trace::RoleClass& rc = trace_.classes[trace_.ranks[rank].cls];
+  std::map<uint32_t, int64_t> fin;
+  std::vector<uint32_t> cur(rc.streams.size(), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (uint32_t s = 0; s < rc.streams.size(); ++s) {
+      while (cur[s] < rc.streams[s].nodes.size()) {
+        const trace::Node& n = rc.streams[s].nodes[cur[s]];
+        int64_t start = cur[s] > 0 ? fin[rc.streams[s].nodes[cur[s] - 1].id] : 0;
+        bool ready = true;
+        for (uint32_t a : n.after) {
+          auto it = fin.find(a);
+          if (it == fin.end()) {
+            ready = false;
+            break;
+          }
+          start = std::max(start, it->second);
+        }
+        if (!ready) break;
+        if (n.id == target) return start;
+        fin[n.id] = start + (n.kind == trace::NodeKind::kCompute ? UsToNs(n.dur_us) : 0);
+        ++cur[s];
+        progress = true;
+      }
+    }
+  }
+  return 0;
+}
+
+void GraphRelease::Pump() {
+  if (!anchored_) return;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int v = 0; v < static_cast<int>(trace_.ranks.size()); ++v) {
+      if (IsReal(v)) continue;
+      const trace::RoleClass& rc = trace_.classes[trace_.ranks[v].cls];
+      for (uint32_t s = 0; s < rc.streams.size(); ++s) {
+        const auto& nodes = rc.streams[s].nodes;
+        if (nodes.empty()) continue;
+        auto& [rep, idx] = cursor_[v][s];
+        // Why a bound: a virtual rank that waits on no real rank would otherwise run through endless repetitions;
+        // one repetition ahead of the furthest real rank is all a decision can need.
+        while (rep <= rep_limit_ + 1) {
+          const trace::Node& n = nodes[idx];
+          Inst inst{v, rep, n.id};
+          int64_t start = anchor_ns_;
+          bool ready = true;
+          if (idx > 0 || rep > 0) {
+            Inst prev = idx > 0 ? Inst{v, rep, nodes[idx - 1].id} : Inst{v, rep - 1, nodes.back().id};
+            auto it = finish_.find(prev);
+            ready = it != finish_.end();
+            if (ready) start = it->second;
+          }
+          for (uint32_t a : n.after) {
+            if (!ready) break;
+            auto it = finish_.find(Inst{v, rep, a});
+            ready = it != finish_.end();
+            if (ready) start = std::max(start, it->second);
+          }
+          if (!ready) break;
+          arrival_.emplace(inst, start);
+          int64_t end = 0;
+          if (n.kind == trace::NodeKind::kCompute) {
+            end = start + UsToNs(n.dur_us);
+          } else {
+            std::optional<int64_t> c = Completion(inst, nullptr);
+            if (!c) break;  // a participant has not arrived: conservative, wait for it
+            end = *c;
+          }
+          finish_[inst] = end;
+          progress = true;
+          if (++idx == nodes.size()) {
+            idx = 0;
+            ++rep;
+          }
+        }
+      }
+    }
+  }
+}
+
+ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<int> g = GraphComm(comm);
+  std::vector<Inst> insts;
+  bool ok = g.has_value() && !arrivals.empty();
+  for (size_t k = 0; ok && k < arrivals.size(); ++k) {
+    Inst inst{};
+    const uint32_t op = arrivals[k].op.op;
+    ok = MapOp(arrivals[k].rank, static_cast<uint32_t>(*g), seq, &inst) &&
+         IpcOpOf(NodeOf(inst.rank, inst.node)) == op;
+    if (!ok) {
+      Log("coord")->warn("graph: rank {} comm {} seq {} op {} does not match the graph's node; default release",
+                         arrivals[k].rank, comm.comm_id, seq, op);
+    }
+    insts.push_back(inst);
+  }
+  if (!ok) {
+    ++stats_.unmatched;
+    return DefaultRelease(comm, seq, arrivals);
+  }
+  for (size_t k = 0; k < arrivals.size(); ++k) {
+    const int64_t at = static_cast<int64_t>(uint64_t{arrivals[k].op.arrival_ns});
+    if (!anchored_) {
+      // Why: graph time 0 is when the real rank started its own graph; it reaches this node after its own compute.
+      // Every rank of the graph starts then (all ranks begin together, as the replay engine assumes).
+      anchor_ns_ = at - LocalOffsetNs(insts[k].rank, insts[k].node);
+      anchored_ = true;
+    }
+    arrival_[insts[k]] = at;
+    shim_dur_[insts[k]] = static_cast<int64_t>(uint64_t{arrivals[k].op.model_dur_ns});
+    rep_limit_ = std::max(rep_limit_, insts[k].rep);
+  }
+  Pump();
+  ReleaseDecision d;
+  std::optional<int64_t> c = Completion(insts[0], &d.last_rank);
+  if (c) {
+    ++stats_.decided;
+  } else {
+    // A virtual participant cannot reach this operation before a real rank reports an operation it waits for. The
+    // policy must answer now, so: the arrivals known (real ones, virtual ones already computed) decide.
+    ++stats_.blocked;
+    Log("coord")->warn("graph: comm {} seq {}: a virtual member is blocked on a real rank's later operation; "
+                       "releasing on the arrivals known",
+                       comm.comm_id, seq);
+    std::vector<Inst> parts;
+    Partners(insts[0], &parts);
+    int64_t latest = 0;
+    for (const Inst& p : parts) {
+      auto it = arrival_.find(p);
+      if (it != arrival_.end() && it->second >= latest) {
+        latest = it->second;
+        d.last_rank = p.rank;
+      }
+    }
+    c = latest + DurationNs(parts);
+  }
+  d.release_ns = static_cast<uint64_t>(*c);
+  for (const Inst& i : insts) finish_[i] = *c;
+  Pump();
+  return d;
+}
+
+GraphRelease::Stats GraphRelease::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+int64_t GraphRelease::anchor_ns() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return anchor_ns_;
+}
+
+std::optional<int64_t> GraphRelease::VirtualArrival(int rank, uint32_t rep, uint32_t node_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Pump();
+  auto it = arrival_.find(Inst{rank, rep, node_id});
+  if (it == arrival_.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace prism::coord
