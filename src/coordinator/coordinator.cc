@@ -15,11 +15,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -29,6 +31,7 @@
 
 #include "common/ipc_io.h"
 #include "common/log.h"
+#include "coordinator/hang_detector.h"
 #include "coordinator/store_server.h"
 
 namespace prism::coord {
@@ -210,6 +213,7 @@ class Coordinator::Impl {
   void MaybeWriteStatus(bool force);
   json StatusLocked();
   void WriteInfo(const char* state);
+  void CheckHang();
 
   store::StoreServer store_;
   std::thread thread_;
@@ -235,6 +239,7 @@ class Coordinator::Impl {
   int idle_ticks_ = 0;
   bool stopped_ = false;
   bool info_written_ = false;
+  HangDetector hang_;  // under mu_
 };
 
 bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error) {
@@ -268,6 +273,7 @@ bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error
   vo.membership = opts_.membership;
   vr_ = std::make_unique<VirtualRanks>(vo);
   for (int r : opts_.real_ranks) ranks_[r] = RankState{};
+  hang_.set_timeout(opts_.hang_timeout_s);
 
   store::StoreServerOptions so;
   so.host = opts_.store_host;
@@ -481,7 +487,10 @@ void Coordinator::Impl::Loop() {
       }
       for (BusId id : drop) DropClient(id);
     }
-    if (tick) MaybeWriteStatus(false);
+    if (tick) {
+      MaybeWriteStatus(false);
+      CheckHang();
+    }
   }
 }
 
@@ -587,7 +596,10 @@ void Coordinator::Impl::DropClient(BusId id) {
     RankState& r = ranks_[c.rank];
     if (r.conn == id) {
       lost = r.state == "connected";
-      if (lost) r.state = "lost";
+      if (lost) {
+        r.state = "lost";
+        hang_.SetState(c.rank, "lost");
+      }
       r.conn = 0;
     }
   }
@@ -657,6 +669,7 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
         s.last_record = r;
         s.has_record = true;
         s.last_seen_ns = NowNs();
+        hang_.Record(c.rank, r, s.last_seen_ns);
         return;
       }
       case MsgType::kMemory: {
@@ -688,6 +701,7 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
         s.peak_bytes = std::max(s.peak_bytes, peak);
         s.torch_max_allocated = std::max(s.torch_max_allocated, torch_max);
         s.last_seen_ns = NowNs();
+        hang_.Progress(c.rank, s.last_seen_ns);
         return;
       }
       case MsgType::kBye: {
@@ -695,6 +709,7 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
         json j = json::parse(f.payload, nullptr, false);
         RankState& s = ranks_[c.rank];
         s.state = "bye";
+        hang_.SetState(c.rank, "bye");
         s.bye_reason = (j.is_object() ? j.value("reason", std::string()) : std::string());
         s.last_seen_ns = NowNs();
         Log("coord")->info("rank {} said goodbye{}", c.rank, s.bye_reason.empty() ? "" : ": " + s.bye_reason);
@@ -846,6 +861,10 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
     comms_.push_back(std::move(v));
     comm_id = comms_.back().comm_id;
     comm_by_key_[comm_key] = comm_id;
+    std::vector<bool> is_real;
+    for (int m : members) is_real.push_back(vr_->IsReal(m));
+    hang_.AddComm(comm_id, !group_desc.empty() ? group_desc : !group.empty() ? "group " + group : std::string(),
+                  members, std::move(is_real));
   }
   std::vector<bool> real;
   for (int m : members) real.push_back(vr_->IsReal(m));
@@ -881,6 +900,7 @@ void Coordinator::Impl::HandleArrive(BusId id, BusClient& c, const ipc::OpArrive
   s.waiting_op = op;
   s.waiting_since_ns = arrival_ns;
   s.last_seen_ns = NowNs();
+  hang_.Arrive(c.rank, a, s.last_seen_ns);
   auto& arrivals = pending_[{comm_id, seq}];
   auto dup = std::find_if(arrivals.begin(), arrivals.end(), [&](const Arrival& x) { return x.rank == c.rank; });
   if (dup != arrivals.end()) {
@@ -901,6 +921,7 @@ void Coordinator::Impl::HandleArrive(BusId id, BusClient& c, const ipc::OpArrive
   for (const Arrival& x : arrivals) {
     RankState& rs = ranks_[x.rank];
     if (rs.waiting && rs.waiting_comm == comm_id && rs.waiting_seq == seq) rs.waiting = false;
+    hang_.Release(x.rank, comm_id, seq, s.last_seen_ns);
     auto cl = clients_.find(rs.conn);
     if (cl != clients_.end()) cl->second.out.append(frame);
   }
@@ -994,6 +1015,24 @@ void Coordinator::Impl::MaybeWriteStatus(bool force) {
   if (!WriteFileAtomic(ep_.status_path, StatusJson())) {
     Log("coord")->warn("cannot write {}: {}", ep_.status_path, std::strerror(errno));
   }
+}
+
+void Coordinator::Impl::CheckHang() {
+  std::optional<HangDiagnosis> d;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    d = hang_.Check(NowNs());
+  }
+  if (!d) return;
+  std::string path = (std::filesystem::path(opts_.out_dir) / "hang.json").string();
+  if (!WriteFileAtomic(path, d->ToJson())) Log("coord")->error("cannot write {}: {}", path, std::strerror(errno));
+  std::string text = d->ToText();
+  // Why stderr as well as the log: the diagnosis is the answer the user waits for, whatever the log level.
+  std::fprintf(stderr, "%s  (written to %s)\n", text.c_str(), path.c_str());
+  std::fflush(stderr);
+  Log("coord")->warn("hang diagnosed: {} rank(s) waiting, {} mismatch(es), {} cycle(s); see {}", d->waits.size(),
+                     d->mismatches.size(), d->cycles.size(), path);
+  if (opts_.on_hang) opts_.on_hang(path);
 }
 
 Coordinator::Coordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

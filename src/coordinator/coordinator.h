@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -65,6 +66,12 @@ struct CoordinatorOptions {
   int status_interval_ms = 500;          // status.json refresh
   // A kCommInit whose id the store has not seen yet waits this long for it (a leader's SET races its kCommInit).
   int comm_wait_ms = 5000;
+  // Hang diagnosis (hang_detector.h): when no real rank made progress for this long while some wait, write
+  // <out>/hang.json and print the diagnosis to stderr. <= 0: off.
+  double hang_timeout_s = 60.0;
+  // Called once per stall on the bus thread, after hang.json is written (argument: its path), e.g. to stop the
+  // workers (--on-hang stop). Must not call back into the coordinator. Empty: keep running (--on-hang wait).
+  std::function<void(const std::string& hang_json)> on_hang;
 };
 
 struct CoordinatorEndpoints {

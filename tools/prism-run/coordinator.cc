@@ -1,5 +1,6 @@
 // prism-run coordinator: run the coordinator alone (store, logical world, event bus) until SIGINT/SIGTERM.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <ctime>
@@ -28,6 +29,8 @@ struct CoordinatorCli {
   std::string out;
   int ranks_per_root = 128;
   std::string record_wire;
+  double hang_timeout = 60;
+  std::string on_hang = "stop";
 };
 
 // Megatron's groups from --layout, named as torch names them when initialize_model_parallel makes the job's first
@@ -100,12 +103,18 @@ int RunCoordinator(const CoordinatorCli& o) {
   opts.out_dir = o.out.empty() ? DefaultOut() : o.out;
   opts.ranks_per_root = o.ranks_per_root;
   opts.record_wire = o.record_wire;
+  opts.hang_timeout_s = o.hang_timeout;
+  if (o.on_hang == "stop") {
+    // Why a signal: the hook runs on the bus thread; the main thread, in sigwait below, does the stopping.
+    opts.on_hang = [](const std::string&) { ::kill(::getpid(), SIGUSR1); };
+  }
 
   // Why block first: the store and bus threads inherit the mask, so SIGINT/SIGTERM reach sigwait below only.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
   auto coord = coord::Coordinator::Start(opts, &error);
@@ -123,6 +132,11 @@ int RunCoordinator(const CoordinatorCli& o) {
   std::fflush(stdout);
   int sig = 0;
   sigwait(&set, &sig);
+  if (sig == SIGUSR1) {
+    std::fprintf(stderr, "prism-run coordinator: hang diagnosed (--on-hang stop), stopping\n");
+    coord->Stop();
+    return kExitFailure;
+  }
   std::fprintf(stderr, "prism-run coordinator: signal %d, stopping\n", sig);
   coord->Stop();
   return kExitOk;
@@ -165,6 +179,15 @@ void AddCoordinator(CLI::App& app, int* rc) {
       ->capture_default_str()
       ->envname("TORCH_NCCL_RANKS_PER_ROOT");
   sub->add_option("--record-wire", o->record_wire, "write every byte store clients send to FILE (replay tests)");
+  sub->add_option("--hang-timeout", o->hang_timeout,
+                  "seconds without progress of any real rank, while some wait, before the hang diagnosis "
+                  "(<out>/hang.json, printed); 0 turns it off")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber)
+      ->envname("PRISM_HANG_TIMEOUT");
+  sub->add_option("--on-hang", o->on_hang, "after the diagnosis: stop (exit 1) or wait (keep running)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"wait", "stop"}));
   sub->callback([o, rc] { *rc = RunCoordinator(*o); });
 }
 

@@ -1,0 +1,402 @@
+#include "coordinator/hang_detector.h"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+namespace prism::coord {
+namespace {
+
+using json = nlohmann::json;
+
+// Why a bounded history: a disagreement matters near where the ranks stopped; older sequences were released.
+constexpr uint64_t kHistory = 16;
+constexpr uint32_t kSend = 103, kRecv = 104;
+
+bool IsP2p(uint32_t op) { return op >= 100; }
+
+const char* DTypeName(int d) {
+  // prism::trace::DType order (include/prism/trace.h); names only for messages.
+  static const char* kNames[] = {"invalid", "f32", "f16", "bf16", "f64", "f8e4m3", "f8e5m2",
+                                 "i8",      "u8",  "i32", "u32",  "i64", "u64"};
+  if (d < 0) return "?";
+  return d < static_cast<int>(std::size(kNames)) ? kNames[d] : "dtype?";
+}
+
+std::string Bytes(uint64_t b) {
+  if (b >= (1ull << 20) && b % (1ull << 20) == 0) return fmt::format("{} MiB", b >> 20);
+  if (b >= 1024 && b % 1024 == 0) return fmt::format("{} KiB", b >> 10);
+  return fmt::format("{} B", b);
+}
+
+std::string Describe(const HangOp& o) {
+  std::string s = fmt::format("{} {}", HangOpName(o.op), Bytes(o.bytes));
+  if (o.dtype >= 0) s += fmt::format(" {}", DTypeName(o.dtype));
+  if (o.peer >= 0) s += fmt::format(" {} rank {}", o.op == kRecv ? "from" : "to", o.peer);
+  return s;
+}
+
+json OpJson(const HangOp& o) {
+  json j = {{"comm", o.comm_id}, {"seq", o.seq}, {"op", HangOpName(o.op)}, {"op_code", o.op}, {"bytes", o.bytes}};
+  j["dtype"] = o.dtype >= 0 ? json(DTypeName(o.dtype)) : json(nullptr);
+  if (o.peer >= 0) j["peer"] = o.peer;
+  j["since_ns"] = o.since_ns;
+  return j;
+}
+
+}  // namespace
+
+std::string HangOpName(uint32_t op) {
+  static const char* kColl[] = {"invalid", "all_reduce", "all_gather", "reduce_scatter",
+                                "broadcast", "reduce", "all_to_all", "barrier"};
+  if (op < std::size(kColl)) return kColl[op];
+  if (op == kSend) return "send";
+  if (op == kRecv) return "recv";
+  return fmt::format("op{}", op);
+}
+
+void HangDetector::AddComm(uint32_t comm_id, std::string name, std::vector<int> members, std::vector<bool> real) {
+  real.resize(members.size(), true);
+  comms_[comm_id] = Comm{std::move(name), std::move(members), std::move(real)};
+}
+
+std::string HangDetector::CommName(uint32_t comm_id) const {
+  auto it = comms_.find(comm_id);
+  if (it == comms_.end() || it->second.name.empty()) return fmt::format("comm {}", comm_id);
+  return fmt::format("comm {} ({})", comm_id, it->second.name);
+}
+
+void HangDetector::Note(int rank, const HangOp& op, uint64_t now_ns) {
+  Rank& r = ranks_[rank];
+  r.last_progress_ns = now_ns;
+  last_progress_ns_ = std::max(last_progress_ns_, now_ns);
+  reported_ = false;
+  auto it = r.reached.try_emplace(op.comm_id, -1).first;
+  it->second = std::max(it->second, static_cast<int64_t>(op.seq));
+  HangOp& h = history_[{op.comm_id, op.seq}][rank];
+  int dtype = h.dtype;
+  uint64_t since = h.since_ns;
+  h = op;
+  if (op.dtype < 0) h.dtype = dtype;  // a record after the arrival adds the dtype
+  if (since != 0) h.since_ns = since;
+  if (op.seq >= kHistory) {
+    history_.erase(history_.lower_bound({op.comm_id, 0}), history_.lower_bound({op.comm_id, op.seq - kHistory}));
+  }
+}
+
+void HangDetector::Arrive(int rank, const ipc::OpArrive& a, uint64_t now_ns) {
+  HangOp o;
+  o.comm_id = a.comm_id;
+  o.seq = a.seq;
+  o.op = a.op;
+  o.bytes = a.bytes;
+  o.since_ns = now_ns;
+  int32_t peer = a.peer;
+  auto c = comms_.find(o.comm_id);
+  if (peer >= 0 && c != comms_.end() && peer < static_cast<int32_t>(c->second.members.size())) {
+    o.peer = c->second.members[static_cast<size_t>(peer)];
+  }
+  Note(rank, o, now_ns);
+  ranks_[rank].pending = o;
+}
+
+void HangDetector::Release(int rank, uint32_t comm_id, uint64_t seq, uint64_t now_ns) {
+  Rank& r = ranks_[rank];
+  if (r.pending && r.pending->comm_id == comm_id && r.pending->seq == seq) r.pending.reset();
+  r.last_progress_ns = now_ns;
+  last_progress_ns_ = std::max(last_progress_ns_, now_ns);
+  reported_ = false;
+}
+
+void HangDetector::Record(int rank, const ipc::OpRecord& rec, uint64_t now_ns) {
+  HangOp o;
+  o.comm_id = rec.comm_id;
+  o.seq = rec.seq;
+  o.op = rec.op;
+  o.bytes = rec.bytes;
+  o.dtype = rec.dtype;
+  Note(rank, o, now_ns);
+  // A record is written when the operation completed: it no longer waits there.
+  Rank& r = ranks_[rank];
+  if (r.pending && r.pending->comm_id == o.comm_id && r.pending->seq <= o.seq) r.pending.reset();
+}
+
+void HangDetector::Progress(int rank, uint64_t now_ns) {
+  ranks_[rank].last_progress_ns = now_ns;
+  last_progress_ns_ = std::max(last_progress_ns_, now_ns);
+  reported_ = false;
+}
+
+void HangDetector::SetState(int rank, const std::string& state) { ranks_[rank].state = state; }
+
+std::vector<int> HangDetector::Blockers(int rank, const HangOp& op) const {
+  std::vector<int> out;
+  auto c = comms_.find(op.comm_id);
+  auto arrived_here = [&](int m) {
+    auto h = history_.find({op.comm_id, op.seq});
+    return h != history_.end() && h->second.count(m) > 0;
+  };
+  if (IsP2p(op.op)) {
+    if (op.peer < 0 || op.peer == rank) return out;
+    if (c != comms_.end()) {
+      auto& ms = c->second.members;
+      auto i = std::find(ms.begin(), ms.end(), op.peer);
+      if (i != ms.end() && !c->second.real[static_cast<size_t>(i - ms.begin())]) return out;  // virtual: mirrors
+    } else if (!ranks_.count(op.peer)) {
+      return out;
+    }
+    // The peer holds this up unless it waits at the complement (a recv from us for our send, and so on).
+    auto p = ranks_.find(op.peer);
+    bool complement = false;
+    if (p != ranks_.end() && p->second.pending) {
+      const HangOp& q = *p->second.pending;
+      complement = IsP2p(q.op) && q.op != op.op && q.peer == rank;
+    }
+    if (!complement) out.push_back(op.peer);
+    return out;
+  }
+  if (c == comms_.end()) return out;
+  for (size_t i = 0; i < c->second.members.size(); ++i) {
+    int m = c->second.members[i];
+    if (m == rank || !c->second.real[i]) continue;
+    if (!arrived_here(m)) out.push_back(m);
+  }
+  return out;
+}
+
+HangDiagnosis HangDetector::Diagnose(uint64_t now_ns) const {
+  HangDiagnosis d;
+  d.t_ns = now_ns;
+  d.timeout_s = timeout_s_;
+  d.stalled_s = now_ns > last_progress_ns_ ? static_cast<double>(now_ns - last_progress_ns_) * 1e-9 : 0.0;
+  std::map<int, std::vector<int>> edges;
+  for (const auto& [rank, r] : ranks_) {
+    if (!r.pending) continue;
+    HangWait w;
+    w.rank = rank;
+    w.op = *r.pending;
+    w.blocked_by = Blockers(rank, w.op);
+    edges[rank] = w.blocked_by;
+    d.waits.push_back(std::move(w));
+  }
+  // Disagreements at one sequence.
+  for (const auto& [key, by_rank] : history_) {
+    if (by_rank.size() < 2) continue;
+    const HangOp& first = by_rank.begin()->second;
+    std::set<std::string> what;
+    auto c = comms_.find(key.first);
+    bool pair = c != comms_.end() && c->second.members.size() == 2;
+    for (const auto& [rank, o] : by_rank) {
+      if (IsP2p(o.op) != IsP2p(first.op)) {
+        what.insert("op");
+      } else if (IsP2p(o.op)) {
+        // On a 2-rank communicator the two sides of sequence s pair up: a send needs a recv, sizes must match.
+        if (pair && rank != by_rank.begin()->first && o.op == first.op) what.insert("p2p direction");
+        if (pair && o.bytes != first.bytes) what.insert("size");
+      } else {
+        if (o.op != first.op) what.insert("op");
+        if (o.bytes != first.bytes) what.insert("size");
+        if (o.dtype >= 0 && first.dtype >= 0 && o.dtype != first.dtype) what.insert("dtype");
+      }
+    }
+    if (what.empty()) continue;
+    HangMismatch m;
+    m.comm_id = key.first;
+    m.comm_name = c != comms_.end() ? c->second.name : "";
+    m.seq = key.second;
+    m.what = fmt::format("{}", fmt::join(what, ", "));
+    for (const auto& [rank, o] : by_rank) m.ops.emplace_back(rank, o);
+    d.mismatches.push_back(std::move(m));
+  }
+  // Members that never arrived where others wait (collectives).
+  std::map<std::pair<uint32_t, uint64_t>, std::vector<int>> waiting_at;
+  for (const HangWait& w : d.waits) {
+    if (!IsP2p(w.op.op)) waiting_at[{w.op.comm_id, w.op.seq}].push_back(w.rank);
+  }
+  for (const auto& [key, who] : waiting_at) {
+    HangMissing m;
+    m.comm_id = key.first;
+    auto c = comms_.find(key.first);
+    m.comm_name = c != comms_.end() ? c->second.name : "";
+    m.seq = key.second;
+    m.arrived = who;
+    std::set<int> missing;
+    for (int r : who) {
+      for (int b : edges[r]) missing.insert(b);
+    }
+    for (int b : missing) {
+      int64_t reached = -1;
+      auto r = ranks_.find(b);
+      if (r != ranks_.end()) {
+        auto it = r->second.reached.find(key.first);
+        if (it != r->second.reached.end()) reached = it->second;
+      }
+      m.missing.emplace_back(b, reached);
+    }
+    if (!m.missing.empty()) d.missing.push_back(std::move(m));
+  }
+  // Wait-for cycles: DFS over edges; each cycle once, rotated to start at its smallest rank.
+  std::set<std::vector<int>> seen;
+  for (const auto& [start, _] : edges) {
+    std::vector<int> path;
+    std::vector<size_t> next;
+    path.push_back(start);
+    next.push_back(0);
+    while (!path.empty()) {
+      int u = path.back();
+      auto e = edges.find(u);
+      if (e == edges.end() || next.back() >= e->second.size()) {
+        path.pop_back();
+        next.pop_back();
+        continue;
+      }
+      int v = e->second[next.back()++];
+      if (v == start) {
+        std::vector<int> cyc = path;
+        std::rotate(cyc.begin(), std::min_element(cyc.begin(), cyc.end()), cyc.end());
+        if (seen.insert(cyc).second) d.cycles.push_back(cyc);
+      } else if (v > start && std::find(path.begin(), path.end(), v) == path.end() && path.size() < 64) {
+        // Why v > start: every cycle is found from its smallest rank only, which bounds the search.
+        path.push_back(v);
+        next.push_back(0);
+      }
+    }
+  }
+  // Chains: from each waiting rank, follow the first blocker until a rank that does not wait, or a repeat.
+  for (HangWait& w : d.waits) {
+    std::vector<int> visited;
+    int at = w.rank;
+    for (;;) {
+      visited.push_back(at);
+      auto r = ranks_.find(at);
+      const HangOp* p = (r != ranks_.end() && r->second.pending) ? &*r->second.pending : nullptr;
+      double waited = p ? static_cast<double>(now_ns - std::min(now_ns, p->since_ns)) * 1e-9 : 0.0;
+      if (!p) {
+        std::string where;
+        if (r == ranks_.end() || r->second.last_progress_ns == 0) {
+          where = "has reported no operation";
+        } else {
+          auto it = r->second.reached.find(w.op.comm_id);
+          where = it != r->second.reached.end() && it->second >= 0
+                      ? fmt::format("is not waiting; it last reached {} seq {}, {:.0f} s ago", CommName(w.op.comm_id),
+                                    it->second,
+                                    static_cast<double>(now_ns - std::min(now_ns, r->second.last_progress_ns)) * 1e-9)
+                      : fmt::format("is not waiting and never reached {}", CommName(w.op.comm_id));
+        }
+        std::string state = r != ranks_.end() && !r->second.state.empty() ? " [" + r->second.state + "]" : "";
+        w.chain.push_back(fmt::format("rank {}{} {}: it holds the others up", at, state, where));
+        w.held_up_by = at;
+        break;
+      }
+      std::vector<int> bl = edges.count(at) ? edges.at(at) : Blockers(at, *p);
+      std::string line = fmt::format("rank {} waits {:.0f} s at {} seq {} ({})", at, waited, CommName(p->comm_id),
+                                     p->seq, Describe(*p));
+      if (bl.empty()) {
+        w.chain.push_back(line + " for no real rank (all real members arrived; waiting for the release)");
+        w.held_up_by = at;
+        break;
+      }
+      // Prefer a blocker that is not waiting itself: it is the one to look at.
+      int nxt = bl.front();
+      for (int b : bl) {
+        auto rb = ranks_.find(b);
+        if (rb == ranks_.end() || !rb->second.pending) {
+          nxt = b;
+          break;
+        }
+      }
+      line += bl.size() == 1 ? fmt::format(" for rank {}", nxt)
+                             : fmt::format(" for ranks {} (following {})", fmt::join(bl, ","), nxt);
+      w.chain.push_back(line);
+      if (std::find(visited.begin(), visited.end(), nxt) != visited.end()) {
+        w.chain.push_back(fmt::format("rank {} again: a wait-for cycle", nxt));
+        w.held_up_by = nxt;
+        break;
+      }
+      at = nxt;
+    }
+  }
+  return d;
+}
+
+std::optional<HangDiagnosis> HangDetector::Check(uint64_t now_ns) {
+  if (timeout_s_ <= 0 || reported_) return std::nullopt;
+  bool waiting = std::any_of(ranks_.begin(), ranks_.end(), [](const auto& kv) { return kv.second.pending.has_value(); });
+  if (!waiting || now_ns < last_progress_ns_) return std::nullopt;
+  if (static_cast<double>(now_ns - last_progress_ns_) * 1e-9 < timeout_s_) return std::nullopt;
+  reported_ = true;
+  return Diagnose(now_ns);
+}
+
+std::string HangDiagnosis::ToJson() const {
+  json j;
+  j["version"] = 1;
+  j["t_ns"] = t_ns;
+  j["stalled_s"] = stalled_s;
+  j["hang_timeout_s"] = timeout_s;
+  json ws = json::array();
+  for (const HangWait& w : waits) {
+    ws.push_back({{"rank", w.rank}, {"op", OpJson(w.op)}, {"waiting_for", w.blocked_by},
+                  {"held_up_by", w.held_up_by}, {"chain", w.chain}});
+  }
+  j["waiting"] = std::move(ws);
+  json ms = json::array();
+  for (const HangMismatch& m : mismatches) {
+    json ops = json::array();
+    for (const auto& [r, o] : m.ops) {
+      json x = OpJson(o);
+      x["rank"] = r;
+      ops.push_back(std::move(x));
+    }
+    ms.push_back({{"comm", m.comm_id}, {"group", m.comm_name}, {"seq", m.seq}, {"differs", m.what},
+                  {"ops", std::move(ops)}, {"root", nullptr}});
+  }
+  j["mismatches"] = std::move(ms);
+  json ns = json::array();
+  for (const HangMissing& m : missing) {
+    json miss = json::array();
+    for (const auto& [r, reached] : m.missing) {
+      miss.push_back({{"rank", r}, {"reached_seq", reached >= 0 ? json(reached) : json(nullptr)}});
+    }
+    ns.push_back({{"comm", m.comm_id}, {"group", m.comm_name}, {"seq", m.seq}, {"arrived", m.arrived},
+                  {"never_arrived", std::move(miss)}});
+  }
+  j["never_arrived"] = std::move(ns);
+  j["cycles"] = cycles;
+  return j.dump(2) + "\n";
+}
+
+std::string HangDiagnosis::ToText() const {
+  std::string s = fmt::format("prism: hang: no real rank made progress for {:.0f} s (--hang-timeout {:.0f}); {} "
+                              "rank(s) waiting\n",
+                              stalled_s, timeout_s, waits.size());
+  auto comm = [](uint32_t id, const std::string& name) {
+    return name.empty() ? fmt::format("comm {}", id) : fmt::format("comm {} ({})", id, name);
+  };
+  for (const HangMismatch& m : mismatches) {
+    s += fmt::format("  {} mismatch at {} seq {}:", m.what, comm(m.comm_id, m.comm_name), m.seq);
+    for (const auto& [r, o] : m.ops) s += fmt::format(" rank {} {};", r, Describe(o));
+    s.back() = '\n';
+  }
+  for (const HangMissing& m : missing) {
+    s += fmt::format("  {} seq {}: ranks {} wait; never arrived:", comm(m.comm_id, m.comm_name), m.seq,
+                     fmt::join(m.arrived, ","));
+    for (const auto& [r, reached] : m.missing) {
+      s += reached >= 0 ? fmt::format(" rank {} (at seq {})", r, reached) : fmt::format(" rank {} (no op there)", r);
+    }
+    s += "\n";
+  }
+  for (const auto& c : cycles) {
+    s += fmt::format("  wait-for cycle: {} -> {}\n", fmt::join(c, " -> "), c.front());
+  }
+  for (const HangWait& w : waits) {
+    s += fmt::format("  rank {}:\n", w.rank);
+    for (const std::string& line : w.chain) s += "    " + line + "\n";
+  }
+  return s;
+}
+
+}  // namespace prism::coord

@@ -1,0 +1,120 @@
+// Hang diagnosis: the coordinator feeds every real rank's arrivals, releases, op records and iteration marks into a
+// HangDetector; when no real rank made progress for `timeout_s` while some wait, Check() returns a diagnosis:
+// collectives whose members disagree at one sequence, real members that never arrived, p2p wait-for cycles, and
+// the chain from each waiting real rank to the rank that holds it up. Pure bookkeeping: no locks, no I/O, no clock
+// of its own (every call takes now_ns), so tests drive it with a fake clock.
+//
+// Virtual members are taken to be where their real counterparts are (payload "mirror": the shim completes them
+// with the real ranks), so only real members can hold an operation up.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "prism/ipc.h"
+
+namespace prism::coord {
+
+// What one rank issued at (comm, seq).
+struct HangOp {
+  uint32_t comm_id = 0;
+  uint64_t seq = 0;
+  uint32_t op = 0;      // prism::trace::CollOp, or 100 + NodeKind (103 send, 104 recv)
+  uint64_t bytes = 0;
+  int dtype = -1;       // prism::trace::DType; -1 unknown (kOpArrive carries none, kOpRecord does)
+  int peer = -1;        // p2p peer, global rank (-1: collective or unknown)
+  uint64_t since_ns = 0;
+};
+
+struct HangMismatch {
+  uint32_t comm_id = 0;
+  std::string comm_name;
+  uint64_t seq = 0;
+  std::string what;                          // "op", "size", "dtype", "p2p direction" (comma-joined if several)
+  std::vector<std::pair<int, HangOp>> ops;   // global rank -> what it issued there
+};
+
+struct HangMissing {
+  uint32_t comm_id = 0;
+  std::string comm_name;
+  uint64_t seq = 0;
+  std::vector<int> arrived;  // real members waiting there
+  // real members that never arrived: (rank, the last sequence it reached on this comm, -1 none)
+  std::vector<std::pair<int, int64_t>> missing;
+};
+
+struct HangWait {
+  int rank = -1;
+  HangOp op;
+  std::vector<int> blocked_by;  // real ranks it waits for
+  std::vector<std::string> chain;  // one hop per line, ends at the rank that holds it up (or a cycle)
+  int held_up_by = -1;            // the last rank of the chain
+};
+
+struct HangDiagnosis {
+  uint64_t t_ns = 0;
+  double stalled_s = 0;   // since the last progress of any real rank
+  double timeout_s = 0;
+  std::vector<HangWait> waits;
+  std::vector<HangMismatch> mismatches;
+  std::vector<HangMissing> missing;
+  std::vector<std::vector<int>> cycles;  // p2p/collective wait-for cycles, smallest rank first
+
+  std::string ToJson() const;  // what <out>/hang.json holds
+  std::string ToText() const;  // what is printed
+};
+
+class HangDetector {
+ public:
+  explicit HangDetector(double timeout_s = 60.0) : timeout_s_(timeout_s) {}
+
+  void set_timeout(double s) { timeout_s_ = s; }
+  double timeout() const { return timeout_s_; }
+
+  // A communicator: members in communicator-rank order, which of them run for real, a name for messages.
+  void AddComm(uint32_t comm_id, std::string name, std::vector<int> members, std::vector<bool> real);
+  void Arrive(int rank, const ipc::OpArrive& a, uint64_t now_ns);
+  void Release(int rank, uint32_t comm_id, uint64_t seq, uint64_t now_ns);
+  void Record(int rank, const ipc::OpRecord& r, uint64_t now_ns);
+  void Progress(int rank, uint64_t now_ns);  // an iteration mark
+  void SetState(int rank, const std::string& state);  // "lost", "bye": named in the chain
+
+  // A diagnosis the first time the stall condition holds (timeout passed, some real rank waiting); nothing again
+  // until progress resumes and stalls anew. timeout <= 0: never.
+  std::optional<HangDiagnosis> Check(uint64_t now_ns);
+  // The diagnosis as things stand (no timeout check).
+  HangDiagnosis Diagnose(uint64_t now_ns) const;
+
+ private:
+  struct Comm {
+    std::string name;
+    std::vector<int> members;
+    std::vector<bool> real;
+  };
+  struct Rank {
+    uint64_t last_progress_ns = 0;
+    std::optional<HangOp> pending;
+    std::map<uint32_t, int64_t> reached;  // comm -> highest sequence arrived at or completed
+    std::string state;
+  };
+
+  void Note(int rank, const HangOp& op, uint64_t now_ns);
+  std::vector<int> Blockers(int rank, const HangOp& op) const;
+  std::string CommName(uint32_t comm_id) const;
+
+  double timeout_s_;
+  std::map<uint32_t, Comm> comms_;
+  std::map<int, Rank> ranks_;
+  // (comm, seq) -> rank -> what it issued; the last kHistory sequences per comm.
+  std::map<std::pair<uint32_t, uint64_t>, std::map<int, HangOp>> history_;
+  uint64_t last_progress_ns_ = 0;
+  bool reported_ = false;
+};
+
+std::string HangOpName(uint32_t op);
+
+}  // namespace prism::coord
