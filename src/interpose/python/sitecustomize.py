@@ -17,6 +17,7 @@ own import finishes. Any failure here is reported once on stderr and leaves the 
 See docs/libprism.md.
 """
 import ctypes
+import json
 import os
 import sys
 
@@ -88,6 +89,20 @@ def _register(pg, desc):
         lib.prism_register_group(str(name).encode(), arr, n, str(desc or "").encode())
     except Exception as e:
         _warn("could not register a process group: %r" % (e,))
+        return
+    _announce_to_store(dist, pg, name, ranks, desc)
+
+
+def _announce_to_store(dist, pg, name, ranks, desc):
+    # Why: the coordinator's store stands in for a group's virtual leader only once it knows the group's members;
+    # this SET travels on the same store connection as the rank's later wait for the group's NCCL id, so it
+    # arrives first (docs/coordinator.md, "Stand-in rules"). The coordinator consumes the key.
+    try:
+        store = dist.distributed_c10d._world.pg_map[pg][1]
+        store.set("__prism_group__", json.dumps({"v": 1, "name": str(name), "ranks": [int(r) for r in ranks],
+                                                 "desc": str(desc or "")}))
+    except Exception as e:
+        _warn("could not announce a process group to the store: %r" % (e,))
 
 
 def _wrap_distributed():
