@@ -10,6 +10,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/graph_release.h"
 #include "coordinator/world.h"
+#include "launcher/megatron_membership.h"
 #include "subcommands.h"
 
 namespace prism::cli {
@@ -33,26 +34,6 @@ struct CoordinatorCli {
   std::string on_hang = "stop";
 };
 
-// Megatron's groups from --layout, named as torch names them when initialize_model_parallel makes the job's first
-// new_group calls ("1", "2", ...). Only a fallback: the Python hook's registrations win (docs/coordinator.md).
-class LayoutMembership : public coord::GroupMembership {
- public:
-  explicit LayoutMembership(world::World w) : world_(std::move(w)) {}
-  std::optional<std::vector<int>> Members(std::string_view name) const override {
-    int i = 0;
-    for (char c : name) {
-      if (c < '0' || c > '9' || i > 100000000) return std::nullopt;
-      i = i * 10 + (c - '0');
-    }
-    const auto& groups = world_.MegatronGroups();
-    if (name.empty() || i < 1 || i > static_cast<int>(groups.size())) return std::nullopt;
-    return groups[static_cast<size_t>(i - 1)].members;
-  }
-
- private:
-  world::World world_;
-};
-
 std::string DefaultOut() {
   char buf[64];
   std::time_t t = std::time(nullptr);
@@ -68,7 +49,8 @@ int RunCoordinator(const CoordinatorCli& o) {
     std::fprintf(stderr, "prism-run coordinator: --ranks: %s\n", error.c_str());
     return kExitBadInput;
   }
-  std::unique_ptr<LayoutMembership> membership;
+  // Megatron's groups from --layout: only a fallback, the Python hook's registrations win (docs/coordinator.md).
+  std::unique_ptr<launcher::MegatronMembership> membership;
   if (!o.layout.empty()) {
     auto layout = world::ParseLayout(o.layout, &error);
     if (!layout || !world::ResolveLayout(&*layout, o.world_size, "--world-size", &error)) {
@@ -80,7 +62,7 @@ int RunCoordinator(const CoordinatorCli& o) {
       std::fprintf(stderr, "prism-run coordinator: --layout '%s': %s\n", o.layout.c_str(), error.c_str());
       return kExitBadInput;
     }
-    membership = std::make_unique<LayoutMembership>(std::move(*w));
+    membership = std::make_unique<launcher::MegatronMembership>(*w);
     opts.membership = membership.get();
   }
   opts.store_host = o.host;
