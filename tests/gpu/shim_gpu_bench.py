@@ -14,6 +14,7 @@ import datetime
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -52,14 +53,19 @@ def gate():
     ev0 = [torch.cuda.Event(enable_timing=True) for _ in range(60)]
     ev1 = [torch.cuda.Event(enable_timing=True) for _ in range(60)]
     samples = []
+    host = []  # host wall time around the same trial (launch + gate + sync): tells which clock drifts
     for i in range(60):
         torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
         with torch.cuda.stream(s):
             ev0[i].record(s)
             rc = l.ncclAllReduce(x.data_ptr(), x.data_ptr(), x.numel(), 7, 0, comm, s.cuda_stream)  # float, sum
             ev1[i].record(s)
         assert rc == 0, "ncclAllReduce returned %d" % rc
         s.synchronize()
+        t1 = time.perf_counter_ns()
+        if i >= 10:
+            host.append((t1 - t0) / 1000.0)
         if i == 9:
             l.prism_reset_stats()
         if i >= 10:  # 50 measured trials after 10 warm-up
@@ -71,11 +77,11 @@ def gate():
     torch.cuda.synchronize()
     q = statistics.quantiles(samples, n=10)
     print("GATE gate=%s dur_us=%s median_us=%.1f p10_us=%.1f p90_us=%.1f max_us=%.1f host_overhead_median_ns=%d "
-          "host_overhead_p90_ns=%d clock_offset_ns=%d wait_release_ns=%d spin_release_ns=%d" % (
+          "host_overhead_p90_ns=%d clock_offset_ns=%d wait_release_ns=%d spin_release_ns=%d host_wall_median_us=%.1f" % (
               os.environ.get("PRISM_GATE", "wait"), os.environ.get("PRISM_FIXED_DUR_US"),
               statistics.median(samples), q[0], q[-1], max(samples), l.prism_host_overhead_ns(0.5),
               l.prism_host_overhead_ns(0.9), l.prism_calibration_ns(0), l.prism_calibration_ns(1),
-              l.prism_calibration_ns(2)), flush=True)
+              l.prism_calibration_ns(2), statistics.median(host)), flush=True)
 
 
 def memory():

@@ -53,7 +53,7 @@ for spec in wait:100 wait:1000 wait:10000 spin:1000; do
   med=$(sed -n 's/.*median_us=\([0-9.]*\).*/\1/p' <<< "$l")
   if [ -z "$med" ]; then shim_row "2 gate $g D=${d}us" FAIL "no result (see gate_${g}_$d.log)"; continue; fi
   err=$(awk -v m="$med" -v d="$d" 'BEGIN{e=m-d; if(e<0)e=-e; printf "%.1f", e}')
-  detail="median ${med} us (|err| ${err} us) p10 $(sed -n 's/.*p10_us=\([0-9.]*\).*/\1/p' <<< "$l") p90 $(sed -n 's/.*p90_us=\([0-9.]*\).*/\1/p' <<< "$l")"
+  detail="median ${med} us (|err| ${err} us) p10 $(sed -n 's/.*p10_us=\([0-9.]*\).*/\1/p' <<< "$l") p90 $(sed -n 's/.*p90_us=\([0-9.]*\).*/\1/p' <<< "$l"); host wall $(sed -n 's/.*host_wall_median_us=\([0-9.]*\).*/\1/p' <<< "$l")"
   if [ "$g" = spin ]; then shim_row "2 gate spin D=${d}us (reported)" INFO "$detail"
   elif awk -v e="$err" 'BEGIN{exit !(e<=20)}'; then shim_row "2 gate wait D=${d}us" PASS "$detail"
   else shim_row "2 gate wait D=${d}us" FAIL "$detail"; fi
