@@ -1,0 +1,54 @@
+// Real data between real members of a communicator ("exchange"): when two or more members of a communicator are
+// real, the coordinator gathers their inputs on the host and computes what each real member's output is, so a
+// tensor-parallel pair of real ranks agrees on its all-reduce and a real broadcast root reaches real receivers.
+// Virtual members still contribute something: each stands in with the input of one real member (below).
+//
+// Rule (docs/payload.md "Exchange"): let the real members in communicator-rank order be q_0 < q_1 < ... < q_{k-1}.
+// The i-th virtual member (i = 0, 1, ... in communicator-rank order) contributes the input of q_{i mod k}. Then the operation is computed as NCCL defines it over
+// all n inputs:
+//   all-reduce / reduce (root) / reduce-scatter: element-wise reduction in communicator-rank order; floats are
+//     widened to double, reduced, rounded once to the element type (dtype_math.h rounding); integers wrap;
+//     AVG = sum / n (integer division for integer types, as NCCL); PreMulSum = sum(scalar * x_i).
+//   all-gather / gather (root): block j is member j's input.  all-to-all: block j is member j's block for me.
+//   broadcast: the root's input, when the root is real; a virtual root has no data (ExchangeResult::kLocal).
+//   scatter: my block of the root's input when the root is real, else kLocal.
+// A receiver for which nothing is defined by real data gets kLocal: the shim applies the run's local policy
+// (mirror, recorded, ...). Why q_{i mod k} and not "each real rank mirrors itself": every real member must see
+// the same result (a tensor-parallel group must agree), and the stand-ins spread over the real inputs.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "nccl_patch/semantics.h"
+
+namespace prism::payload {
+
+struct ExchangeOp {
+  OpKind op = OpKind::kInvalid;  // collectives only (not kSend/kRecv: p2p moves bytes unchanged)
+  DataType dtype = DataType::kFloat32;
+  RedOp redop = RedOp::kSum;
+  uint64_t premul_scalar_bits = 0;  // kPreMulSum: the scalar's bits (one element of dtype)
+  int32_t nranks = 0;
+  int32_t root = 0;
+  uint64_t count = 0;  // NCCL's count argument (see OpKind)
+};
+
+enum class ExchangeResult : int32_t {
+  kData = 0,     // `out` holds this member's output bytes
+  kLocal = 1,    // nothing to write from real data: apply the local policy
+  kNothing = 2,  // this member has no output (non-root of reduce/gather)
+  kInvalid = 3,  // bad arguments (sizes, op, dtype)
+};
+
+// Input bytes member `r` sends for `op` (0 for members that send nothing, e.g. non-roots of broadcast).
+uint64_t ExchangeInputBytes(const ExchangeOp& op, int32_t r);
+// Output bytes member `r` receives (0 when none).
+uint64_t ExchangeOutputBytes(const ExchangeOp& op, int32_t r);
+
+// `inputs[j]` is member j's input (ExchangeInputBytes(op, j) bytes) or nullptr when member j is virtual; at least
+// one must be non-null. Computes member `rank`'s output into `out` (resized).
+ExchangeResult ExchangeOutput(const ExchangeOp& op, const std::vector<const uint8_t*>& inputs, int32_t rank,
+                              std::vector<uint8_t>* out);
+
+}  // namespace prism::payload
