@@ -1,4 +1,5 @@
-// Messages between libprism.so (inside each real rank) and the coordinator (schema version 1).
+// Messages between libprism.so (inside each real rank) and the coordinator (schema version 2: version 1 plus
+// kOpData/kOpResult, the real data between real members).
 //
 // Transport: a Unix stream socket (PRISM_COORD_SOCKET) on one host, TCP (PRISM_COORD_ADDR=host:port) across
 // hosts. Every message is one frame: FrameHeader then `length` payload bytes. Hot-path messages (arrivals,
@@ -13,7 +14,7 @@
 namespace prism::ipc {
 
 inline constexpr uint32_t kFrameMagic = 0x4D535250;  // "PRSM" little-endian
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;
 inline constexpr uint32_t kMaxFrameBytes = 16u << 20;
 
 enum class MsgType : uint16_t {
@@ -26,11 +27,14 @@ enum class MsgType : uint16_t {
   kMemory = 5,       // MemorySample
   kIteration = 6,    // IterationMark
   kBye = 7,          // JSON: {reason}
+  kOpData = 8,       // ExchangeHeader + bytes: a real member's input to a collective with other real members, a
+                     // p2p send to a real peer, or (flags kExchangeRecvRequest, no bytes) a p2p receive from one
   // coordinator -> shim
   kHelloAck = 64,    // JSON: {run_id, payload, topology, out_dir, ...}
   kCommInfo = 65,    // JSON: {key, comm_id, members: [global ranks], real: [bool]}
   kOpRelease = 66,   // OpRelease
   kError = 67,       // JSON: {what}
+  kOpResult = 68,    // ExchangeHeader + bytes: this member's output (or flags kExchangeLocal / kExchangeNothing)
 };
 
 #pragma pack(push, 1)
@@ -77,6 +81,33 @@ struct OpRecord {
   uint32_t reserved2;
 };
 
+// Real data between real members (src/nccl_patch/exchange.h). A payload larger than kExchangeChunkBytes travels
+// as several frames of the same header with growing `offset`; the receiver assembles `total_bytes`.
+// Keys: collectives use the communicator's count of exchanged collectives (the same on every real member);
+// p2p uses the count of exchanged sends from `rank` to `peer` on that communicator (the k-th send matches the
+// k-th receive, as NCCL orders p2p between a pair).
+inline constexpr uint32_t kExchangeChunkBytes = 8u << 20;
+inline constexpr uint32_t kExchangeRecvRequest = 1;  // kOpData: a p2p receive asks for the matching send's bytes
+inline constexpr uint32_t kExchangeLocal = 2;        // kOpResult: no real data defines the output: local policy
+inline constexpr uint32_t kExchangeNothing = 4;      // kOpResult: this member has no output (non-root of reduce)
+inline constexpr uint32_t kExchangeError = 8;        // kOpResult: members disagree / bad arguments: local policy
+
+struct ExchangeHeader {
+  uint32_t comm_id;       // coordinator communicator id
+  uint16_t op;            // payload::OpKind
+  uint8_t dtype;          // payload::DataType
+  uint8_t redop;          // payload::RedOp
+  uint64_t key;           // see above
+  int32_t rank;           // sender's communicator rank (p2p: the source)
+  int32_t peer;           // p2p: the destination; collectives: the root
+  uint64_t count;         // NCCL's count argument
+  uint64_t scalar_bits;   // PreMulSum scalar (one element of dtype)
+  uint64_t total_bytes;   // size of the whole payload
+  uint64_t offset;        // offset of this frame's bytes in the payload
+  uint32_t flags;
+  uint32_t reserved;
+};
+
 struct MemorySample {
   uint64_t t_ns;
   uint64_t current_bytes;
@@ -98,6 +129,7 @@ static_assert(std::is_trivially_copyable_v<OpArrive> && sizeof(OpArrive) == 48);
 static_assert(sizeof(OpRelease) == 32);
 static_assert(sizeof(OpRecord) == 60);
 static_assert(sizeof(MemorySample) == 24);
+static_assert(std::is_trivially_copyable_v<ExchangeHeader> && sizeof(ExchangeHeader) == 64);
 static_assert(sizeof(IterationMark) == 40);
 
 }  // namespace prism::ipc

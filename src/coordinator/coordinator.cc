@@ -31,6 +31,7 @@
 
 #include "common/ipc_io.h"
 #include "common/log.h"
+#include "coordinator/exchange_hub.h"
 #include "coordinator/hang_detector.h"
 #include "coordinator/store_server.h"
 
@@ -44,7 +45,9 @@ constexpr BusId kUnixListenId = 1;
 constexpr BusId kTcpListenId = 2;
 constexpr BusId kWakeId = 3;
 constexpr BusId kTimerId = 4;
-constexpr uint64_t kMaxBusOutput = 64ull << 20;
+// Why this large: kOpResult frames carry real members' outputs (a gradient bucket can be hundreds of MB); a shim reads
+// them on its own reader thread, so a client over this limit has stopped reading.
+constexpr uint64_t kMaxBusOutput = 8ull << 30;
 
 uint64_t NowNs() {
   return static_cast<uint64_t>(
@@ -240,6 +243,7 @@ class Coordinator::Impl {
   bool stopped_ = false;
   bool info_written_ = false;
   HangDetector hang_;  // under mu_
+  ExchangeHub xhub_;   // real data between real members; under mu_
 };
 
 bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error) {
@@ -704,6 +708,27 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
         hang_.Progress(c.rank, s.last_seen_ns);
         return;
       }
+      case MsgType::kOpData: {
+        if (!need_hello()) return;
+        ipc::ExchangeHeader h;
+        if (f.payload.size() < sizeof(h)) {
+          c.drop_reason = fmt::format("kOpData of {} bytes, shorter than its header", f.payload.size());
+          return;
+        }
+        std::memcpy(&h, f.payload.data(), sizeof(h));
+        std::vector<ExchangeHub::Outgoing> out;
+        std::string why = xhub_.OnData(c.rank, h, std::string_view(f.payload).substr(sizeof(h)), &out);
+        if (!why.empty()) Log("coord")->warn("rank {}: {}", c.rank, why);
+        for (ExchangeHub::Outgoing& o : out) {
+          auto rs = ranks_.find(o.rank);
+          if (rs == ranks_.end()) continue;
+          auto cl = clients_.find(rs->second.conn);
+          if (cl == clients_.end()) continue;
+          cl->second.out.append(o.frames);
+          Flush(cl->first, cl->second);
+        }
+        return;
+      }
       case MsgType::kBye: {
         if (!need_hello()) return;
         json j = json::parse(f.payload, nullptr, false);
@@ -863,6 +888,7 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
     comm_by_key_[comm_key] = comm_id;
     std::vector<bool> is_real;
     for (int m : members) is_real.push_back(vr_->IsReal(m));
+    xhub_.AddComm(comm_id, members, is_real);
     hang_.AddComm(comm_id, !group_desc.empty() ? group_desc : !group.empty() ? "group " + group : std::string(),
                   members, std::move(is_real));
   }
