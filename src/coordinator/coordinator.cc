@@ -213,6 +213,10 @@ class Coordinator::Impl {
   bool HandleCommInit(BusId id, BusClient& c, const json& j, bool final);
   void RetryParked(bool timer);
   void HandleArrive(BusId id, BusClient& c, const ipc::OpArrive& a);
+  // True (and the operation is not released) when every real member arrived at (comm, seq) but they issued
+  // different operations there (hang_detector.h Disagreement): real NCCL would hang or corrupt, so it is held
+  // and reported at once on stderr; the hang diagnosis follows after --hang-timeout.
+  bool HoldOnDisagreement(const CommView& comm, uint64_t seq, const std::vector<Arrival>& arrivals);
   void MaybeWriteStatus(bool force);
   json StatusLocked();
   void WriteInfo(const char* state);
@@ -244,6 +248,7 @@ class Coordinator::Impl {
   bool info_written_ = false;
   HangDetector hang_;  // under mu_
   ExchangeHub xhub_;   // real data between real members; under mu_
+  std::map<std::pair<uint32_t, uint64_t>, std::string> held_;  // (comm, seq) -> what differs; under mu_
 };
 
 bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error) {
@@ -936,6 +941,7 @@ void Coordinator::Impl::HandleArrive(BusId id, BusClient& c, const ipc::OpArrive
     arrivals.push_back(Arrival{c.rank, a});
   }
   if (arrivals.size() < comm.real_members.size()) return;
+  if (HoldOnDisagreement(comm, seq, arrivals)) return;
   ReleaseDecision d = opts_.release_policy ? opts_.release_policy->Decide(comm, seq, arrivals)
                                            : DefaultRelease(comm, seq, arrivals);
   ipc::OpRelease rel{};
@@ -953,6 +959,36 @@ void Coordinator::Impl::HandleArrive(BusId id, BusClient& c, const ipc::OpArrive
   }
   pending_.erase({comm_id, seq});
   ++releases_;
+}
+
+bool Coordinator::Impl::HoldOnDisagreement(const CommView& comm, uint64_t seq, const std::vector<Arrival>& arrivals) {
+  std::vector<std::pair<int, HangOp>> ops;
+  for (const Arrival& a : arrivals) {
+    HangOp o;
+    o.comm_id = a.op.comm_id;
+    o.seq = a.op.seq;
+    o.op = a.op.op;
+    o.bytes = a.op.bytes;
+    int32_t peer = a.op.peer;
+    if (peer >= 0 && static_cast<size_t>(peer) < comm.members.size()) o.peer = comm.members[static_cast<size_t>(peer)];
+    ops.emplace_back(a.rank, o);
+  }
+  std::string what = Disagreement(ops, comm.members.size() == 2);
+  if (what.empty()) return false;
+  if (held_.emplace(std::make_pair(comm.comm_id, seq), what).second) {
+    hang_.Hold(comm.comm_id, seq, what);
+    std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::string text =
+        fmt::format("prism: {} seq {}: the real members disagree ({}):", hang_.CommName(comm.comm_id), seq, what);
+    for (const auto& [rank, o] : ops) text += fmt::format(" rank {} {};", rank, HangOpText(o));
+    text.back() = '\n';
+    text += "  held there, as NCCL would hang or corrupt; the hang diagnosis follows after --hang-timeout\n";
+    // Why stderr: the first sign of the bug the user is looking for, whatever the log level.
+    std::fprintf(stderr, "%s", text.c_str());
+    std::fflush(stderr);
+    Log("coord")->warn("comm {} seq {}: real members disagree ({}); held", comm.comm_id, seq, what);
+  }
+  return true;
 }
 
 json Coordinator::Impl::StatusLocked() {
@@ -1005,6 +1041,9 @@ json Coordinator::Impl::StatusLocked() {
     ranks.push_back(std::move(x));
   }
   j["ranks"] = std::move(ranks);
+  json held = json::array();
+  for (const auto& [key, what] : held_) held.push_back({{"comm", key.first}, {"seq", key.second}, {"differs", what}});
+  j["held"] = std::move(held);
   return j;
 }
 

@@ -49,6 +49,8 @@ json OpJson(const HangOp& o) {
 
 }  // namespace
 
+std::string HangOpText(const HangOp& op) { return Describe(op); }
+
 std::string HangOpName(uint32_t op) {
   static const char* kColl[] = {"invalid", "all_reduce", "all_gather", "reduce_scatter",
                                 "broadcast", "reduce", "all_to_all", "barrier"};
@@ -57,6 +59,34 @@ std::string HangOpName(uint32_t op) {
   if (op == kRecv) return "recv";
   return fmt::format("op{}", op);
 }
+
+std::string Disagreement(const std::vector<std::pair<int, HangOp>>& ops, bool pair) {
+  std::set<std::string> what;
+  const HangOp* first = nullptr;
+  int first_rank = -1;
+  for (const auto& [rank, o] : ops) {
+    if (o.op == 0) continue;  // a grouped unit (several operations): not comparable as one
+    if (!first) {
+      first = &o;
+      first_rank = rank;
+      continue;
+    }
+    if (IsP2p(o.op) != IsP2p(first->op)) {
+      what.insert("op");
+    } else if (IsP2p(o.op)) {
+      // On a 2-rank communicator the two sides of sequence s pair up: a send needs a recv, sizes must match.
+      if (pair && rank != first_rank && o.op == first->op) what.insert("p2p direction");
+      if (pair && o.bytes != first->bytes) what.insert("size");
+    } else {
+      if (o.op != first->op) what.insert("op");
+      if (o.bytes != first->bytes) what.insert("size");
+      if (o.dtype >= 0 && first->dtype >= 0 && o.dtype != first->dtype) what.insert("dtype");
+    }
+  }
+  return fmt::format("{}", fmt::join(what, ", "));
+}
+
+void HangDetector::Hold(uint32_t comm_id, uint64_t seq, std::string what) { held_[{comm_id, seq}] = std::move(what); }
 
 void HangDetector::AddComm(uint32_t comm_id, std::string name, std::vector<int> members, std::vector<bool> real) {
   real.resize(members.size(), true);
@@ -84,6 +114,7 @@ void HangDetector::Note(int rank, const HangOp& op, uint64_t now_ns) {
   if (since != 0) h.since_ns = since;
   if (op.seq >= kHistory) {
     history_.erase(history_.lower_bound({op.comm_id, 0}), history_.lower_bound({op.comm_id, op.seq - kHistory}));
+    held_.erase(held_.lower_bound({op.comm_id, 0}), held_.lower_bound({op.comm_id, op.seq - kHistory}));
   }
 }
 
@@ -185,32 +216,20 @@ HangDiagnosis HangDetector::Diagnose(uint64_t now_ns) const {
   // Disagreements at one sequence.
   for (const auto& [key, by_rank] : history_) {
     if (by_rank.size() < 2) continue;
-    const HangOp& first = by_rank.begin()->second;
-    std::set<std::string> what;
     auto c = comms_.find(key.first);
     bool pair = c != comms_.end() && c->second.members.size() == 2;
-    for (const auto& [rank, o] : by_rank) {
-      if (IsP2p(o.op) != IsP2p(first.op)) {
-        what.insert("op");
-      } else if (IsP2p(o.op)) {
-        // On a 2-rank communicator the two sides of sequence s pair up: a send needs a recv, sizes must match.
-        if (pair && rank != by_rank.begin()->first && o.op == first.op) what.insert("p2p direction");
-        if (pair && o.bytes != first.bytes) what.insert("size");
-      } else {
-        if (o.op != first.op) what.insert("op");
-        if (o.bytes != first.bytes) what.insert("size");
-        if (o.dtype >= 0 && first.dtype >= 0 && o.dtype != first.dtype) what.insert("dtype");
-      }
-    }
+    std::vector<std::pair<int, HangOp>> ops(by_rank.begin(), by_rank.end());
+    std::string what = Disagreement(ops, pair);
     if (what.empty()) continue;
     HangMismatch m;
     m.comm_id = key.first;
     m.comm_name = c != comms_.end() ? c->second.name : "";
     m.seq = key.second;
-    m.what = fmt::format("{}", fmt::join(what, ", "));
-    for (const auto& [rank, o] : by_rank) m.ops.emplace_back(rank, o);
+    m.what = std::move(what);
+    m.ops = std::move(ops);
     d.mismatches.push_back(std::move(m));
   }
+  for (const auto& [key, what] : held_) d.held.emplace_back(key, what);
   // Members that never arrived where others wait (collectives).
   std::map<std::pair<uint32_t, uint64_t>, std::vector<int>> waiting_at;
   for (const HangWait& w : d.waits) {
@@ -295,7 +314,13 @@ HangDiagnosis HangDetector::Diagnose(uint64_t now_ns) const {
       std::string line = fmt::format("rank {} waits {:.0f} s at {} seq {} ({})", at, waited, CommName(p->comm_id),
                                      p->seq, Describe(*p));
       if (bl.empty()) {
-        w.chain.push_back(line + " for no real rank (all real members arrived; waiting for the release)");
+        auto h = held_.find({p->comm_id, p->seq});
+        w.chain.push_back(line + (h != held_.end()
+                                      ? fmt::format(": every real member arrived but they disagree ({}); held there, "
+                                                    "as NCCL would hang or corrupt",
+                                                    h->second)
+                                      : std::string(" for no real rank (all real members arrived; waiting for the "
+                                                    "release)")));
         w.held_up_by = at;
         break;
       }
@@ -366,6 +391,9 @@ std::string HangDiagnosis::ToJson() const {
   }
   j["never_arrived"] = std::move(ns);
   j["cycles"] = cycles;
+  json hs = json::array();
+  for (const auto& [key, what] : held) hs.push_back({{"comm", key.first}, {"seq", key.second}, {"differs", what}});
+  j["held"] = std::move(hs);
   return j.dump(2) + "\n";
 }
 

@@ -55,6 +55,12 @@ struct HangWait {
   int held_up_by = -1;            // the last rank of the chain
 };
 
+// What differs between operations issued at one (comm, seq): "op", "size", "dtype", "p2p direction" (comma-joined,
+// sorted), "" when they agree. `pair`: the communicator has two members, so p2p sides must pair up (a send with a
+// recv of the same size). Grouped units (op 0) are never compared. Used by Diagnose and by the coordinator, which
+// holds a collective whose real members all arrived but disagree instead of releasing it.
+std::string Disagreement(const std::vector<std::pair<int, HangOp>>& ops, bool pair);
+
 struct HangDiagnosis {
   uint64_t t_ns = 0;
   double stalled_s = 0;   // since the last progress of any real rank
@@ -63,6 +69,8 @@ struct HangDiagnosis {
   std::vector<HangMismatch> mismatches;
   std::vector<HangMissing> missing;
   std::vector<std::vector<int>> cycles;  // p2p/collective wait-for cycles, smallest rank first
+  // (comm, seq) the coordinator holds because its real members all arrived but disagree (what differs).
+  std::vector<std::pair<std::pair<uint32_t, uint64_t>, std::string>> held;
 
   std::string ToJson() const;  // what <out>/hang.json holds
   std::string ToText() const;  // what is printed
@@ -77,6 +85,8 @@ class HangDetector {
 
   // A communicator: members in communicator-rank order, which of them run for real, a name for messages.
   void AddComm(uint32_t comm_id, std::string name, std::vector<int> members, std::vector<bool> real);
+  // The real members of (comm, seq) all arrived but disagree (`what`); the coordinator holds the operation.
+  void Hold(uint32_t comm_id, uint64_t seq, std::string what);
   void Arrive(int rank, const ipc::OpArrive& a, uint64_t now_ns);
   void Release(int rank, uint32_t comm_id, uint64_t seq, uint64_t now_ns);
   void Record(int rank, const ipc::OpRecord& r, uint64_t now_ns);
@@ -88,6 +98,8 @@ class HangDetector {
   std::optional<HangDiagnosis> Check(uint64_t now_ns);
   // The diagnosis as things stand (no timeout check).
   HangDiagnosis Diagnose(uint64_t now_ns) const;
+  // "comm 3 (DATA_PARALLEL_GROUP)", or "comm 3" when the communicator has no name.
+  std::string CommName(uint32_t comm_id) const;
 
  private:
   struct Comm {
@@ -104,11 +116,11 @@ class HangDetector {
 
   void Note(int rank, const HangOp& op, uint64_t now_ns);
   std::vector<int> Blockers(int rank, const HangOp& op) const;
-  std::string CommName(uint32_t comm_id) const;
 
   double timeout_s_;
   std::map<uint32_t, Comm> comms_;
   std::map<int, Rank> ranks_;
+  std::map<std::pair<uint32_t, uint64_t>, std::string> held_;
   // (comm, seq) -> rank -> what it issued; the last kHistory sequences per comm.
   std::map<std::pair<uint32_t, uint64_t>, std::map<int, HangOp>> history_;
   uint64_t last_progress_ns_ = 0;
@@ -116,5 +128,7 @@ class HangDetector {
 };
 
 std::string HangOpName(uint32_t op);
+// "all_reduce 1 MiB", "send 4 KiB to rank 5", with the dtype when known.
+std::string HangOpText(const HangOp& op);
 
 }  // namespace prism::coord

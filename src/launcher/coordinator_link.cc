@@ -1,6 +1,7 @@
 #include "launcher/coordinator_link.h"
 
 #include <algorithm>
+#include <mutex>
 #include <optional>
 
 #include "coordinator/coordinator.h"
@@ -40,6 +41,12 @@ class LocalCoordinator : public CoordinatorLink {
     // Why: the plan sets TORCH_NCCL_RANKS_PER_ROOT to this value, so both sides split scalable-init roots alike.
     o.ranks_per_root = std::max(plan->world_size, 128);
     o.membership = membership_.get();
+    o.hang_timeout_s = plan->hang_timeout_s;
+    // Why always a callback: the launcher decides (--on-hang) and records the hang in the report either way.
+    o.on_hang = [this](const std::string& path) {
+      std::lock_guard<std::mutex> lock(hang_mu_);
+      hang_.push_back(path);
+    };
     if (!o.graph.empty()) {
       graph_release_ = coord::GraphRelease::Load(o.graph, o.world_size, o.real_ranks, error);
       if (!graph_release_) return false;
@@ -67,6 +74,14 @@ class LocalCoordinator : public CoordinatorLink {
     if (coord_) coord_->Stop();
   }
 
+  std::optional<std::string> TakeHang() override {
+    std::lock_guard<std::mutex> lock(hang_mu_);
+    if (hang_.empty()) return std::nullopt;
+    std::string p = hang_.front();
+    hang_.erase(hang_.begin());
+    return p;
+  }
+
   std::string Describe() const override {
     if (!coord_) return "coordinator not started";
     std::string s = "coordinator: store " + addr_;
@@ -84,6 +99,8 @@ class LocalCoordinator : public CoordinatorLink {
   std::unique_ptr<coord::GraphRelease> graph_release_;  // before coord_: outlives it
   std::unique_ptr<coord::Coordinator> coord_;
   std::string addr_;
+  std::mutex hang_mu_;
+  std::vector<std::string> hang_;  // hang.json paths not yet taken
 };
 
 }  // namespace

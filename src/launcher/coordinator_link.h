@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "launcher/plan.h"
@@ -23,6 +24,9 @@ class CoordinatorLink {
   virtual void Stop() = 0;
   // One line for people: where it listens, what it answered so far.
   virtual std::string Describe() const = 0;
+  // The path of hang.json once the coordinator diagnosed a hang (plan.hang_timeout_s), once per diagnosis;
+  // nullopt otherwise. Polled by the launcher, which stops the job under --on-hang stop.
+  virtual std::optional<std::string> TakeHang() { return std::nullopt; }
 };
 
 // The in-process coordinator.

@@ -194,6 +194,13 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
     e["status"] = status;
     e["exit_code"] = status == "running" ? json(nullptr) : json(res.exit_code);
     if (res.failed_rank >= 0) e["failed_rank"] = res.failed_rank;
+    if (!res.hang_json.empty()) {
+      // Why the whole diagnosis: report.json is what people and CI read first; hang.json stays the full record.
+      std::ifstream hin(res.hang_json);
+      json h = hin ? json::parse(hin, nullptr, false) : json();
+      e["hang"] = {{"file", res.hang_json}, {"stopped", res.stopped_on_hang},
+                   {"diagnosis", h.is_discarded() ? json() : h}};
+    }
     json l = PlanToJson(plan);
     e["layout"] = l["layout"];
     e["real_ranks"] = l["real_ranks"];
@@ -444,6 +451,21 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
       }
     }
 
+    if (coordinator && plan.start_coordinator) {
+      while (std::optional<std::string> hang = coordinator->TakeHang()) {
+        res.hang_json = *hang;
+        if (plan.stop_on_hang && !stopping) {
+          print("prism: hang diagnosed (" + *hang + "); --on-hang stop: stopping the workers, the report is kept");
+          res.stopped_on_hang = true;
+          signal_all(SIGTERM);
+          termed = true;
+          begin_stop(opts.failure_grace_s);
+        } else if (!plan.stop_on_hang) {
+          print("prism: hang diagnosed (" + *hang + "); --on-hang wait: the job keeps running");
+        }
+        write_report();
+      }
+    }
     progress();
     if (Clock::now() - last_report > std::chrono::duration<double>(opts.report_interval_s)) {
       write_report();
@@ -464,6 +486,9 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
   if (res.interrupted) {
     status = "interrupted";
     res.exit_code = 130;
+  } else if (res.stopped_on_hang) {
+    status = "hang";
+    res.exit_code = kExitHang;
   } else if (res.failed_rank >= 0) {
     status = "failed";
   } else if (!res.error.empty()) {

@@ -23,11 +23,16 @@ struct LaunchOptions {
   std::function<void(const std::string&)> print;  // progress and status lines (default: stdout)
 };
 
+// Exit status of a run that prism stopped after diagnosing a hang (--on-hang stop); docs/cli.md.
+inline constexpr int kExitHang = 4;
+
 struct LaunchResult {
-  int exit_code = 0;      // the job's: 0, the first failed rank's code, 128 + signal, or 130 after Ctrl-C
+  int exit_code = 0;      // the job's: 0, the first failed rank's code, 128 + signal, 130 after Ctrl-C, or kExitHang
   int failed_rank = -1;
   bool interrupted = false;
   std::string error;      // prism's own failure (could not start), if any
+  std::string hang_json;  // set when the coordinator diagnosed a hang (its hang.json)
+  bool stopped_on_hang = false;  // --on-hang stop: prism stopped the job after the diagnosis
 };
 
 // `coordinator` may be null when plan.start_coordinator is false (joining an existing one).

@@ -273,6 +273,13 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
     p.warnings.push_back("the job creates Gloo process groups (Megatron's default): Gloo connects ranks directly "
                          "over TCP, which virtual ranks cannot answer; add --disable-gloo-process-groups to the job");
 
+  if (req.on_hang != "stop" && req.on_hang != "wait") {
+    *error = "--on-hang " + req.on_hang + ": expected stop or wait";
+    return std::nullopt;
+  }
+  p.hang_timeout_s = req.hang_timeout_s;
+  p.stop_on_hang = req.on_hang == "stop";
+
   // Real ranks.
   std::vector<int> ranks;
   if (req.node_rank >= 0) {
@@ -537,6 +544,7 @@ nlohmann::ordered_json PlanToJson(const Plan& p) {
   j["coordinator"] = {{"start", p.start_coordinator},
                       {"store", p.store_addr + ":" + std::to_string(p.store_port)},
                       {"socket", p.coord_socket}};
+  j["hang"] = {{"timeout_s", p.hang_timeout_s}, {"on_hang", p.stop_on_hang ? "stop" : "wait"}};
   j["out_dir"] = p.out_dir;
   j["job_command"] = [&] {
     std::vector<std::string> all = p.torchrun.launcher;
@@ -571,6 +579,12 @@ std::string PlanToText(const Plan& p) {
   o << "  coordinator    " << (p.start_coordinator ? "started here, store " : "joined at ") << p.store_addr << ":"
     << p.store_port;
   if (!p.coord_socket.empty()) o << ", socket " << p.coord_socket;
+  o << "\n  hang diagnosis ";
+  if (p.hang_timeout_s > 0) {
+    o << "after " << p.hang_timeout_s << " s without progress, then " << (p.stop_on_hang ? "stop" : "keep running");
+  } else {
+    o << "off";
+  }
   o << "\n  output         " << p.out_dir << "\n";
   o << "  each worker runs\n";
   for (const Worker& w : p.workers) {

@@ -59,6 +59,10 @@ struct PlanRequest {
   std::string graph;
   bool preload = true;               // false (--no-preload): run without libprism.so, for launch debugging only
   std::string run_id;                // TORCHELASTIC_RUN_ID when the job's --rdzv-id is "none"
+  // Hang diagnosis of the coordinator started here (docs/hang.md): seconds without progress of any real rank while
+  // some wait (<= 0: off), and whether prism stops the job after the diagnosis ("stop") or lets it run ("wait").
+  double hang_timeout_s = 60;
+  std::string on_hang = "stop";
 };
 
 struct RealRank {
@@ -95,6 +99,8 @@ struct Plan {
   std::vector<Worker> workers;
   std::vector<std::string> warnings;
   std::vector<std::string> notes;  // e.g. which user variables prism replaced
+  double hang_timeout_s = 60;      // from PlanRequest
+  bool stop_on_hang = true;        // --on-hang stop
 };
 
 std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std::string* error);

@@ -214,7 +214,7 @@ json ReadJson(const std::string& path) {
 
 // At the user's level: `prism-run coordinator --hang-timeout 1` with two fake shims on its bus; rank 0 arrives at
 // an all_reduce of the world, rank 5 never does. The coordinator writes hang.json, prints the diagnosis and, with
-// the default --on-hang stop, exits 1. (Real time, about 1.5 s: the only test here that waits.)
+// the default --on-hang stop, exits 4. (Real time, about 1.5 s: the only test here that waits.)
 TEST(HangDetectorCli, CoordinatorWritesHangJsonAndStops) {
   const char* prism_run = std::getenv("PRISM_RUN");
   if (!prism_run || !fs::exists(prism_run)) GTEST_SKIP() << "PRISM_RUN not set to a built prism-run";
@@ -272,7 +272,7 @@ TEST(HangDetectorCli, CoordinatorWritesHangJsonAndStops) {
     ::waitpid(pid, &status, 0);
     FAIL() << "the coordinator did not stop on the hang";
   }
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 4) << status;
   ::close(fds[0]);
   ::close(fds[1]);
   ASSERT_TRUE(fs::exists(out / "hang.json"));

@@ -117,7 +117,7 @@ int RunCoordinator(const CoordinatorCli& o) {
   if (sig == SIGUSR1) {
     std::fprintf(stderr, "prism-run coordinator: hang diagnosed (--on-hang stop), stopping\n");
     coord->Stop();
-    return kExitFailure;
+    return kExitHang;
   }
   std::fprintf(stderr, "prism-run coordinator: signal %d, stopping\n", sig);
   coord->Stop();
@@ -167,7 +167,7 @@ void AddCoordinator(CLI::App& app, int* rc) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber)
       ->envname("PRISM_HANG_TIMEOUT");
-  sub->add_option("--on-hang", o->on_hang, "after the diagnosis: stop (exit 1) or wait (keep running)")
+  sub->add_option("--on-hang", o->on_hang, "after the diagnosis: stop (exit 4) or wait (keep running)")
       ->capture_default_str()
       ->check(CLI::IsMember({"wait", "stop"}));
   sub->callback([o, rc] { *rc = RunCoordinator(*o); });

@@ -33,6 +33,8 @@ struct EmulateOptions {
   int node_rank = -1;
   bool no_preload = false;
   bool quiet = false;
+  double hang_timeout = 60;
+  std::string on_hang = "stop";
 };
 
 EmulateOptions* AddEmulateOptions(CLI::App& app) {
@@ -58,6 +60,16 @@ EmulateOptions* AddEmulateOptions(CLI::App& app) {
   app.add_flag("--no-preload", opts.no_preload,
                "do not LD_PRELOAD libprism.so (tests the launch only: the job's NCCL calls are not emulated)");
   app.add_flag("--quiet", opts.quiet, "do not copy the workers' output to the terminal (it is still in <out>/logs)");
+  app.add_option("--hang-timeout", opts.hang_timeout,
+                 "seconds without progress of any real rank, while some wait, before the hang diagnosis "
+                 "(<out>/hang.json, printed); 0 turns it off")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber)
+      ->envname("PRISM_HANG_TIMEOUT");
+  app.add_option("--on-hang", opts.on_hang,
+                 "after a hang diagnosis: stop the job (report written, exit 4) or wait (keep running)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"wait", "stop"}));
   return &opts;
 }
 
@@ -101,6 +113,8 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   req.coordinator = opts.coordinator;
   req.payload = opts.payload;
   req.preload = !opts.no_preload;
+  req.hang_timeout_s = opts.hang_timeout;
+  req.on_hang = opts.on_hang;
   std::error_code ec;
   req.out_dir = opts.out.empty() ? DefaultOutDir() : fs::absolute(opts.out, ec).string();
   if (!opts.graph.empty()) {
@@ -153,6 +167,11 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   std::string rep_path = (fs::path(plan->out_dir) / "report.json").string();
   if (auto rep = launcher::LoadReport(rep_path, &error)) {
     std::printf("\n%s", launcher::ShowReport(*rep, 16).c_str());
+  }
+  if (res.stopped_on_hang) {
+    std::printf("prism: stopped after a hang diagnosis: %s (exit %d)\n", res.hang_json.c_str(), kExitHang);
+  } else if (!res.hang_json.empty()) {
+    std::printf("prism: a hang was diagnosed during the run: %s\n", res.hang_json.c_str());
   }
   std::printf("prism: report %s (exit %d)\n", rep_path.c_str(), res.exit_code);
   return res.exit_code;

@@ -13,6 +13,8 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;     // the job failed, a regression was found, the replay deadlocked
 inline constexpr int kExitBadInput = 2;    // malformed graph/topology/command line
 inline constexpr int kExitNotBuilt = 3;    // the subcommand exists in the contract but is not implemented yet
+inline constexpr int kExitHang = 4;        // emulate: prism diagnosed a hang and stopped the job (--on-hang stop);
+                                           // coordinator: a hang was diagnosed (--on-hang stop)
 
 // Each Add* registers a subcommand on `app`; its callback stores the exit code in *rc.
 void AddSimulate(CLI::App& app, int* rc);
@@ -24,6 +26,7 @@ void AddStatus(CLI::App& app, int* rc);
 void AddCoordinator(CLI::App& app, int* rc);
 void AddImportChakra(CLI::App& app, int* rc);
 void AddExportChakra(CLI::App& app, int* rc);
+void AddGraph(CLI::App& app, int* rc);
 
 // Emulate is the default mode (`prism-run [OPTIONS] torchrun ...`): its options live on the top-level app.
 struct EmulateOptions;
