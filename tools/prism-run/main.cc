@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   AddCoordinator(app, &rc);
   AddImportChakra(app, &rc);
   AddExportChakra(app, &rc);
+  AddGraph(app, &rc);
 
   try {
     app.parse(argc, argv);

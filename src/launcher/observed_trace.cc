@@ -1,0 +1,1049 @@
+#include "launcher/observed_trace.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <tuple>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "launcher/megatron_membership.h"
+#include "prism/events.h"
+#include "replay/trace_validate.h"
+
+namespace prism::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using trace::CollOp;
+using trace::DType;
+using trace::Node;
+using trace::NodeKind;
+
+int64_t Int(const json& j, const char* key, int64_t dflt) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return dflt;
+  if (it->is_number_float()) return static_cast<int64_t>(it->get<double>());
+  if (it->is_number_unsigned()) {
+    uint64_t v = it->get<uint64_t>();
+    return v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v);
+  }
+  return it->get<int64_t>();
+}
+
+uint64_t UInt(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return 0;
+  if (it->is_number_unsigned()) return it->get<uint64_t>();
+  int64_t v = Int(j, key, 0);
+  return v > 0 ? static_cast<uint64_t>(v) : 0;
+}
+
+std::string Str(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) return "";
+  return it->get<std::string>();
+}
+
+std::string Join(const std::vector<int>& v, size_t max_items = 8) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < max_items; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  if (v.size() > max_items) s += ", ...";
+  return s;
+}
+
+// Megatron group descriptions compare without case and without a trailing "_GROUP".
+std::string NormDesc(std::string_view d) {
+  std::string s(d);
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  constexpr std::string_view kSuffix = "_GROUP";
+  if (s.size() > kSuffix.size() && s.compare(s.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0)
+    s.resize(s.size() - kSuffix.size());
+  return s;
+}
+
+// Slot names are labels: keep them short and printable.
+std::string SlotLabel(std::string_view s) {
+  std::string out;
+  for (char c : s) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ':') ? c : '_';
+  if (out.size() > 48) out.resize(48);
+  return out.empty() ? std::string("comm") : out;
+}
+
+// Class-defining coordinates: everything but the data-parallel ones.
+using ClassKey = std::array<int, 7>;  // tp, cp, pp, gtp, etp, ep, egtp
+
+ClassKey KeyOf(const world::Coords& c) { return {c.tp, c.cp, c.pp, c.gtp, c.etp, c.ep, c.egtp}; }
+
+std::string KeyText(const world::World& w, const ClassKey& k) {
+  const world::Layout& l = w.layout();
+  const std::array<std::pair<const char*, int>, 7> dims = {{{"tp", l.tp},
+                                                            {"cp", l.cp},
+                                                            {"pp", l.pp},
+                                                            {"gtp", l.gtp},
+                                                            {"etp", l.ExpertTp()},
+                                                            {"ep", l.ep},
+                                                            {"egtp", l.egtp}}};
+  std::string s;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i].second <= 1) continue;
+    // Why skip etp when it equals tp: with the default orders it is the same coordinate, printed once.
+    if (i == 4 && l.ExpertTp() == l.tp && k[4] == k[0]) continue;
+    s += (s.empty() ? "" : " ") + std::string(dims[i].first) + "=" + std::to_string(k[i]);
+  }
+  return s.empty() ? std::string("replica") : s;
+}
+
+std::string ClassName(const world::World& w, const ClassKey& k) {
+  std::string s = KeyText(w, k);
+  std::replace(s.begin(), s.end(), ' ', '-');
+  s.erase(std::remove(s.begin(), s.end(), '='), s.end());
+  return s;
+}
+
+// How a communicator of the class representative generalises to every rank of its class.
+struct Family {
+  enum Type { kWorld, kGroup, kMoved } type = kMoved;
+  std::string kind;          // kGroup: world::Group::kind
+  std::string desc;          // trace::Comm::desc
+  std::vector<int> members;  // the representative's (global ranks, communicator order)
+  int position = -1;         // the representative's communicator rank
+  std::string slot;          // slot name in the class
+};
+
+// One trace node to be, from (part of) an op line.
+struct Piece {
+  NodeKind kind = NodeKind::kInvalid;
+  CollOp op = CollOp::kInvalid;
+  int64_t comm_id = -1;
+  int64_t seq = -1;
+  uint64_t bytes = 0;
+  DType dtype = DType::kInvalid;
+  int32_t peer = -1;
+  int32_t root = -1;
+};
+
+struct Unit {
+  const ObservedOp* op = nullptr;
+  int64_t iter = 0;
+  std::vector<Piece> pieces;
+};
+
+// Lookup tables over world::World's groups: kind -> (rank -> group index).
+class GroupIndex {
+ public:
+  explicit GroupIndex(const world::World& w) : w_(w) {
+    for (const world::Group& g : w.MegatronGroups()) {
+      if (g.backend != "nccl") continue;
+      std::string n = NormDesc(g.desc);
+      if (!by_desc_.count(n)) by_desc_[n] = g.kind;
+    }
+  }
+  // Index of the `kind` group containing `rank` in Groups(kind), -1 when none.
+  int IndexOf(const std::string& kind, int rank) {
+    const Table& t = TableOf(kind);
+    return rank >= 0 && rank < static_cast<int>(t.of_rank.size()) ? t.of_rank[rank] : -1;
+  }
+  const std::vector<int>& Group(const std::string& kind, int index) { return TableOf(kind).groups[index]->members; }
+  const std::string& Desc(const std::string& kind, int index) { return TableOf(kind).groups[index]->desc; }
+  // Kind of a Megatron description ("" when none).
+  std::string KindOfDesc(std::string_view desc) const {
+    // Why split on '|': run_report's labeler joins the names of groups with equal members that way.
+    std::string d(desc);
+    size_t start = 0;
+    while (start <= d.size()) {
+      size_t bar = d.find('|', start);
+      std::string part = d.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
+      auto it = by_desc_.find(NormDesc(part));
+      if (!part.empty() && it != by_desc_.end()) return it->second;
+      if (bar == std::string::npos) break;
+      start = bar + 1;
+    }
+    return "";
+  }
+  std::vector<std::string> Kinds() const {
+    std::vector<std::string> out;
+    for (const world::Group& g : w_.MegatronGroups())
+      if (g.backend == "nccl" && std::find(out.begin(), out.end(), g.kind) == out.end()) out.push_back(g.kind);
+    return out;
+  }
+
+ private:
+  struct Table {
+    std::vector<const world::Group*> groups;
+    std::vector<int> of_rank;
+  };
+  const Table& TableOf(const std::string& kind) {
+    auto [it, fresh] = tables_.try_emplace(kind);
+    if (fresh) {
+      Table& t = it->second;
+      t.of_rank.assign(static_cast<size_t>(w_.size()), -1);
+      for (const world::Group& g : w_.MegatronGroups()) {
+        if (g.kind != kind || g.backend != "nccl") continue;
+        int idx = static_cast<int>(t.groups.size());
+        t.groups.push_back(&g);
+        for (int m : g.members)
+          if (m >= 0 && m < w_.size() && t.of_rank[m] < 0) t.of_rank[m] = idx;
+      }
+    }
+    return it->second;
+  }
+  const world::World& w_;
+  std::map<std::string, Table> tables_;
+  std::map<std::string, std::string> by_desc_;
+};
+
+// Preferred kinds when several Megatron groups have the same members (pp and embd for pp = 2, dp and dp-cp for
+// cp = 1, ...) and the communicator's description does not say which.
+const std::vector<std::string>& KindPreference() {
+  static const std::vector<std::string> k = {"tp",  "pp",    "dp",   "cp",  "dp-cp", "ep",       "etp",  "edp",
+                                             "tp-ep", "mp", "embd", "pos-embd", "tp-dp", "tp-dp-cp", "tp-cp"};
+  return k;
+}
+
+bool IsP2p(NodeKind k) { return k == NodeKind::kSend || k == NodeKind::kRecv; }
+
+class Builder {
+ public:
+  Builder(const std::vector<RankEventLog>& logs, const world::World& w, const ObservedTraceOptions& o,
+          ObservedTrace* out)
+      : logs_(logs), w_(w), o_(o), out_(out), groups_(w), membership_(w, 1) {}
+
+  bool Run(std::string* error);
+
+ private:
+  struct ClassInfo {
+    ClassKey key;
+    int rep = -1;                 // rank whose nodes the class holds
+    const RankEventLog* log = nullptr;
+    std::vector<Family> families;  // per slot
+    std::vector<uint8_t> p2p_slot;
+  };
+
+  bool Fail(std::string msg) {
+    error_ = std::move(msg);
+    return false;
+  }
+  void Warn(std::string msg) { out_->warnings.push_back(std::move(msg)); }
+
+  bool PickRepresentatives();
+  bool IterationRange();
+  bool BuildClass(ClassInfo& ci, trace::RoleClass* cls);
+  bool Expand(const RankEventLog& log, const ObservedOp& op, std::vector<Piece>* pieces);
+  bool Resolve(const RankEventLog& log, const ObservedComm& c, Family* f);
+  bool Bind();
+  std::vector<int> Moved(const std::vector<int>& members, int from, int to) const;
+  uint32_t CommId(const std::string& slot, const std::vector<int>& members, const std::string& desc);
+
+  const std::vector<RankEventLog>& logs_;
+  const world::World& w_;
+  const ObservedTraceOptions& o_;
+  ObservedTrace* out_;
+  GroupIndex groups_;
+  MegatronMembership membership_;
+  std::string error_;
+
+  std::vector<ClassKey> key_of_;               // per rank
+  std::map<ClassKey, int> class_of_key_;
+  std::vector<ClassInfo> classes_;
+  bool use_marks_ = false;
+  int64_t first_ = 0, last_ = 0;
+  std::map<std::pair<std::string, std::vector<int>>, uint32_t> comm_ids_;
+  bool warned_root_ = false, warned_split_ = false;
+};
+
+bool Builder::Run(std::string* error) {
+  bool ok = PickRepresentatives() && IterationRange();
+  if (ok) {
+    trace::Trace& t = out_->trace;
+    t.world_size = w_.size();
+    const world::Layout& l = w_.layout();
+    // Why tp * gtp: Megatron injects gtp_remat right after tp, so together they act as one wider tp dimension.
+    t.layout.tp = l.tp * l.gtp;
+    t.layout.pp = l.pp;
+    t.layout.dp = l.dp;
+    t.layout.cp = l.cp;
+    t.layout.ep = l.ep;
+    t.layout.etp = l.ExpertTp();
+    t.layout.order = l.order;
+    t.topology = o_.topology;
+    for (ClassInfo& ci : classes_) {
+      trace::RoleClass cls;
+      if (!BuildClass(ci, &cls)) {
+        ok = false;
+        break;
+      }
+      for (const trace::Stream& s : cls.streams) out_->nodes += s.nodes.size();
+      t.classes.push_back(std::move(cls));
+      out_->class_ranks.push_back(ci.rep);
+    }
+  }
+  ok = ok && Bind();
+  if (ok && o_.validate) {
+    replay::ValidationOptions vo;
+    vo.max_errors = 12;
+    std::vector<std::string> errs = replay::ValidateTrace(out_->trace, vo);
+    if (!errs.empty()) {
+      std::string m = "the graph built from the event files does not validate (" + std::to_string(errs.size()) +
+                      (errs.size() >= vo.max_errors ? "+" : "") + " errors; the files disagree, e.g. a rank's file is "
+                      "cut short or its iteration marks fall elsewhere):";
+      for (const std::string& e : errs) m += "\n  " + e;
+      ok = Fail(m);
+    }
+  }
+  if (!ok) *error = error_;
+  return ok;
+}
+
+bool Builder::PickRepresentatives() {
+  const int n = w_.size();
+  key_of_.resize(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    key_of_[r] = KeyOf(w_.CoordsOf(r));
+    auto [it, fresh] = class_of_key_.try_emplace(key_of_[r], static_cast<int>(classes_.size()));
+    if (fresh) {
+      ClassInfo ci;
+      ci.key = key_of_[r];
+      classes_.push_back(ci);
+    }
+  }
+  std::set<int> seen;
+  for (const RankEventLog& log : logs_) {
+    if (log.rank < 0 || log.rank >= n)
+      return Fail("events of rank " + std::to_string(log.rank) + ": outside the world (" + std::to_string(n) + " ranks)");
+    if (!seen.insert(log.rank).second) return Fail("two event logs for rank " + std::to_string(log.rank));
+    if (log.world_size > 0 && log.world_size != n)
+      return Fail("rank " + std::to_string(log.rank) + "'s events say world size " + std::to_string(log.world_size) +
+                  " but the layout gives " + std::to_string(n));
+    ClassInfo& ci = classes_[class_of_key_.at(key_of_[log.rank])];
+    // Prefer the lowest rank that recorded operations.
+    bool better = ci.log == nullptr || (ci.log->ops.empty() && !log.ops.empty()) ||
+                  (ci.log->ops.empty() == log.ops.empty() && log.rank < ci.rep);
+    if (better) {
+      ci.rep = log.rank;
+      ci.log = &log;
+    }
+  }
+  std::vector<std::string> missing;
+  for (const ClassInfo& ci : classes_) {
+    if (ci.log) continue;
+    std::vector<int> examples;
+    for (int r = 0; r < n && examples.size() < 4; ++r)
+      if (key_of_[r] == ci.key) examples.push_back(r);
+    missing.push_back(KeyText(w_, ci.key) + " (ranks " + Join(examples, 3) + ")");
+  }
+  if (!missing.empty()) {
+    std::vector<int> have;
+    for (const RankEventLog& log : logs_) have.push_back(log.rank);
+    std::sort(have.begin(), have.end());
+    std::string m = "the real ranks do not cover every class of the world: " + std::to_string(missing.size()) + " of " +
+                    std::to_string(classes_.size()) + " classes have no events; missing coordinates: ";
+    for (size_t i = 0; i < missing.size() && i < 8; ++i) m += (i ? "; " : "") + missing[i];
+    if (missing.size() > 8) m += "; ... (" + std::to_string(missing.size() - 8) + " more)";
+    m += ". Real ranks with events: " + (have.empty() ? std::string("none") : Join(have, 16)) +
+         ". Run one data-parallel replica for real (one rank of each class) to get the whole graph.";
+    return Fail(m);
+  }
+  for (const RankEventLog& log : logs_) {
+    const ClassInfo& ci = classes_[class_of_key_.at(key_of_[log.rank])];
+    if (ci.rep != log.rank) out_->unused_ranks.push_back(log.rank);
+  }
+  std::sort(out_->unused_ranks.begin(), out_->unused_ranks.end());
+  if (!out_->unused_ranks.empty())
+    Warn("ranks " + Join(out_->unused_ranks) + " share their class with a lower real rank: their events were not used");
+  return true;
+}
+
+bool Builder::IterationRange() {
+  int with = 0, without = 0, example_without = -1;
+  for (const ClassInfo& ci : classes_) {
+    if (ci.log->marks.empty()) {
+      ++without;
+      if (example_without < 0) example_without = ci.rep;
+    } else {
+      ++with;
+    }
+  }
+  if (with == 0) {
+    use_marks_ = false;
+    first_ = last_ = 0;
+    Warn("no iteration marks in the event files: everything recorded is one iteration (0)");
+    if (o_.skip_iterations > 0 || o_.max_iterations > 0)
+      Warn("--skip-iterations/--iterations ignored: there are no iteration marks");
+    return true;
+  }
+  if (without > 0) {
+    use_marks_ = false;
+    first_ = last_ = 0;
+    Warn("rank " + std::to_string(example_without) + " has no iteration marks while others have: everything "
+         "recorded is taken as one iteration (0)");
+    return true;
+  }
+  use_marks_ = true;
+  int64_t lo = INT64_MIN, hi = INT64_MAX;
+  int hi_rank = -1;
+  for (const ClassInfo& ci : classes_) {
+    int64_t mn = INT64_MAX, mx = INT64_MIN;
+    for (const ObservedMark& m : ci.log->marks) {
+      mn = std::min(mn, m.iteration);
+      mx = std::max(mx, m.iteration);
+    }
+    lo = std::max(lo, mn);
+    if (mx < hi) {
+      hi = mx;
+      hi_rank = ci.rep;
+    }
+  }
+  first_ = lo + std::max<int64_t>(0, o_.skip_iterations);
+  last_ = hi;
+  if (o_.max_iterations > 0) last_ = std::min(last_, first_ + o_.max_iterations - 1);
+  if (first_ > last_) {
+    return Fail("no complete iteration to keep: the real ranks completed iterations " + std::to_string(lo) + ".." +
+                std::to_string(hi) + " (rank " + std::to_string(hi_rank) + " stops first)" +
+                (o_.skip_iterations > 0 ? " and " + std::to_string(o_.skip_iterations) + " are skipped" : ""));
+  }
+  out_->first_iteration = first_;
+  out_->last_iteration = last_;
+  return true;
+}
+
+bool Builder::Resolve(const RankEventLog& log, const ObservedComm& c, Family* f) {
+  const int r = log.rank, n = w_.size();
+  std::string where = "rank " + std::to_string(r) + " communicator " + std::to_string(c.id) +
+                      (c.desc.empty() ? "" : " (" + c.desc + ")");
+  std::vector<int> members = c.members;
+  if (!members.empty() && c.nranks > 0 && static_cast<int>(members.size()) != c.nranks)
+    return Fail(where + ": " + std::to_string(members.size()) + " members listed for " + std::to_string(c.nranks) + " ranks");
+  for (int m : members)
+    if (m < 0 || m >= n) return Fail(where + ": member " + std::to_string(m) + " outside the world");
+  std::string desc_kind = groups_.KindOfDesc(c.desc);
+  if (members.empty()) {
+    if (c.nranks == n) {
+      if (c.rank >= 0 && c.rank != r)
+        return Fail(where + ": a communicator of all " + std::to_string(n) + " ranks whose members are not recorded "
+                    "and where this rank is communicator rank " + std::to_string(c.rank) + ", not " + std::to_string(r));
+      members.resize(static_cast<size_t>(n));
+      std::iota(members.begin(), members.end(), 0);
+    } else if (!desc_kind.empty()) {
+      int gi = groups_.IndexOf(desc_kind, r);
+      if (gi >= 0) members = groups_.Group(desc_kind, gi);
+    } else if (auto m = membership_.Members(c.name); m && std::find(m->begin(), m->end(), r) != m->end()) {
+      // torch's group name "k" is Megatron's (k-1)-th new_group when nothing created a group before it.
+      members = *m;
+      desc_kind = groups_.KindOfDesc(membership_.Desc(c.name));
+    }
+    if (members.empty() || (c.nranks > 0 && static_cast<int>(members.size()) != c.nranks))
+      return Fail(where + " (key '" + c.key + "', " + std::to_string(c.nranks) + " ranks): its members are not "
+                  "recorded and it is no Megatron group of this layout; load the Prism Python hook so that groups "
+                  "register their members");
+    if (c.rank >= 0 && (c.rank >= static_cast<int>(members.size()) || members[c.rank] != r))
+      return Fail(where + ": resolved to the members [" + Join(members) + "] but this rank is communicator rank " +
+                  std::to_string(c.rank) + " there");
+  }
+  auto me = std::find(members.begin(), members.end(), r);
+  if (me == members.end()) return Fail(where + ": the rank is not among its members [" + Join(members) + "]");
+  f->members = members;
+  f->position = static_cast<int>(me - members.begin());
+
+  bool is_world = static_cast<int>(members.size()) == n;
+  for (int i = 0; is_world && i < n; ++i) is_world = members[i] == i;
+  if (is_world) {
+    f->type = Family::kWorld;
+    f->slot = "world";
+    f->desc = c.desc.empty() ? "WORLD" : c.desc;
+    return true;
+  }
+  // Megatron kinds whose group containing r has exactly these members, in this order.
+  std::vector<std::string> candidates;
+  for (const std::string& k : groups_.Kinds()) {
+    int gi = groups_.IndexOf(k, r);
+    if (gi >= 0 && groups_.Group(k, gi) == members) candidates.push_back(k);
+  }
+  if (!candidates.empty()) {
+    std::string kind;
+    if (!desc_kind.empty() && std::find(candidates.begin(), candidates.end(), desc_kind) != candidates.end()) {
+      kind = desc_kind;
+    } else {
+      for (const std::string& k : KindPreference())
+        if (kind.empty() && std::find(candidates.begin(), candidates.end(), k) != candidates.end()) kind = k;
+      if (kind.empty()) kind = candidates.front();
+    }
+    f->type = Family::kGroup;
+    f->kind = kind;
+    f->slot = kind;
+    f->desc = groups_.Desc(kind, groups_.IndexOf(kind, r));
+    return true;
+  }
+  // Any other communicator (torch's pairwise p2p communicators, groups the script made itself): the same
+  // communicator moved to each data-parallel replica.
+  f->type = Family::kMoved;
+  std::string label = !c.desc.empty() ? c.desc : !c.name.empty() ? "group" + c.name : !c.key.empty() ? c.key
+                                                                                     : "comm" + std::to_string(c.id);
+  f->slot = SlotLabel(label);
+  f->desc = !c.desc.empty() ? c.desc : f->slot;
+  return true;
+}
+
+bool Builder::Expand(const RankEventLog& log, const ObservedOp& op, std::vector<Piece>* pieces) {
+  auto where = [&](int64_t comm, int64_t seq) {
+    return "rank " + std::to_string(log.rank) + " event file line " + std::to_string(op.line) + " (comm " +
+           std::to_string(comm) + " seq " + std::to_string(seq) + ")";
+  };
+  auto comm_of = [&](int64_t id) -> const ObservedComm* {
+    auto it = log.comms.find(id);
+    return it == log.comms.end() ? nullptr : &it->second;
+  };
+  auto make = [&](const std::string& name, const std::string& dtype, uint64_t bytes, int32_t peer, int32_t root,
+                  int64_t comm, int64_t seq) -> bool {
+    Piece p;
+    p.comm_id = comm;
+    p.seq = seq;
+    p.bytes = bytes;
+    const ObservedComm* c = comm_of(comm);
+    if (!c) return Fail(where(comm, seq) + ": no \"comm\" line describes communicator " + std::to_string(comm));
+    if (name == "send" || name == "recv") {
+      p.kind = name == "send" ? NodeKind::kSend : NodeKind::kRecv;
+      int nranks = c->nranks > 0 ? c->nranks : static_cast<int>(c->members.size());
+      if (peer < 0 && nranks == 2 && c->rank >= 0) peer = 1 - c->rank;  // the one other member
+      if (peer < 0)
+        return Fail(where(comm, seq) + ": " + name + " without its peer on a communicator of " + std::to_string(nranks) +
+                    " ranks (the shim must write \"peer\", or \"ops\" for a fused unit)");
+      p.peer = peer;
+    } else {
+      p.kind = NodeKind::kColl;
+      p.op = trace::ParseCollOp(name);
+      if (p.op == CollOp::kInvalid)
+        return Fail(where(comm, seq) + ": operation '" + name + "' cannot be written in a PrismTrace");
+      if (p.op == CollOp::kBroadcast || p.op == CollOp::kReduce) {
+        if (root < 0) {
+          root = 0;
+          if (!warned_root_) Warn("broadcast/reduce without a recorded root (older shim): root 0 assumed");
+          warned_root_ = true;
+        }
+        p.root = root;
+      }
+    }
+    p.dtype = trace::ParseDType(dtype);
+    if (p.dtype == DType::kInvalid) return Fail(where(comm, seq) + ": unknown dtype '" + dtype + "'");
+    pieces->push_back(p);
+    return true;
+  };
+
+  if (!op.ops.empty()) {
+    for (size_t i = 0; i < op.ops.size(); ++i) {
+      const ObservedSubOp& s = op.ops[i];
+      int64_t comm = s.comm_id >= 0 ? s.comm_id : op.comm_id;
+      int64_t seq = s.seq >= 0 ? s.seq : op.seq + static_cast<int64_t>(i);
+      if (!make(s.op, s.dtype.empty() ? op.dtype : s.dtype, s.bytes, s.peer, s.root, comm, seq)) return false;
+    }
+    return true;
+  }
+  if (op.nops <= 1) return make(op.op, op.dtype, op.bytes, op.peer, op.root, op.comm_id, op.seq);
+
+  // A fused unit without per-operation detail: split what can be split without guessing more than sizes.
+  const ObservedComm* c = comm_of(op.comm_id);
+  if (!c) return Fail(where(op.comm_id, op.seq) + ": no \"comm\" line describes communicator " + std::to_string(op.comm_id));
+  const int n = op.nops;
+  DType dt = trace::ParseDType(op.dtype);
+  const uint64_t unit = std::max(1, trace::DTypeSize(dt));
+  auto share = [&](int i, int parts) {
+    uint64_t elems = op.bytes / unit, base = elems / static_cast<uint64_t>(parts);
+    uint64_t extra = i == 0 ? elems - base * static_cast<uint64_t>(parts) : 0;
+    uint64_t b = (base + extra) * unit;
+    if (i == 0) b += op.bytes % unit;
+    return b;
+  };
+  int nranks = c->nranks > 0 ? c->nranks : static_cast<int>(c->members.size());
+  if (op.op == "group") {
+    if (n != 2 || nranks != 2)
+      return Fail(where(op.comm_id, op.seq) + ": a fused unit of " + std::to_string(n) + " sends and receives on a "
+                  "communicator of " + std::to_string(nranks) + " ranks, without per-operation detail (\"ops\"): "
+                  "its peers and sizes are unknown. The shim must write \"ops\" for fused units (docs/collect.md)");
+    if (!warned_split_)
+      Warn("fused send+recv units without per-operation detail: each side taken as half of the unit's bytes");
+    warned_split_ = true;
+    return make("send", op.dtype, share(0, 2), op.peer, -1, op.comm_id, op.seq) &&
+           make("recv", op.dtype, share(1, 2), op.peer, -1, op.comm_id, op.seq + 1);
+  }
+  if (!warned_split_)
+    Warn("fused units without per-operation detail: their bytes split evenly over their operations");
+  warned_split_ = true;
+  for (int i = 0; i < n; ++i)
+    if (!make(op.op, op.dtype, share(i, n), op.peer, op.root, op.comm_id, op.seq + i)) return false;
+  return true;
+}
+
+bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
+  const RankEventLog& log = *ci.log;
+  cls->name = ClassName(w_, ci.key);
+  const std::string rank_s = "rank " + std::to_string(log.rank);
+
+  // Iteration of each op: the first mark after its arrival.
+  std::vector<ObservedMark> marks = log.marks;
+  std::stable_sort(marks.begin(), marks.end(),
+                   [](const ObservedMark& a, const ObservedMark& b) { return a.iteration < b.iteration; });
+  marks.erase(std::unique(marks.begin(), marks.end(),
+                          [](const ObservedMark& a, const ObservedMark& b) { return a.iteration == b.iteration; }),
+              marks.end());
+  for (size_t i = 1; i < marks.size(); ++i) {
+    if (marks[i].t_ns < marks[i - 1].t_ns) {
+      Warn(rank_s + ": iteration marks go back in time at iteration " + std::to_string(marks[i].iteration) +
+           ": operations may be assigned to the wrong iteration");
+      break;
+    }
+  }
+  std::map<int64_t, int64_t> mark_t;
+  for (const ObservedMark& m : marks) mark_t[m.iteration] = m.t_ns;
+  auto iteration_of = [&](int64_t arrival) -> int64_t {
+    if (!use_marks_) return 0;
+    auto it = std::upper_bound(marks.begin(), marks.end(), arrival,
+                               [](int64_t t, const ObservedMark& m) { return t < m.t_ns; });
+    return it == marks.end() ? INT64_MAX : it->iteration;
+  };
+
+  // Units per stream.
+  using StreamKey = std::pair<int, int64_t>;  // (0 recorded index | 1 fallback, id)
+  std::map<StreamKey, std::vector<Unit>> streams;
+  std::map<int64_t, int64_t> first_use;  // comm id -> order of first use (per-comm fallback)
+  bool any_recorded = false, any_fallback = false;
+  for (const ObservedOp& op : log.ops) {
+    int64_t it = iteration_of(op.arrival_ns);
+    if (it < first_ || it > last_) {
+      ++out_->dropped_ops;
+      continue;
+    }
+    Unit u;
+    u.op = &op;
+    u.iter = it;
+    if (!Expand(log, op, &u.pieces)) return false;
+    StreamKey key;
+    if (op.stream >= 0) {
+      key = {0, op.stream};
+      any_recorded = true;
+    } else {
+      any_fallback = true;
+      if (o_.stream_fallback == StreamFallback::kOne) {
+        key = {1, 0};
+      } else {
+        auto [fu, fresh] = first_use.try_emplace(op.comm_id, static_cast<int64_t>(first_use.size()));
+        key = {1, fu->second};
+      }
+    }
+    streams[key].push_back(std::move(u));
+  }
+  if (any_recorded && any_fallback)
+    Warn(rank_s + ": some op lines have \"stream\" and some do not: those without are on a stream of their own");
+
+  // Communicators -> slots.
+  std::map<int64_t, uint32_t> slot_of_comm;
+  for (auto& [key, units] : streams) {
+    for (const Unit& u : units) {
+      for (const Piece& p : u.pieces) {
+        if (slot_of_comm.count(p.comm_id)) continue;
+        Family f;
+        if (!Resolve(log, log.comms.at(p.comm_id), &f)) return false;
+        // Why unique names: two communicators can resolve alike (torch making two over one group).
+        std::string base = f.slot;
+        for (int k = 2; std::find(cls->comm_slots.begin(), cls->comm_slots.end(), f.slot) != cls->comm_slots.end(); ++k)
+          f.slot = base + "#" + std::to_string(k);
+        slot_of_comm[p.comm_id] = static_cast<uint32_t>(cls->comm_slots.size());
+        cls->comm_slots.push_back(f.slot);
+        ci.families.push_back(std::move(f));
+        ci.p2p_slot.push_back(0);
+      }
+    }
+  }
+
+  // Order within a stream: GPU arrival; a communicator's operations must then be in sequence order.
+  for (auto& [key, units] : streams) {
+    std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
+      if (a.op->arrival_ns != b.op->arrival_ns) return a.op->arrival_ns < b.op->arrival_ns;
+      if (a.op->comm_id == b.op->comm_id) return a.op->seq < b.op->seq;
+      return a.op->line < b.op->line;
+    });
+    std::map<int64_t, int64_t> last_seq;
+    for (const Unit& u : units) {
+      auto [it, fresh] = last_seq.try_emplace(u.op->comm_id, u.op->seq);
+      if (!fresh && u.op->seq <= it->second)
+        return Fail(rank_s + ": on one stream, communicator " + std::to_string(u.op->comm_id) + "'s operation seq " +
+                    std::to_string(u.op->seq) + " (line " + std::to_string(u.op->line) + ") arrives after seq " +
+                    std::to_string(it->second) + ": the GPU timestamps contradict the issue order");
+      it->second = u.op->seq;
+    }
+  }
+  // Gaps in a communicator's sequence numbers: operations missing from the file.
+  {
+    std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> by_comm;  // comm -> (seq, count)
+    for (auto& [key, units] : streams)
+      for (const Unit& u : units) {
+        std::map<int64_t, int64_t> per;
+        for (const Piece& p : u.pieces) per[p.comm_id]++;
+        for (auto& [comm, count] : per) {
+          int64_t s = u.op->seq;
+          if (comm != u.op->comm_id) {
+            s = INT64_MAX;
+            for (const Piece& p : u.pieces)
+              if (p.comm_id == comm) s = std::min(s, p.seq);
+          }
+          by_comm[comm].push_back({s, count});
+        }
+      }
+    for (auto& [comm, v] : by_comm) {
+      std::sort(v.begin(), v.end());
+      for (size_t i = 1; i < v.size(); ++i) {
+        if (v[i].first != v[i - 1].first + v[i - 1].second) {
+          Warn(rank_s + " communicator " + std::to_string(comm) + ": sequence numbers jump from " +
+               std::to_string(v[i - 1].first) + " to " + std::to_string(v[i].first) +
+               " (operations missing from the event file, or fused with another communicator's)");
+          break;
+        }
+      }
+    }
+  }
+
+  // Nodes.
+  uint32_t next_id = 0;
+  std::vector<trace::Stream> helpers;
+  for (auto& [key, units] : streams) {
+    trace::Stream main;
+    if (key.first == 0) {
+      main.name = "stream" + std::to_string(key.second);
+    } else if (o_.stream_fallback == StreamFallback::kPerComm && !units.empty()) {
+      main.name = cls->comm_slots[slot_of_comm.at(units.front().op->comm_id)];
+    } else {
+      main.name = "stream";
+    }
+    // Point-to-point channels (slot, peer, direction) that appear in a unit with another p2p operation get a helper
+    // stream each, for all their operations, so that each channel stays in order on one stream.
+    std::map<std::tuple<uint32_t, int32_t, int>, size_t> helper_of;
+    for (const Unit& u : units) {
+      int p2p = 0;
+      for (const Piece& p : u.pieces) p2p += IsP2p(p.kind) ? 1 : 0;
+      if (p2p < 2) continue;
+      for (const Piece& p : u.pieces) {
+        if (!IsP2p(p.kind)) continue;
+        uint32_t slot = slot_of_comm.at(p.comm_id);
+        auto k = std::make_tuple(slot, p.peer, p.kind == NodeKind::kSend ? 1 : 0);
+        if (helper_of.count(k)) continue;
+        helper_of[k] = helpers.size();
+        helpers.push_back(trace::Stream{main.name + "." + cls->comm_slots[slot] +
+                                            (p.kind == NodeKind::kSend ? ".send" : ".recv") + std::to_string(p.peer),
+                                        {}});
+      }
+    }
+
+    std::vector<uint32_t> pending;  // helper nodes the next node of the main stream waits for
+    auto add = [&](trace::Stream& s, Node node, std::vector<uint32_t> after) {
+      node.id = next_id++;
+      node.after = std::move(after);
+      s.nodes.push_back(std::move(node));
+      return s.nodes.back().id;
+    };
+    auto add_main = [&](Node node) {
+      uint32_t id = add(main, std::move(node), std::move(pending));
+      pending.clear();
+      return id;
+    };
+    auto compute = [&](int64_t from, int64_t to, int64_t iter) {
+      if (to <= from) return;
+      Node node;
+      node.kind = NodeKind::kCompute;
+      node.dur_us = static_cast<double>(to - from) / 1000.0;
+      node.iter = static_cast<uint32_t>(iter);
+      add_main(std::move(node));
+    };
+    bool have_t = false;
+    int64_t t = 0;
+    int64_t cur = first_;
+    if (use_marks_) {
+      auto prev = mark_t.find(first_ - 1);
+      if (prev != mark_t.end()) {
+        t = prev->second;
+        have_t = true;
+      }
+    }
+    auto close_through = [&](int64_t iter) {  // compute up to the end of iterations cur..iter-1
+      while (use_marks_ && cur < iter) {
+        auto m = mark_t.find(cur);
+        if (m != mark_t.end()) {
+          if (have_t) compute(t, m->second, cur);
+          t = have_t ? std::max(t, m->second) : m->second;
+          have_t = true;
+        }
+        ++cur;
+      }
+    };
+    for (const Unit& u : units) {
+      close_through(u.iter);
+      if (have_t) compute(t, u.op->arrival_ns, u.iter);
+      // Fork: helper nodes start when the main stream reaches the unit; join: the next main node waits for them.
+      std::vector<uint32_t> fork = pending;
+      if (!main.nodes.empty()) fork.push_back(main.nodes.back().id);
+      std::vector<uint32_t> joined;
+      for (const Piece& p : u.pieces) {
+        Node node;
+        node.kind = p.kind;
+        node.op = p.op;
+        node.comm_slot = slot_of_comm.at(p.comm_id);
+        node.peer = p.peer;
+        node.root = p.root;
+        node.bytes = p.bytes;
+        node.dtype = p.dtype;
+        node.iter = static_cast<uint32_t>(u.iter);
+        node.name = "seq " + std::to_string(p.seq);
+        if (IsP2p(p.kind)) ci.p2p_slot[node.comm_slot] = 1;
+        auto h = IsP2p(p.kind) ? helper_of.find(std::make_tuple(node.comm_slot, p.peer, p.kind == NodeKind::kSend ? 1 : 0))
+                               : helper_of.end();
+        if (h != helper_of.end()) {
+          joined.push_back(add(helpers[h->second], std::move(node), fork));
+        } else {
+          add_main(std::move(node));
+        }
+      }
+      if (!joined.empty()) pending = std::move(joined);  // includes the old pending through the fork
+      t = std::max(u.op->release_ns, u.op->arrival_ns);
+      have_t = true;
+    }
+    close_through(last_ + 1);
+    cls->streams.push_back(std::move(main));
+  }
+  for (trace::Stream& h : helpers) cls->streams.push_back(std::move(h));
+  return true;
+}
+
+std::vector<int> Builder::Moved(const std::vector<int>& members, int from, int to) const {
+  const int dp = w_.layout().dp;
+  const int delta = w_.CoordsOf(to).dp - w_.CoordsOf(from).dp;
+  std::vector<int> out;
+  out.reserve(members.size());
+  for (int m : members) {
+    world::Coords c = w_.CoordsOf(m);
+    out.push_back(w_.RankOf(c.tp, c.cp, ((c.dp + delta) % dp + dp) % dp, c.pp, c.gtp));
+  }
+  return out;
+}
+
+uint32_t Builder::CommId(const std::string& slot, const std::vector<int>& members, const std::string& desc) {
+  auto [it, fresh] = comm_ids_.try_emplace({slot, members}, static_cast<uint32_t>(out_->trace.comms.size()));
+  if (fresh) {
+    trace::Comm c;
+    c.id = it->second;
+    c.ranks.assign(members.begin(), members.end());
+    c.desc = desc;
+    out_->trace.comms.push_back(std::move(c));
+  }
+  return it->second;
+}
+
+bool Builder::Bind() {
+  trace::Trace& t = out_->trace;
+  const int n = w_.size();
+  t.ranks.resize(static_cast<size_t>(n));
+  std::vector<int> world_members(static_cast<size_t>(n));
+  std::iota(world_members.begin(), world_members.end(), 0);
+  std::map<std::tuple<std::string, std::string, int>, uint32_t> group_ids;
+  for (int r = 0; r < n; ++r) {
+    const uint32_t cls = static_cast<uint32_t>(class_of_key_.at(key_of_[r]));
+    const ClassInfo& ci = classes_[cls];
+    trace::RankBinding& b = t.ranks[r];
+    b.cls = cls;
+    b.comms.resize(ci.families.size());
+    for (size_t s = 0; s < ci.families.size(); ++s) {
+      const Family& f = ci.families[s];
+      const std::string where = "rank " + std::to_string(r) + " (class " + t.classes[cls].name + ", from rank " +
+                                std::to_string(ci.rep) + ") slot '" + f.slot + "'";
+      int position = -1;
+      switch (f.type) {
+        case Family::kWorld:
+          b.comms[s] = CommId(f.slot, world_members, f.desc);
+          position = r;
+          break;
+        case Family::kGroup: {
+          int gi = groups_.IndexOf(f.kind, r);
+          if (gi < 0) return Fail(where + ": the rank is in no " + f.kind + " group of this layout");
+          auto [it, fresh] = group_ids.try_emplace({f.slot, f.kind, gi}, 0);
+          const std::vector<int>& members = groups_.Group(f.kind, gi);
+          if (fresh) it->second = CommId(f.slot, members, groups_.Desc(f.kind, gi));
+          b.comms[s] = it->second;
+          if (ci.p2p_slot[s]) position = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+          break;
+        }
+        case Family::kMoved: {
+          std::vector<int> members = r == ci.rep ? f.members : Moved(f.members, ci.rep, r);
+          std::vector<int> sorted = members;
+          std::sort(sorted.begin(), sorted.end());
+          if (std::find(members.begin(), members.end(), -1) != members.end() ||
+              std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() ||
+              members[static_cast<size_t>(f.position)] != r)
+            return Fail(where + ": communicator [" + Join(f.members) + "] of rank " + std::to_string(ci.rep) +
+                        " does not move to this rank's data-parallel replica");
+          b.comms[s] = CommId(f.slot, members, f.desc);
+          position = f.position;
+          break;
+        }
+      }
+      if (ci.p2p_slot[s] && position != f.position)
+        return Fail(where + ": point-to-point operations on this communicator, where the rank is communicator rank " +
+                    std::to_string(position) + " but rank " + std::to_string(ci.rep) + " (whose operations the class "
+                    "holds) is " + std::to_string(f.position) + ": their peers differ, one class cannot hold both");
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
+  size_t a = line.find_first_not_of(" \t\r");
+  if (a == std::string_view::npos) return;
+  json j = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
+  auto malformed = [&](const std::string& why) {
+    if (log->malformed++ == 0)
+      log->first_malformed = "line " + std::to_string(line_no) + ": " + why + ": " + std::string(line.substr(0, 80));
+  };
+  if (j.is_discarded() || !j.is_object()) return malformed("not a JSON object");
+  std::string type = Str(j, "type");
+  if (type == events::kHello) {
+    log->world_size = static_cast<int>(Int(j, "world_size", 0));
+  } else if (type == events::kComm) {
+    ObservedComm c;
+    c.id = Int(j, "comm_id", -1);
+    if (c.id < 0) return malformed("comm line without comm_id");
+    c.key = Str(j, "key");
+    c.desc = Str(j, "desc");
+    c.name = Str(j, "name");
+    c.nranks = static_cast<int>(Int(j, "nranks", 0));
+    c.rank = static_cast<int>(Int(j, "rank", -1));
+    auto m = j.find("members");
+    if (m != j.end() && m->is_array()) {
+      for (const json& x : *m) {
+        if (!x.is_number_integer()) return malformed("comm members must be integers");
+        c.members.push_back(x.get<int>());
+      }
+    }
+    auto it = log->comms.find(c.id);
+    if (it != log->comms.end() && c.members.empty()) c.members = it->second.members;
+    log->comms[c.id] = std::move(c);
+  } else if (type == events::kOp) {
+    ObservedOp o;
+    o.comm_id = Int(j, "comm_id", -1);
+    o.seq = Int(j, "seq", -1);
+    o.op = Str(j, "op");
+    o.dtype = Str(j, "dtype");
+    o.bytes = UInt(j, "bytes");
+    o.peer = static_cast<int32_t>(Int(j, "peer", -1));
+    o.root = static_cast<int32_t>(Int(j, "root", -1));
+    o.arrival_ns = Int(j, "arrival_ns", 0);
+    o.release_ns = Int(j, "release_ns", 0);
+    o.stream = static_cast<int32_t>(Int(j, "stream", -1));
+    o.nops = static_cast<int32_t>(std::max<int64_t>(1, Int(j, "nops", 1)));
+    o.line = line_no;
+    if (o.comm_id < 0 || o.seq < 0 || o.op.empty()) return malformed("op line without comm_id, seq or op");
+    auto ops = j.find("ops");
+    if (ops != j.end() && ops->is_array()) {
+      for (const json& x : *ops) {
+        if (!x.is_object()) return malformed("\"ops\" entries must be objects");
+        ObservedSubOp s;
+        s.op = Str(x, "op");
+        s.dtype = Str(x, "dtype");
+        s.bytes = UInt(x, "bytes");
+        s.peer = static_cast<int32_t>(Int(x, "peer", -1));
+        s.root = static_cast<int32_t>(Int(x, "root", -1));
+        s.comm_id = Int(x, "comm_id", -1);
+        s.seq = Int(x, "seq", -1);
+        if (s.op.empty()) return malformed("\"ops\" entry without op");
+        o.ops.push_back(std::move(s));
+      }
+      if (Int(j, "ops_truncated", 0) != 0 || (j.contains("ops_truncated") && j["ops_truncated"].is_boolean() &&
+                                                j["ops_truncated"].get<bool>()))
+        o.ops.clear();  // Why: a partial list would drop operations; fall back to the unit's totals
+    }
+    log->ops.push_back(std::move(o));
+  } else if (type == events::kIter) {
+    ObservedMark m;
+    m.iteration = Int(j, "iteration", static_cast<int64_t>(log->marks.size()));
+    m.t_ns = Int(j, "t_ns", 0);
+    log->marks.push_back(m);
+  }
+  // Other types (mem, error, bye, newer ones) carry nothing the graph needs.
+}
+
+bool ReadRankEventLog(const std::string& path, int rank, RankEventLog* out, std::string* error) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    *error = "cannot open " + path;
+    return false;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  *out = RankEventLog{};
+  out->rank = rank;
+  size_t start = 0;
+  int64_t line_no = 0;
+  while (start < text.size()) {
+    size_t nl = text.find('\n', start);
+    if (nl == std::string::npos) break;  // Why: an unterminated last line is still being written (or was cut)
+    ++line_no;
+    FeedEventLine(out, std::string_view(text).substr(start, nl - start), line_no);
+    start = nl + 1;
+  }
+  return true;
+}
+
+std::vector<int> EventFileRanks(const std::string& dir) {
+  std::vector<int> ranks;
+  std::error_code ec;
+  static const std::regex kName(R"(rank(\d+)\.events\.jsonl)");
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, kName)) ranks.push_back(std::stoi(m[1].str()));
+  }
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
+}
+
+std::string ClassCoordinates(const world::World& world, int rank) { return KeyText(world, KeyOf(world.CoordsOf(rank))); }
+
+std::optional<ObservedTrace> BuildObservedTrace(const std::vector<RankEventLog>& logs, const world::World& world,
+                                                const ObservedTraceOptions& options, std::string* error) {
+  ObservedTrace out;
+  for (const RankEventLog& log : logs) {
+    if (log.malformed > 0)
+      out.warnings.push_back("rank " + std::to_string(log.rank) + " events: " + std::to_string(log.malformed) +
+                             " malformed line(s) skipped, first at " + log.first_malformed);
+  }
+  Builder b(logs, world, options, &out);
+  if (!b.Run(error)) return std::nullopt;
+  if (out.dropped_ops > 0)
+    out.warnings.push_back(std::to_string(out.dropped_ops) + " operation(s) outside the kept iterations " +
+                           std::to_string(out.first_iteration) + ".." + std::to_string(out.last_iteration) +
+                           " left out (warm-up skipped, or after the last iteration every real rank completed)");
+  return out;
+}
+
+std::optional<ObservedTrace> BuildObservedTrace(const std::string& dir, const world::World& world,
+                                                const ObservedTraceOptions& options, std::string* error) {
+  std::vector<int> ranks = options.ranks.empty() ? EventFileRanks(dir) : options.ranks;
+  if (ranks.empty()) {
+    *error = "no rank<R>.events.jsonl in " + dir;
+    return std::nullopt;
+  }
+  std::vector<RankEventLog> logs(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    std::string path = (fs::path(dir) / events::FileName(ranks[i])).string();
+    if (!ReadRankEventLog(path, ranks[i], &logs[i], error)) return std::nullopt;
+  }
+  return BuildObservedTrace(logs, world, options, error);
+}
+
+}  // namespace prism::launcher

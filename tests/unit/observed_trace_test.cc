@@ -1,0 +1,603 @@
+// The observed PrismTrace built from real ranks' event files (src/launcher/observed_trace.h): synthetic event
+// files of a tp=2 pp=2 Megatron-style job (tensor-parallel broadcast and all-reduces, pipeline send/recv between
+// the stages, a data-parallel all-reduce, iteration marks), world 8 and 64; classes, bindings, compute gaps,
+// iterations, fused units, every refusal; and `prism-run graph build` + `prism-run simulate` on the result.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "coordinator/world.h"
+#include "launcher/observed_trace.h"
+#include "prism/report.h"
+#include "replay/trace_io.h"
+#include "replay/trace_validate.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using prism::launcher::BuildObservedTrace;
+using prism::launcher::ObservedTrace;
+using prism::launcher::ObservedTraceOptions;
+using prism::launcher::RankEventLog;
+using prism::trace::NodeKind;
+
+constexpr int64_t kBase = 1700000000000000000;  // Unix-epoch ns, as the GPU's %globaltimer gives
+constexpr int64_t kUs = 1000;
+
+// What the synthetic job looks like.
+struct JobOptions {
+  int world = 8;
+  int iterations = 3;
+  bool stream_field = true;   // op lines carry "stream"
+  bool root_field = true;     // broadcasts carry "root"
+  bool members = true;        // comm lines list their members (else null: resolved from the description)
+  int fused = 0;              // 0: stage 0's send act / recv grad are two units; 1: one fused unit, no
+                              // detail; 2: one fused unit with "ops"
+  uint64_t act_bytes = 4 << 20;
+  uint64_t grad_bytes = 4 << 20;
+};
+
+// Measured durations of the synthetic timeline (microseconds).
+constexpr int64_t kBcastUs = 10, kFwdUs = 1000, kTpUs = 100, kSendUs = 200, kRecvGradUs = 1500, kBwdUs = 2000,
+                  kDpUs = 800, kOptUs = 500;
+
+class RankWriter {
+ public:
+  RankWriter(int rank, const JobOptions& o) : rank_(rank), o_(o) {
+    lines_.push_back(json{{"type", "hello"}, {"v", 1}, {"rank", rank}, {"world_size", o.world}, {"pid", 100 + rank},
+                          {"host", "h"}, {"gpu", 0}, {"t_ns", kBase}}
+                         .dump());
+  }
+  void Comm(int id, const std::string& desc, const std::vector<int>& members, int my_rank) {
+    json j = {{"type", "comm"}, {"comm_id", id},      {"key", "key" + std::to_string(id)}, {"desc", desc},
+              {"name", ""},     {"nranks", members.size()}, {"rank", my_rank}};
+    j["members"] = o_.members ? json(members) : json(nullptr);
+    lines_.push_back(j.dump());
+  }
+  // One unit on `stream` taking `dur_us` from the cursor.
+  json Op(int comm, const std::string& op, const std::string& dtype, uint64_t bytes, int peer, int stream,
+          int64_t dur_us, int nops = 1) {
+    json j = {{"type", "op"},      {"comm_id", comm}, {"seq", seq_[comm]}, {"op", op},
+              {"dtype", dtype},    {"bytes", bytes},  {"peer", peer},       {"arrival_ns", t_},
+              {"release_ns", t_ + dur_us * kUs}, {"model_dur_ns", dur_us * kUs}, {"wait_on_rank", -1},
+              {"nops", nops}};
+    if (o_.stream_field) j["stream"] = stream;
+    seq_[comm] += nops;
+    t_ += dur_us * kUs;
+    return j;
+  }
+  void Emit(const json& j) { lines_.push_back(j.dump()); }
+  void Compute(int64_t us) { t_ += us * kUs; }
+  void Mark(int it) {
+    lines_.push_back(json{{"type", "iter"}, {"iteration", it}, {"t_ns", t_}, {"dur_ns", 0}, {"peak_bytes", 1}}.dump());
+  }
+  void Raw(const std::string& line) { lines_.push_back(line); }
+  int64_t now() const { return t_; }
+  const std::vector<std::string>& lines() const { return lines_; }
+
+ private:
+  int rank_;
+  JobOptions o_;
+  std::vector<std::string> lines_;
+  std::map<int, int64_t> seq_;
+  int64_t t_ = kBase + 5000 * kUs;
+};
+
+// Megatron's default order tp-cp-ep-dp-pp: rank = tp + 2 * (dp + D * pp).
+RankWriter MakeRank(int rank, const JobOptions& o) {
+  const int d_size = o.world / 4;
+  const int tp = rank % 2, dp = (rank / 2) % d_size, pp = rank / (2 * d_size);
+  RankWriter w(rank, o);
+  const int base = pp * 2 * d_size + dp * 2;
+  w.Comm(0, "TENSOR_MODEL_PARALLEL_GROUP", {base, base + 1}, tp);
+  w.Comm(1, "PIPELINE_MODEL_PARALLEL_GROUP", {tp + 2 * dp, tp + 2 * dp + 2 * d_size}, pp);
+  std::vector<int> dp_members;
+  for (int j = 0; j < d_size; ++j) dp_members.push_back(tp + 2 * j + 2 * d_size * pp);
+  w.Comm(2, "DATA_PARALLEL_GROUP", dp_members, dp);
+  for (int it = 0; it < o.iterations; ++it) {
+    json b = w.Op(0, "broadcast", "i64", 64, -1, 0, kBcastUs);
+    if (o.root_field) b["root"] = 0;
+    w.Emit(b);
+    if (pp == 1) w.Emit(w.Op(1, "recv", "bf16", o.act_bytes, 0, 1, kSendUs));
+    w.Compute(kFwdUs);
+    w.Emit(w.Op(0, "allreduce", "bf16", 1 << 20, -1, 0, kTpUs));
+    w.Compute(kFwdUs);
+    if (pp == 0) {
+      if (o.fused == 0) {
+        w.Emit(w.Op(1, "send", "bf16", o.act_bytes, 1, 1, kSendUs));
+        w.Emit(w.Op(1, "recv", "bf16", o.grad_bytes, 1, 1, kRecvGradUs));
+      } else {
+        json f = w.Op(1, "group", "bf16", o.act_bytes + o.grad_bytes, -1, 1, kSendUs + kRecvGradUs, 2);
+        if (o.fused == 2) {
+          int64_t s = f["seq"].get<int64_t>();
+          f["ops"] = json::array({{{"op", "send"}, {"peer", 1}, {"bytes", o.act_bytes}, {"dtype", "bf16"},
+                                   {"comm_id", 1}, {"seq", s}},
+                                  {{"op", "recv"}, {"peer", 1}, {"bytes", o.grad_bytes}, {"dtype", "bf16"},
+                                   {"comm_id", 1}, {"seq", s + 1}}});
+        }
+        w.Emit(f);
+      }
+    }
+    w.Compute(kBwdUs);
+    w.Emit(w.Op(0, "allreduce", "bf16", 1 << 20, -1, 0, kTpUs));
+    if (pp == 1) w.Emit(w.Op(1, "send", "bf16", o.grad_bytes, 0, 1, kSendUs));
+    w.Emit(w.Op(2, "allreduce", "f32", 8 << 20, -1, 2, kDpUs));
+    w.Compute(kOptUs);
+    w.Mark(it);
+  }
+  return w;
+}
+
+std::vector<int> ReplicaZero(int world) { return {0, 1, world / 2, world / 2 + 1}; }
+
+std::vector<RankEventLog> Logs(const JobOptions& o, const std::vector<int>& ranks) {
+  std::vector<RankEventLog> logs;
+  for (int r : ranks) {
+    RankWriter w = MakeRank(r, o);
+    RankEventLog log;
+    log.rank = r;
+    int64_t n = 0;
+    for (const std::string& l : w.lines()) prism::launcher::FeedEventLine(&log, l, ++n);
+    logs.push_back(std::move(log));
+  }
+  return logs;
+}
+
+prism::world::World MakeWorld(int world) {
+  std::string err;
+  auto l = prism::world::ParseLayout("tp=2,pp=2", &err);
+  EXPECT_TRUE(l) << err;
+  EXPECT_TRUE(prism::world::ResolveLayout(&*l, world, "test", &err)) << err;
+  auto w = prism::world::World::Make(*l, 8, &err);
+  EXPECT_TRUE(w) << err;
+  return *w;
+}
+
+std::optional<ObservedTrace> Build(const JobOptions& o, const std::vector<int>& ranks, std::string* err,
+                                   ObservedTraceOptions opts = {}) {
+  prism::world::World w = MakeWorld(o.world);
+  return BuildObservedTrace(Logs(o, ranks), w, opts, err);
+}
+
+const prism::trace::Comm& BoundComm(const prism::trace::Trace& t, int rank, const std::string& slot) {
+  const auto& b = t.ranks[rank];
+  const auto& cls = t.classes[b.cls];
+  for (size_t s = 0; s < cls.comm_slots.size(); ++s)
+    if (cls.comm_slots[s] == slot) return t.comms[b.comms[s]];
+  ADD_FAILURE() << "rank " << rank << " has no slot " << slot;
+  static prism::trace::Comm none;
+  return none;
+}
+
+const prism::trace::Stream* StreamNamed(const prism::trace::RoleClass& c, const std::string& name) {
+  for (const auto& s : c.streams)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+bool HasWarning(const ObservedTrace& g, const std::string& part) {
+  for (const std::string& w : g.warnings)
+    if (w.find(part) != std::string::npos) return true;
+  return false;
+}
+
+TEST(ObservedTrace, World8Tp2Pp2ClassesBindingsAndNodes) {
+  JobOptions o;
+  std::string err;
+  ObservedTraceOptions opts;
+  opts.skip_iterations = 1;
+  auto g = Build(o, ReplicaZero(8), &err, opts);
+  ASSERT_TRUE(g) << err;
+  const prism::trace::Trace& t = g->trace;
+  EXPECT_TRUE(prism::replay::ValidateTrace(t).empty());
+  EXPECT_EQ(t.world_size, 8);
+  EXPECT_EQ(t.layout.tp, 2);
+  EXPECT_EQ(t.layout.pp, 2);
+  EXPECT_EQ(t.layout.dp, 2);
+  ASSERT_EQ(t.classes.size(), 4u);
+  EXPECT_EQ(g->class_ranks, (std::vector<int>{0, 1, 4, 5}));
+  EXPECT_EQ(t.classes[0].name, "tp0-pp0");
+  EXPECT_EQ(t.classes[3].name, "tp1-pp1");
+  // Data-parallel replicas share a class; their communicators are their own groups.
+  ASSERT_EQ(t.ranks.size(), 8u);
+  EXPECT_EQ(t.ranks[2].cls, t.ranks[0].cls);
+  EXPECT_EQ(t.ranks[7].cls, t.ranks[5].cls);
+  EXPECT_NE(t.ranks[1].cls, t.ranks[0].cls);
+  EXPECT_EQ(t.classes[0].comm_slots, (std::vector<std::string>{"tp", "pp", "dp"}));
+  EXPECT_EQ(BoundComm(t, 2, "tp").ranks, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(BoundComm(t, 2, "pp").ranks, (std::vector<int32_t>{2, 6}));
+  EXPECT_EQ(BoundComm(t, 2, "dp").ranks, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(BoundComm(t, 7, "pp").ranks, (std::vector<int32_t>{3, 7}));
+  EXPECT_EQ(BoundComm(t, 2, "tp").desc, "TENSOR_MODEL_PARALLEL_GROUP");
+  EXPECT_EQ(t.comms.size(), 4u + 4u + 4u);  // tp, pp and dp groups, 4 each
+  EXPECT_EQ(g->first_iteration, 1);
+  EXPECT_EQ(g->last_iteration, 2);
+  EXPECT_GT(g->dropped_ops, 0u);  // iteration 0
+
+  // Stage 0's tensor-parallel stream: iteration 1 begins at mark 0: fwd, allreduce, fwd + send + recv + bwd,
+  // allreduce, dp allreduce + optimizer up to mark 1.
+  const prism::trace::Stream* s0 = StreamNamed(t.classes[0], "stream0");
+  ASSERT_NE(s0, nullptr);
+  ASSERT_GE(s0->nodes.size(), 7u);
+  const auto& n = s0->nodes;
+  EXPECT_EQ(n[0].kind, NodeKind::kColl);  // the broadcast arrives exactly at mark 0: no gap
+  EXPECT_EQ(n[0].op, prism::trace::CollOp::kBroadcast);
+  EXPECT_EQ(n[0].root, 0);
+  EXPECT_EQ(n[0].iter, 1u);
+  EXPECT_EQ(n[1].kind, NodeKind::kCompute);
+  EXPECT_DOUBLE_EQ(n[1].dur_us, kFwdUs);
+  EXPECT_EQ(n[2].op, prism::trace::CollOp::kAllReduce);
+  EXPECT_EQ(n[2].bytes, 1u << 20);
+  EXPECT_EQ(n[2].dtype, prism::trace::DType::kBF16);
+  EXPECT_LT(n[2].dur_us, 0);  // communication: left to the cost model
+  EXPECT_EQ(n[3].kind, NodeKind::kCompute);
+  EXPECT_DOUBLE_EQ(n[3].dur_us, kFwdUs + kSendUs + kRecvGradUs + kBwdUs);
+  EXPECT_EQ(n[5].kind, NodeKind::kCompute);
+  EXPECT_DOUBLE_EQ(n[5].dur_us, kDpUs + kOptUs);  // up to the end of iteration 1
+  EXPECT_EQ(n[5].iter, 1u);
+  EXPECT_EQ(n[6].iter, 2u);
+  // Pipeline stream of stage 0: send to stage 1 then receive from it, in communicator ranks.
+  const prism::trace::Stream* s1 = StreamNamed(t.classes[0], "stream1");
+  ASSERT_NE(s1, nullptr);
+  int sends = 0, recvs = 0;
+  for (const auto& x : s1->nodes) {
+    if (x.kind == NodeKind::kSend) ++sends;
+    if (x.kind == NodeKind::kRecv) ++recvs;
+    if (x.kind != NodeKind::kCompute) {
+      EXPECT_EQ(x.peer, 1);
+    }
+  }
+  EXPECT_EQ(sends, 2);
+  EXPECT_EQ(recvs, 2);
+  EXPECT_EQ(t.classes[0].streams.size(), 3u);
+}
+
+TEST(ObservedTrace, World64CoversEveryRankFromOneReplica) {
+  JobOptions o;
+  o.world = 64;
+  std::string err;
+  auto g = Build(o, ReplicaZero(64), &err);
+  ASSERT_TRUE(g) << err;
+  const prism::trace::Trace& t = g->trace;
+  EXPECT_EQ(t.world_size, 64);
+  EXPECT_EQ(t.layout.dp, 16);
+  ASSERT_EQ(t.classes.size(), 4u);
+  EXPECT_EQ(t.ranks[63].cls, t.ranks[33].cls);
+  EXPECT_EQ(t.ranks[30].cls, t.ranks[0].cls);
+  EXPECT_EQ(t.comms.size(), 32u + 32u + 4u);
+  EXPECT_EQ(BoundComm(t, 63, "pp").ranks, (std::vector<int32_t>{31, 63}));
+  EXPECT_EQ(BoundComm(t, 63, "dp").ranks.size(), 16u);
+  EXPECT_EQ(BoundComm(t, 63, "dp").ranks.front(), 33);
+  EXPECT_EQ(g->first_iteration, 0);
+  EXPECT_EQ(g->last_iteration, 2);
+  EXPECT_EQ(g->dropped_ops, 0u);
+  EXPECT_TRUE(prism::replay::ValidateTrace(t).empty());
+}
+
+TEST(ObservedTrace, MissingClassesNameTheirCoordinates) {
+  JobOptions o;
+  std::string err;
+  EXPECT_FALSE(Build(o, {0, 1}, &err));
+  EXPECT_NE(err.find("do not cover every class"), std::string::npos) << err;
+  EXPECT_NE(err.find("tp=0 pp=1 (ranks 4, 6)"), std::string::npos) << err;
+  EXPECT_NE(err.find("tp=1 pp=1"), std::string::npos) << err;
+  EXPECT_EQ(err.find("tp=0 pp=0"), std::string::npos) << err;
+  EXPECT_NE(err.find("Real ranks with events: 0, 1"), std::string::npos) << err;
+}
+
+TEST(ObservedTrace, ExtraReplicaRanksAreNotUsed) {
+  JobOptions o;
+  std::string err;
+  auto g = Build(o, {0, 1, 2, 4, 5}, &err);
+  ASSERT_TRUE(g) << err;
+  EXPECT_EQ(g->unused_ranks, std::vector<int>{2});
+  EXPECT_TRUE(HasWarning(*g, "ranks 2 share their class"));
+}
+
+TEST(ObservedTrace, WithoutStreamFieldOneStreamOrOnePerCommunicator) {
+  JobOptions o;
+  o.stream_field = false;
+  std::string err;
+  auto one = Build(o, ReplicaZero(8), &err);
+  ASSERT_TRUE(one) << err;
+  for (const auto& c : one->trace.classes) {
+    ASSERT_EQ(c.streams.size(), 1u);
+    EXPECT_EQ(c.streams[0].name, "stream");
+  }
+  ObservedTraceOptions per;
+  per.stream_fallback = prism::launcher::StreamFallback::kPerComm;
+  auto pc = Build(o, ReplicaZero(8), &err, per);
+  ASSERT_TRUE(pc) << err;
+  std::vector<std::string> names;
+  for (const auto& s : pc->trace.classes[0].streams) names.push_back(s.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"tp", "pp", "dp"}));
+}
+
+TEST(ObservedTrace, FusedSendRecvWithoutDetailIsSplitEvenly) {
+  JobOptions o;
+  o.fused = 1;
+  std::string err;
+  auto g = Build(o, ReplicaZero(8), &err);
+  ASSERT_TRUE(g) << err;
+  EXPECT_TRUE(HasWarning(*g, "half of the unit's bytes"));
+  const auto& c = g->trace.classes[0];
+  const prism::trace::Stream* send = StreamNamed(c, "stream1.pp.send1");
+  const prism::trace::Stream* recv = StreamNamed(c, "stream1.pp.recv1");
+  ASSERT_NE(send, nullptr);
+  ASSERT_NE(recv, nullptr);
+  ASSERT_EQ(send->nodes.size(), 3u);
+  EXPECT_EQ(send->nodes[0].bytes, 4u << 20);
+  // Fork and join: both halves start after the pipeline stream's previous node; its next node waits for both.
+  const prism::trace::Stream* s1 = StreamNamed(c, "stream1");
+  ASSERT_NE(s1, nullptr);
+  EXPECT_EQ(send->nodes[1].after, recv->nodes[1].after);
+  bool joined = false;
+  for (const auto& x : s1->nodes)
+    if (x.after.size() == 2 && x.after[0] == send->nodes[0].id && x.after[1] == recv->nodes[0].id) joined = true;
+  EXPECT_TRUE(joined);
+}
+
+TEST(ObservedTrace, FusedUnitWithDetailKeepsEachSize) {
+  JobOptions o;
+  o.fused = 2;
+  o.grad_bytes = 2 << 20;
+  std::string err;
+  auto g = Build(o, ReplicaZero(8), &err);
+  ASSERT_TRUE(g) << err;
+  EXPECT_FALSE(HasWarning(*g, "half"));
+  const prism::trace::Stream* recv = StreamNamed(g->trace.classes[0], "stream1.pp.recv1");
+  ASSERT_NE(recv, nullptr);
+  EXPECT_EQ(recv->nodes[0].bytes, 2u << 20);
+  // Without the detail the halves would disagree with stage 1's sizes: refused by validation.
+  o.fused = 1;
+  EXPECT_FALSE(Build(o, ReplicaZero(8), &err));
+  EXPECT_NE(err.find("does not validate"), std::string::npos) << err;
+}
+
+TEST(ObservedTrace, FusedUnitOnLargerCommunicatorNeedsDetail) {
+  JobOptions o;
+  auto logs = Logs(o, ReplicaZero(8));
+  // A fused exchange on the 2-member dp group is fine; on a 4-member one it cannot be split.
+  logs[0].comms[7] = prism::launcher::ObservedComm{7, "k7", "MODEL_PARALLEL_GROUP", "", 4, 0, {0, 1, 4, 5}};
+  prism::launcher::ObservedOp op;
+  op.comm_id = 7;
+  op.seq = 0;
+  op.op = "group";
+  op.dtype = "bf16";
+  op.bytes = 1024;
+  op.nops = 2;
+  op.arrival_ns = logs[0].ops[0].arrival_ns + 1;
+  op.release_ns = op.arrival_ns + 10;
+  op.stream = 3;
+  op.line = 99;
+  logs[0].ops.push_back(op);
+  std::string err;
+  EXPECT_FALSE(BuildObservedTrace(logs, MakeWorld(8), {}, &err));
+  EXPECT_NE(err.find("line 99"), std::string::npos) << err;
+  EXPECT_NE(err.find("\"ops\""), std::string::npos) << err;
+}
+
+TEST(ObservedTrace, MembersFromDescriptionAndRootAssumed) {
+  JobOptions o;
+  o.members = false;
+  o.root_field = false;
+  std::string err;
+  auto g = Build(o, ReplicaZero(8), &err);
+  ASSERT_TRUE(g) << err;
+  EXPECT_TRUE(HasWarning(*g, "root 0 assumed"));
+  EXPECT_EQ(BoundComm(g->trace, 6, "pp").ranks, (std::vector<int32_t>{2, 6}));
+}
+
+TEST(ObservedTrace, OtherCommunicatorsMoveToEachReplica) {
+  JobOptions o;
+  auto logs = Logs(o, ReplicaZero(8));
+  // A communicator of ranks 0 and 5 that is no Megatron group, with one all-reduce in the first iteration on each.
+  for (auto& log : logs) {
+    if (log.rank != 0 && log.rank != 5) continue;
+    log.comms[9] = prism::launcher::ObservedComm{9, "custom", "my_pair", "", 2, log.rank == 0 ? 0 : 1, {0, 5}};
+    prism::launcher::ObservedOp op;
+    op.comm_id = 9;
+    op.seq = 0;
+    op.op = "allreduce";
+    op.dtype = "f32";
+    op.bytes = 4096;
+    op.arrival_ns = log.ops[0].arrival_ns + 1;
+    op.release_ns = op.arrival_ns + 5;
+    op.stream = 4;
+    log.ops.push_back(op);
+  }
+  std::string err;
+  auto g = BuildObservedTrace(logs, MakeWorld(8), {}, &err);
+  ASSERT_TRUE(g) << err;
+  EXPECT_EQ(BoundComm(g->trace, 2, "my_pair").ranks, (std::vector<int32_t>{2, 7}));
+  EXPECT_EQ(BoundComm(g->trace, 7, "my_pair").ranks, (std::vector<int32_t>{2, 7}));
+  EXPECT_EQ(BoundComm(g->trace, 7, "my_pair").desc, "my_pair");
+}
+
+TEST(ObservedTrace, PointToPointAcrossReplicasCannotShareAClass) {
+  JobOptions o;
+  auto logs = Logs(o, ReplicaZero(8));
+  prism::launcher::ObservedOp op;
+  op.comm_id = 2;  // the dp group [0, 2]: rank 0 sends to communicator rank 1
+  op.seq = 3;
+  op.op = "send";
+  op.dtype = "u8";
+  op.bytes = 16;
+  op.peer = 1;
+  op.arrival_ns = logs[0].ops[0].arrival_ns + 1;
+  op.release_ns = op.arrival_ns + 1;
+  op.stream = 5;
+  logs[0].ops.push_back(op);
+  std::string err;
+  EXPECT_FALSE(BuildObservedTrace(logs, MakeWorld(8), {}, &err));
+  EXPECT_NE(err.find("one class cannot hold both"), std::string::npos) << err;
+}
+
+TEST(ObservedTrace, KeepsOnlyIterationsEveryRankCompleted) {
+  JobOptions o;
+  auto logs = Logs(o, ReplicaZero(8));
+  // Rank 5 died during iteration 2: its last mark is 1 and it logged part of iteration 2.
+  auto& l5 = logs[3];
+  ASSERT_EQ(l5.rank, 5);
+  l5.marks.pop_back();
+  // Rank 0 has operations after its last mark (a fourth iteration that never ended).
+  prism::launcher::ObservedOp late = logs[0].ops.back();
+  late.arrival_ns = logs[0].marks.back().t_ns + 10;
+  late.release_ns = late.arrival_ns + 10;
+  late.seq += 100;
+  logs[0].ops.push_back(late);
+  std::string err;
+  auto g = BuildObservedTrace(logs, MakeWorld(8), {}, &err);
+  ASSERT_TRUE(g) << err;
+  EXPECT_EQ(g->first_iteration, 0);
+  EXPECT_EQ(g->last_iteration, 1);
+  EXPECT_GT(g->dropped_ops, 0u);
+  EXPECT_TRUE(HasWarning(*g, "left out"));
+  ObservedTraceOptions skip;
+  skip.skip_iterations = 2;
+  EXPECT_FALSE(BuildObservedTrace(logs, MakeWorld(8), skip, &err));
+  EXPECT_NE(err.find("no complete iteration"), std::string::npos) << err;
+}
+
+TEST(ObservedTrace, MalformedLinesAndUnknownTypesAreSkipped) {
+  RankEventLog log;
+  log.rank = 0;
+  prism::launcher::FeedEventLine(&log, "{not json", 1);
+  prism::launcher::FeedEventLine(&log, R"({"type":"future","x":1})", 2);
+  prism::launcher::FeedEventLine(&log, R"({"type":"op","comm_id":0})", 3);
+  prism::launcher::FeedEventLine(&log, "   ", 4);
+  EXPECT_EQ(log.malformed, 2);
+  EXPECT_NE(log.first_malformed.find("line 1"), std::string::npos);
+  EXPECT_TRUE(log.ops.empty());
+}
+
+TEST(ObservedTrace, WorldSizeMismatchIsAnError) {
+  JobOptions o;
+  auto logs = Logs(o, ReplicaZero(8));
+  std::string err;
+  EXPECT_FALSE(BuildObservedTrace(logs, MakeWorld(16), {}, &err));
+  EXPECT_NE(err.find("world size 8"), std::string::npos) << err;
+}
+
+// ---- prism-run graph build + simulate, as a user runs them ----
+
+struct CliResult {
+  int rc = -1;
+  std::string out;
+};
+
+CliResult RunCli(const std::string& args) {
+  const char* bin = std::getenv("PRISM_RUN");
+  std::string cmd = std::string(bin ? bin : PRISM_BINARY_DIR "/bin/prism-run") + " " + args + " 2>&1";
+  CliResult r;
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
+  int status = pclose(f);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  return r;
+}
+
+class GraphCli : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(testing::TempDir()) / ("prism_graph_" + std::to_string(::getpid()) + "_" +
+                                           testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string P(const std::string& name) const { return (dir_ / name).string(); }
+  // An emulate-style output directory: event files of one replica and report.json with the layout.
+  void WriteRun(const JobOptions& o, bool report) {
+    for (int r : ReplicaZero(o.world)) {
+      std::ofstream f(P("rank" + std::to_string(r) + ".events.jsonl"));
+      RankWriter w = MakeRank(r, o);
+      for (const std::string& l : w.lines()) f << l << "\n";
+      f << R"({"type":"op","comm_id":0,"seq":99)";  // a line still being written: ignored
+    }
+    if (report) {
+      json rep = {{"world_size", o.world},
+                  {"gpus_per_node", 8},
+                  {"layout", {{"tp", 2}, {"pp", 2}, {"spec", "tp=2,pp=2,dp=" + std::to_string(o.world / 4)}}}};
+      std::ofstream(P("report.json")) << rep.dump();
+    }
+  }
+  static json Load(const std::string& path) {
+    std::ifstream f(path);
+    return json::parse(f, nullptr, false);
+  }
+  fs::path dir_;
+};
+
+TEST_F(GraphCli, BuildThenSimulateWorld8) {
+  JobOptions o;
+  WriteRun(o, /*report=*/true);
+  CliResult b = RunCli("graph build " + P("") + " --out " + P("g.prism") + " --skip-iterations 1");
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_NE(b.out.find("world 8 ranks"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("iterations 1..2"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("class tp1-pp1"), std::string::npos) << b.out;
+  prism::trace::Trace t;
+  std::string err;
+  ASSERT_TRUE(prism::replay::ReadTrace(P("g.prism"), &t, &err)) << err;
+  EXPECT_EQ(t.classes.size(), 4u);
+
+  CliResult s = RunCli("simulate " + P("g.prism") + " --out " + P("sim") + " --quiet");
+  ASSERT_EQ(s.rc, 0) << s.out;
+  json j = Load(P("sim/report.json"));
+  ASSERT_TRUE(j.is_object()) << s.out;
+  namespace rk = prism::report;
+  EXPECT_EQ(j[std::string(rk::kWorldSize)], 8);
+  EXPECT_EQ(j[std::string(rk::kIterations)], 2);
+  EXPECT_EQ(j[std::string(rk::kRanks)].size(), 8u);
+  // Stage 0 measured 7.21 ms per iteration (broadcast, 2 forward halves, 2 tp all-reduces, send, receive,
+  // backward, dp all-reduce, optimizer); the replay has every compute gap of every stream but its own model of
+  // communication and no cross-stream edges: it must land in the same range, not on it.
+  const double measured = (kBcastUs + 2 * kFwdUs + kTpUs + kSendUs + kRecvGradUs + kBwdUs + kTpUs + kDpUs + kOptUs) * 1e-6;
+  double it = j[std::string(rk::kIterationTime)].get<double>();
+  EXPECT_GT(it, 0.5 * measured);
+  EXPECT_LT(it, 2.0 * measured);
+}
+
+TEST_F(GraphCli, BuildThenSimulateWorld64WithoutReport) {
+  JobOptions o;
+  o.world = 64;
+  WriteRun(o, /*report=*/false);
+  // No report.json: the world size comes from the hello lines, the layout from --layout.
+  CliResult b = RunCli("graph build " + P("") + " --layout tp=2,pp=2 --quiet");
+  ASSERT_EQ(b.rc, 0) << b.out;
+  ASSERT_TRUE(fs::exists(P("observed.prism")));
+  CliResult s = RunCli("simulate " + P("observed.prism") + " --out " + P("sim"));
+  ASSERT_EQ(s.rc, 0) << s.out;
+  EXPECT_NE(s.out.find("world 64 ranks, 4 classes"), std::string::npos) << s.out;
+  json j = Load(P("sim/report.json"));
+  EXPECT_EQ(j[std::string(prism::report::kIterations)], 3);
+  EXPECT_GT(j[std::string(prism::report::kIterationTime)].get<double>(), 0.0);
+}
+
+TEST_F(GraphCli, MissingClassesExitTwoAndWriteNothing) {
+  JobOptions o;
+  WriteRun(o, /*report=*/true);
+  CliResult b = RunCli("graph build " + P("") + " --ranks 0,1 --out " + P("g.prism"));
+  EXPECT_EQ(b.rc, 2) << b.out;
+  EXPECT_NE(b.out.find("missing coordinates: tp=0 pp=1"), std::string::npos) << b.out;
+  EXPECT_FALSE(fs::exists(P("g.prism")));
+  CliResult none = RunCli("graph build " + P("nothing-here"));
+  EXPECT_EQ(none.rc, 2) << none.out;
+}
+
+}  // namespace

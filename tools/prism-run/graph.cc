@@ -1,0 +1,178 @@
+// prism-run graph build DIR: the observed PrismTrace of a run from its event files (src/launcher/observed_trace.h).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "launcher/observed_trace.h"
+#include "launcher/plan.h"
+#include "prism/events.h"
+#include "prism/report.h"
+#include "replay/trace_io.h"
+#include "subcommands.h"
+
+namespace prism::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct GraphBuildArgs {
+  std::string dir;
+  std::string out;
+  std::string layout;
+  int world_size = 0;
+  int gpus_per_node = 0;
+  std::string ranks;
+  int64_t skip_iterations = 0;
+  int64_t iterations = 0;
+  std::string stream_fallback = "one";
+  std::string topology;
+  bool validate = true;
+  bool quiet = false;
+};
+
+json LoadJson(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) return json();
+  json j = json::parse(in, nullptr, false);
+  return j.is_discarded() ? json() : j;
+}
+
+// World size from the first hello line of any event file in `dir` (0 when none says).
+int WorldSizeFromEvents(const std::string& dir) {
+  for (int r : launcher::EventFileRanks(dir)) {
+    std::ifstream in(fs::path(dir) / events::FileName(r));
+    std::string line;
+    while (std::getline(in, line)) {
+      json j = json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("type", "") == events::kHello && j.value("world_size", 0) > 0)
+        return j["world_size"].get<int>();
+    }
+  }
+  return 0;
+}
+
+int RunGraphBuild(const GraphBuildArgs& a) {
+  auto fail = [](const std::string& m, int code) {
+    std::fprintf(stderr, "prism-run graph build: %s\n", m.c_str());
+    return code;
+  };
+  std::error_code ec;
+  if (!fs::is_directory(a.dir, ec)) return fail(a.dir + " is not a directory", kExitBadInput);
+
+  // The world: command line > the run's report.json > the event files (world size) and pure data parallel.
+  json rep = LoadJson(fs::path(a.dir) / std::string(report::kFileName));
+  std::string spec = a.layout;
+  std::string layout_from = "--layout";
+  if (spec.empty() && rep.is_object() && rep.contains("layout") && rep["layout"].is_object() &&
+      rep["layout"].value("spec", "") != "") {
+    spec = rep["layout"]["spec"].get<std::string>();
+    layout_from = "report.json";
+  }
+  int world_size = a.world_size;
+  if (world_size <= 0 && rep.is_object()) world_size = rep.value(std::string(report::kWorldSize), 0);
+  if (world_size <= 0) world_size = WorldSizeFromEvents(a.dir);
+  if (world_size <= 0) return fail("the world size is unknown: give --world-size", kExitBadInput);
+  int gpus = a.gpus_per_node;
+  if (gpus <= 0 && rep.is_object()) gpus = rep.value("gpus_per_node", 0);
+  if (gpus <= 0) gpus = 8;
+  std::string error;
+  world::Layout layout;
+  if (!spec.empty()) {
+    auto l = world::ParseLayout(spec, &error);
+    if (!l) return fail("layout '" + spec + "': " + error, kExitBadInput);
+    layout = *l;
+  } else {
+    layout_from = "none given: pure data parallel";
+  }
+  if (!world::ResolveLayout(&layout, world_size, std::to_string(world_size) + " ranks", &error))
+    return fail(error, kExitBadInput);
+  auto world = world::World::Make(layout, gpus, &error);
+  if (!world) return fail(error, kExitBadInput);
+
+  launcher::ObservedTraceOptions o;
+  if (!a.ranks.empty()) {
+    auto r = launcher::ParseRankList(a.ranks, world_size, &error);
+    if (!r) return fail("--ranks: " + error, kExitBadInput);
+    o.ranks = *r;
+  }
+  o.skip_iterations = a.skip_iterations;
+  o.max_iterations = a.iterations;
+  if (a.stream_fallback == "one") {
+    o.stream_fallback = launcher::StreamFallback::kOne;
+  } else if (a.stream_fallback == "per-comm") {
+    o.stream_fallback = launcher::StreamFallback::kPerComm;
+  } else {
+    return fail("--stream-fallback must be one or per-comm, not '" + a.stream_fallback + "'", kExitBadInput);
+  }
+  o.topology = a.topology;
+  if (!a.topology.empty() && fs::is_regular_file(a.topology, ec)) {
+    json topo = LoadJson(a.topology);
+    if (!topo.is_object()) return fail("--topology " + a.topology + ": not a JSON object", kExitBadInput);
+    o.topology = topo.dump();  // Why inline: the graph must not depend on a file next to it
+  }
+  o.validate = a.validate;
+
+  auto g = launcher::BuildObservedTrace(a.dir, *world, o, &error);
+  if (!g) return fail(error, error.find("does not validate") != std::string::npos ? kExitFailure : kExitBadInput);
+
+  std::string out = a.out.empty() ? (fs::path(a.dir) / "observed.prism").string() : a.out;
+  if (!replay::WriteTrace(g->trace, out, &error)) return fail(error, kExitFailure);
+
+  for (const std::string& w : g->warnings) std::fprintf(stderr, "prism-run graph build: warning: %s\n", w.c_str());
+  if (!a.quiet) {
+    const trace::Trace& t = g->trace;
+    std::printf("prism-run graph build: %s\n", a.dir.c_str());
+    std::printf("  world %d ranks, layout %s (%s)\n", t.world_size, world->layout().ToSpec().c_str(),
+                layout_from.c_str());
+    std::string iters = g->first_iteration < 0 ? std::string("no marks: one iteration")
+                                               : std::to_string(g->first_iteration) + ".." +
+                                                     std::to_string(g->last_iteration);
+    std::printf("  iterations %s, %zu nodes, %zu communicators\n", iters.c_str(), g->nodes, t.comms.size());
+    for (size_t c = 0; c < t.classes.size(); ++c) {
+      const trace::RoleClass& cls = t.classes[c];
+      size_t nodes = 0;
+      for (const trace::Stream& s : cls.streams) nodes += s.nodes.size();
+      std::string slots;
+      for (const std::string& s : cls.comm_slots) slots += (slots.empty() ? "" : ",") + s;
+      std::printf("  class %-16s from rank %-6d %zu streams, %zu nodes, slots %s\n", cls.name.c_str(),
+                  g->class_ranks[c], cls.streams.size(), nodes, slots.empty() ? "-" : slots.c_str());
+    }
+    std::printf("  wrote %s (compute durations measured; communication left to the cost model)\n", out.c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void AddGraph(CLI::App& app, int* rc) {
+  auto* sub = app.add_subcommand("graph", "build a PrismTrace from a run's event files");
+  sub->require_subcommand(1);
+  auto a = std::make_shared<GraphBuildArgs>();
+  auto* build = sub->add_subcommand("build", "the observed graph of the real ranks of an output directory "
+                                             "(docs/collect.md)");
+  build->add_option("DIR", a->dir, "output directory holding rank<R>.events.jsonl")->required();
+  build->add_option("--out,-o", a->out, "graph to write (.prism: CBOR, else JSON); default DIR/observed.prism");
+  build->add_option("--layout", a->layout, "parallel layout, e.g. tp=2,pp=2 (default: DIR/report.json's)");
+  build->add_option("--world-size", a->world_size, "ranks in the job (default: report.json's, else the events')");
+  build->add_option("--gpus-per-node", a->gpus_per_node, "GPUs per node of the target (default: report.json's, else 8)");
+  build->add_option("--ranks", a->ranks, "event files to read, e.g. 0-3 (default: all in DIR)");
+  build->add_option("--skip-iterations", a->skip_iterations, "leave out the first K complete iterations (warm-up)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  build->add_option("--iterations", a->iterations, "keep at most K iterations (0: all complete ones)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  build->add_option("--stream-fallback", a->stream_fallback,
+                    "for op lines without \"stream\": one (one stream) or per-comm (one per communicator)")
+      ->capture_default_str();
+  build->add_option("--topology", a->topology, "topology preset or file name written into the graph");
+  build->add_flag("!--no-validate", a->validate, "write the graph even when it fails validation");
+  build->add_flag("--quiet", a->quiet, "no summary on stdout");
+  build->callback([rc, a] { *rc = RunGraphBuild(*a); });
+}
+
+}  // namespace prism::cli
