@@ -20,6 +20,7 @@
 #include <functional>
 
 #include "coordinator/world.h"
+#include "launcher/observed_trace.h"
 #include "launcher/run_report.h"
 #include "prism/report.h"
 
@@ -505,6 +506,9 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
     std::string err;
     if (!WriteJsonAtomic((fs::path(plan.out_dir) / "trace.json").string(), report.BuildTrace(), &err))
       print("prism: " + err);
+    // The observed PrismTrace of the real ranks (docs/collect.md), when they cover every class.
+    if (auto w = world::World::Make(plan.layout, plan.nproc_per_node, &err))
+      print("prism: " + WriteObservedTrace(plan.out_dir, *w, ranks));
   }
   if (res.failed_rank >= 0) {
     std::string log = (fs::path(plan.out_dir) / "logs" / ("rank" + std::to_string(res.failed_rank) + ".log")).string();

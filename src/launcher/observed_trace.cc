@@ -16,6 +16,7 @@
 
 #include "launcher/megatron_membership.h"
 #include "prism/events.h"
+#include "replay/trace_io.h"
 #include "replay/trace_validate.h"
 
 namespace prism::launcher {
@@ -318,7 +319,8 @@ bool Builder::PickRepresentatives() {
   std::set<int> seen;
   for (const RankEventLog& log : logs_) {
     if (log.rank < 0 || log.rank >= n)
-      return Fail("events of rank " + std::to_string(log.rank) + ": outside the world (" + std::to_string(n) + " ranks)");
+      return Fail("events of rank " + std::to_string(log.rank) + ": outside the world (" + std::to_string(n) +
+                  " ranks)");
     if (!seen.insert(log.rank).second) return Fail("two event logs for rank " + std::to_string(log.rank));
     if (log.world_size > 0 && log.world_size != n)
       return Fail("rank " + std::to_string(log.rank) + "'s events say world size " + std::to_string(log.world_size) +
@@ -421,15 +423,17 @@ bool Builder::Resolve(const RankEventLog& log, const ObservedComm& c, Family* f)
                       (c.desc.empty() ? "" : " (" + c.desc + ")");
   std::vector<int> members = c.members;
   if (!members.empty() && c.nranks > 0 && static_cast<int>(members.size()) != c.nranks)
-    return Fail(where + ": " + std::to_string(members.size()) + " members listed for " + std::to_string(c.nranks) + " ranks");
+    return Fail(where + ": " + std::to_string(members.size()) + " members listed for " + std::to_string(c.nranks) +
+                " ranks");
   for (int m : members)
     if (m < 0 || m >= n) return Fail(where + ": member " + std::to_string(m) + " outside the world");
   std::string desc_kind = groups_.KindOfDesc(c.desc);
   if (members.empty()) {
     if (c.nranks == n) {
       if (c.rank >= 0 && c.rank != r)
-        return Fail(where + ": a communicator of all " + std::to_string(n) + " ranks whose members are not recorded "
-                    "and where this rank is communicator rank " + std::to_string(c.rank) + ", not " + std::to_string(r));
+        return Fail(where + ": a communicator of all " + std::to_string(n) + " ranks whose members are not " +
+                    "recorded and where this rank is communicator rank " + std::to_string(c.rank) + ", not " +
+                    std::to_string(r));
       members.resize(static_cast<size_t>(n));
       std::iota(members.begin(), members.end(), 0);
     } else if (!desc_kind.empty()) {
@@ -514,8 +518,8 @@ bool Builder::Expand(const RankEventLog& log, const ObservedOp& op, std::vector<
       int nranks = c->nranks > 0 ? c->nranks : static_cast<int>(c->members.size());
       if (peer < 0 && nranks == 2 && c->rank >= 0) peer = 1 - c->rank;  // the one other member
       if (peer < 0)
-        return Fail(where(comm, seq) + ": " + name + " without its peer on a communicator of " + std::to_string(nranks) +
-                    " ranks (the shim must write \"peer\", or \"ops\" for a fused unit)");
+        return Fail(where(comm, seq) + ": " + name + " without its peer on a communicator of " +
+                    std::to_string(nranks) + " ranks (the shim must write \"peer\", or \"ops\" for a fused unit)");
       p.peer = peer;
     } else {
       p.kind = NodeKind::kColl;
@@ -550,7 +554,8 @@ bool Builder::Expand(const RankEventLog& log, const ObservedOp& op, std::vector<
 
   // A fused unit without per-operation detail: split what can be split without guessing more than sizes.
   const ObservedComm* c = comm_of(op.comm_id);
-  if (!c) return Fail(where(op.comm_id, op.seq) + ": no \"comm\" line describes communicator " + std::to_string(op.comm_id));
+  if (!c)
+    return Fail(where(op.comm_id, op.seq) + ": no \"comm\" line describes communicator " + std::to_string(op.comm_id));
   const int n = op.nops;
   DType dt = trace::ParseDType(op.dtype);
   const uint64_t unit = std::max(1, trace::DTypeSize(dt));
@@ -800,8 +805,9 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
         node.iter = static_cast<uint32_t>(u.iter);
         node.name = "seq " + std::to_string(p.seq);
         if (IsP2p(p.kind)) ci.p2p_slot[node.comm_slot] = 1;
-        auto h = IsP2p(p.kind) ? helper_of.find(std::make_tuple(node.comm_slot, p.peer, p.kind == NodeKind::kSend ? 1 : 0))
-                               : helper_of.end();
+        auto h = helper_of.end();
+        if (IsP2p(p.kind))
+          h = helper_of.find(std::make_tuple(node.comm_slot, p.peer, p.kind == NodeKind::kSend ? 1 : 0));
         if (h != helper_of.end()) {
           joined.push_back(add(helpers[h->second], std::move(node), fork));
         } else {
@@ -873,7 +879,8 @@ bool Builder::Bind() {
           const std::vector<int>& members = groups_.Group(f.kind, gi);
           if (fresh) it->second = CommId(f.slot, members, groups_.Desc(f.kind, gi));
           b.comms[s] = it->second;
-          if (ci.p2p_slot[s]) position = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+          if (ci.p2p_slot[s])
+            position = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
           break;
         }
         case Family::kMoved: {
@@ -1002,17 +1009,54 @@ bool ReadRankEventLog(const std::string& path, int rank, RankEventLog* out, std:
 std::vector<int> EventFileRanks(const std::string& dir) {
   std::vector<int> ranks;
   std::error_code ec;
-  static const std::regex kName(R"(rank(\d+)\.events\.jsonl)");
+  static const std::regex kName(R"(rank(\d{1,9})\.events\.jsonl)");
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, kName)) ranks.push_back(std::stoi(m[1].str()));
+    if (std::regex_match(name, m, kName)) ranks.push_back(std::stoi(m[1].str()));  // Why safe: at most 9 digits
   }
   std::sort(ranks.begin(), ranks.end());
   return ranks;
 }
 
-std::string ClassCoordinates(const world::World& world, int rank) { return KeyText(world, KeyOf(world.CoordsOf(rank))); }
+bool CoversEveryClass(const world::World& world, const std::vector<int>& ranks, size_t* covered, size_t* classes) {
+  std::set<ClassKey> all, have;
+  for (int r = 0; r < world.size(); ++r) all.insert(KeyOf(world.CoordsOf(r)));
+  for (int r : ranks)
+    if (r >= 0 && r < world.size()) have.insert(KeyOf(world.CoordsOf(r)));
+  if (covered) *covered = have.size();
+  if (classes) *classes = all.size();
+  return have.size() == all.size();
+}
+
+std::string WriteObservedTrace(const std::string& dir, const world::World& world, const std::vector<int>& real_ranks) {
+  size_t covered = 0, classes = 0;
+  if (!CoversEveryClass(world, real_ranks, &covered, &classes))
+    return "observed.prism not written: the real ranks cover " + std::to_string(covered) + " of " +
+           std::to_string(classes) + " classes (one data-parallel replica covers all; docs/collect.md)";
+  ObservedTraceOptions o;
+  o.ranks = real_ranks;
+  std::sort(o.ranks.begin(), o.ranks.end());
+  std::string error;
+  auto g = BuildObservedTrace(dir, world, o, &error);
+  std::string path = (fs::path(dir) / "observed.prism").string();
+  if (g && !replay::WriteTrace(g->trace, path, &error)) g.reset();
+  if (!g) {
+    std::string first = error.substr(0, error.find('\n'));
+    if (first.size() > 240) first = first.substr(0, 240) + "...";
+    return "observed.prism not written: " + first + " (prism-run graph build " + dir + " says more)";
+  }
+  std::string iters = g->first_iteration < 0 ? std::string("one unmarked iteration")
+                                             : "iterations " + std::to_string(g->first_iteration) + ".." +
+                                                   std::to_string(g->last_iteration);
+  return "observed graph " + path + ": " + std::to_string(g->trace.classes.size()) + " classes, " +
+         std::to_string(g->nodes) + " nodes, " + iters +
+         (g->warnings.empty() ? "" : ", " + std::to_string(g->warnings.size()) + " warning(s)");
+}
+
+std::string ClassCoordinates(const world::World& world, int rank) {
+  return KeyText(world, KeyOf(world.CoordsOf(rank)));
+}
 
 std::optional<ObservedTrace> BuildObservedTrace(const std::vector<RankEventLog>& logs, const world::World& world,
                                                 const ObservedTraceOptions& options, std::string* error) {

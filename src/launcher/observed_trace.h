@@ -120,6 +120,15 @@ std::optional<ObservedTrace> BuildObservedTrace(const std::vector<RankEventLog>&
 std::optional<ObservedTrace> BuildObservedTrace(const std::string& dir, const world::World& world,
                                                 const ObservedTraceOptions& options, std::string* error);
 
+// Whether `ranks` hold one rank of every class of `world`; *covered and *classes (optional) count them.
+bool CoversEveryClass(const world::World& world, const std::vector<int>& ranks, size_t* covered = nullptr,
+                      size_t* classes = nullptr);
+
+// What emulate does when a run ends: builds the observed trace of `real_ranks` from `dir` and writes
+// dir/observed.prism. Returns one line for the terminal: where it went, or why it was not written (the real ranks
+// do not cover every class, or the build failed; `prism-run graph build DIR` then gives the whole message).
+std::string WriteObservedTrace(const std::string& dir, const world::World& world, const std::vector<int>& real_ranks);
+
 // Ranks with an event file in `dir`, sorted.
 std::vector<int> EventFileRanks(const std::string& dir);
 

@@ -567,7 +567,8 @@ TEST_F(GraphCli, BuildThenSimulateWorld8) {
   // Stage 0 measured 7.21 ms per iteration (broadcast, 2 forward halves, 2 tp all-reduces, send, receive,
   // backward, dp all-reduce, optimizer); the replay has every compute gap of every stream but its own model of
   // communication and no cross-stream edges: it must land in the same range, not on it.
-  const double measured = (kBcastUs + 2 * kFwdUs + kTpUs + kSendUs + kRecvGradUs + kBwdUs + kTpUs + kDpUs + kOptUs) * 1e-6;
+  const double measured =
+      (kBcastUs + 2 * kFwdUs + kTpUs + kSendUs + kRecvGradUs + kBwdUs + kTpUs + kDpUs + kOptUs) * 1e-6;
   double it = j[std::string(rk::kIterationTime)].get<double>();
   EXPECT_GT(it, 0.5 * measured);
   EXPECT_LT(it, 2.0 * measured);
@@ -587,6 +588,26 @@ TEST_F(GraphCli, BuildThenSimulateWorld64WithoutReport) {
   json j = Load(P("sim/report.json"));
   EXPECT_EQ(j[std::string(prism::report::kIterations)], 3);
   EXPECT_GT(j[std::string(prism::report::kIterationTime)].get<double>(), 0.0);
+}
+
+// What emulate calls when the job ends.
+TEST_F(GraphCli, EmulateWritesTheObservedTraceOnlyWhenCovered) {
+  JobOptions o;
+  WriteRun(o, /*report=*/false);
+  prism::world::World w = MakeWorld(8);
+  std::string line = prism::launcher::WriteObservedTrace(P(""), w, {0});
+  EXPECT_NE(line.find("not written: the real ranks cover 1 of 4 classes"), std::string::npos) << line;
+  EXPECT_FALSE(fs::exists(P("observed.prism")));
+  line = prism::launcher::WriteObservedTrace(P(""), w, {5, 4, 1, 0});
+  EXPECT_EQ(line.rfind("observed graph " + P("observed.prism") + ": 4 classes", 0), 0u) << line;
+  prism::trace::Trace t;
+  std::string err;
+  EXPECT_TRUE(prism::replay::ReadTrace(P("observed.prism"), &t, &err)) << err;
+  // A build that fails says so in one line.
+  fs::remove(P("rank5.events.jsonl"));
+  line = prism::launcher::WriteObservedTrace(P(""), w, {0, 1, 4, 5});
+  EXPECT_NE(line.find("not written: cannot open"), std::string::npos) << line;
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;
 }
 
 TEST_F(GraphCli, MissingClassesExitTwoAndWriteNothing) {

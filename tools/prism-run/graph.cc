@@ -158,7 +158,8 @@ void AddGraph(CLI::App& app, int* rc) {
   build->add_option("--out,-o", a->out, "graph to write (.prism: CBOR, else JSON); default DIR/observed.prism");
   build->add_option("--layout", a->layout, "parallel layout, e.g. tp=2,pp=2 (default: DIR/report.json's)");
   build->add_option("--world-size", a->world_size, "ranks in the job (default: report.json's, else the events')");
-  build->add_option("--gpus-per-node", a->gpus_per_node, "GPUs per node of the target (default: report.json's, else 8)");
+  build->add_option("--gpus-per-node", a->gpus_per_node,
+                    "GPUs per node of the target (default: report.json's, else 8)");
   build->add_option("--ranks", a->ranks, "event files to read, e.g. 0-3 (default: all in DIR)");
   build->add_option("--skip-iterations", a->skip_iterations, "leave out the first K complete iterations (warm-up)")
       ->capture_default_str()
