@@ -2,6 +2,7 @@
 // the host clock, gates and payload steps are recorded, gate words live in plain memory.
 #pragma once
 
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -47,6 +48,18 @@ class FakeGpu : public Gpu {
     iter[slot % kIterSlots] = HostNowNs();
     return CUDA_SUCCESS;
   }
+  CUresult CopyAsync(CUstream, uint64_t dst, uint64_t src, uint64_t bytes) override {
+    std::lock_guard<std::mutex> l(mu);
+    copies.push_back({dst, src, bytes});
+    if (bytes) std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+    return CUDA_SUCCESS;
+  }
+  CUresult Synchronize(CUstream) override { return CUDA_SUCCESS; }
+  uint8_t* HostStaging(size_t bytes) override {
+    thread_local std::vector<uint8_t> staging;
+    if (staging.size() < bytes) staging.resize(bytes);
+    return staging.data();
+  }
   bool Capturing(CUstream) override { return false; }
   void EnsureContext() override {}
 
@@ -56,6 +69,10 @@ class FakeGpu : public Gpu {
   std::vector<GateCall> gates;
   std::vector<payload::Step> steps;
   std::vector<payload::OpDesc> descs;
+  struct Copy {
+    uint64_t dst, src, bytes;
+  };
+  std::vector<Copy> copies;  // CopyAsync calls (host pointers in tests: the copy is done at once)
   uint64_t arrival[kGateSlots] = {};
   uint32_t gate[kGateSlots] = {};
   uint64_t iter[kIterSlots] = {};

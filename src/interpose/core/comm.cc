@@ -169,6 +169,7 @@ void FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key
       if (static_cast<int>(info.members.size()) == c->nranks) c->members = info.members;
       if (!info.real.empty()) {
         c->real_members = static_cast<int>(std::count(info.real.begin(), info.real.end(), true));
+        if (static_cast<int>(info.real.size()) == c->nranks) c->member_real.assign(info.real.begin(), info.real.end());
       } else {
         c->real_members = CountReal(c->members);
       }
@@ -181,6 +182,9 @@ void FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key
                       "it as having one real member (mirror arrivals)",
                       c->id, c->nranks);
     c->real_members = 1;
+  }
+  if (c->member_real.empty() && static_cast<int>(c->members.size()) == c->nranks) {
+    for (int32_t m : c->members) c->member_real.push_back(cfg.IsReal(m) ? 1 : 0);
   }
   c->use_coordinator = c->real_members > 1 && CoordActive();
   if (c->real_members > 1 && !c->use_coordinator) {

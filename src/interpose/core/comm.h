@@ -13,6 +13,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -42,6 +43,7 @@ struct Comm {
   int device = 0;             // virtual device current at creation (ncclCommCuDevice)
   std::vector<int32_t> members;  // global ranks in communicator-rank order; empty when unknown
   int real_members = 1;
+  std::vector<uint8_t> member_real;  // per communicator rank: 1 when that member runs for real (members known)
   bool use_coordinator = false;
   uint32_t coord_comm_id = 0;
   std::string key;            // store key of the unique id when known, else a hex prefix of the id
@@ -60,6 +62,9 @@ struct Comm {
   std::mutex mu;  // history, redops, members updates
   payload::P2pSendHistory history;
   std::vector<PreMulSumOp> redops;
+  // Exchange keys (ipc.h ExchangeHeader::key), under mu: collectives exchanged so far; p2p per peer.
+  uint64_t xcoll = 0;
+  std::map<int32_t, uint64_t> xsend, xrecv;
 
   int32_t GlobalRank(int comm_rank) const;  // -1 when unknown
 };

@@ -25,6 +25,11 @@ const Setting kSettings[] = {
     {"PRISM_SEED", "1", "Seed of the random payload policy and of p2p fallbacks."},
     {"PRISM_SPIN_CTAS", "0", "CTAs of the spinning gate; 0: the cost model's channel count (16 without one)."},
     {"PRISM_REAL_RANKS", "$PRISM_RANK", "Global ranks run for real in this emulation, e.g. \"0,5,8-11\"."},
+    {"PRISM_EXCHANGE", "1",
+     "1: communicators with several real members move real data between them through the coordinator; 0: each "
+     "real rank applies the payload policy on its own."},
+    {"PRISM_PAYLOAD_FILE", "", "Recorded payloads this rank replays under PRISM_PAYLOAD=recorded (written by collect)."},
+    {"PRISM_RECORD_PAYLOADS", "", "File this rank appends every received payload to (collect --record-payloads)."},
 };
 const int kNumSettings = static_cast<int>(sizeof(kSettings) / sizeof(kSettings[0]));
 
@@ -156,6 +161,13 @@ void LoadConfig(EnvLookup lookup, Config* c) {
     }
   }
   if (c->real_ranks.empty()) c->real_ranks.push_back(c->rank);
+  if (const char* v = lookup("PRISM_EXCHANGE"); v && *v) {
+    if (std::string(v) == "0") c->exchange = false;
+    else if (std::string(v) == "1") c->exchange = true;
+    else c->errors.push_back(std::string("PRISM_EXCHANGE='") + v + "' is not 0 or 1");
+  }
+  if (const char* v = lookup("PRISM_PAYLOAD_FILE")) c->payload_file = v;
+  if (const char* v = lookup("PRISM_RECORD_PAYLOADS")) c->record_payloads = v;
 }
 
 const Config& Cfg() { return Mutable(); }

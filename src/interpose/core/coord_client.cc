@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
+#include <tuple>
 #include <cstdlib>
 
 #include <atomic>
@@ -37,6 +39,16 @@ struct Conn {
   std::vector<ipc::Frame> replies;
   std::mutex release_mu;
   std::map<std::pair<uint32_t, uint64_t>, std::pair<uint64_t, int32_t>> releases;
+  // kOpResult: (comm, key, p2p source or -1) -> (flags, bytes); `done` when assembled.
+  struct Result {
+    uint32_t flags = 0;
+    uint64_t total = 0;
+    std::string bytes;
+    bool done = false;
+  };
+  std::mutex result_mu;
+  std::condition_variable result_cv;
+  std::map<std::tuple<uint32_t, uint64_t, int32_t>, Result> results;
 };
 
 Conn& C() {
@@ -55,7 +67,25 @@ void ReaderLoop() {
                               err.empty() ? "closed" : err);
       c.active.store(false);
       c.cv.notify_all();
+      c.result_cv.notify_all();
       return;
+    }
+    if (f.type == ipc::MsgType::kOpResult) {
+      ipc::ExchangeHeader h{};
+      if (f.payload.size() < sizeof(h)) continue;
+      std::memcpy(&h, f.payload.data(), sizeof(h));
+      const bool p2p = h.op == static_cast<uint16_t>(payload::OpKind::kRecv) ||
+                       h.op == static_cast<uint16_t>(payload::OpKind::kSend);
+      {
+        std::lock_guard<std::mutex> lock(c.result_mu);
+        Conn::Result& r = c.results[{h.comm_id, h.key, p2p ? h.rank : -1}];
+        r.flags = h.flags;
+        r.total = h.total_bytes;
+        r.bytes.append(f.payload, sizeof(h), std::string::npos);
+        r.done = r.bytes.size() >= r.total;
+      }
+      c.result_cv.notify_all();
+      continue;
     }
     if (f.type == ipc::MsgType::kOpRelease) {
       ipc::OpRelease rel{};
@@ -297,6 +327,65 @@ bool CoordTakeRelease(uint32_t comm_id, uint64_t seq, uint64_t* release_ns, int3
   *last_rank = it->second.second;
   c.releases.erase(it);
   return true;
+}
+
+bool CoordSendData(const ipc::ExchangeHeader& h_in, const void* bytes, uint64_t len) {
+  Conn& c = C();
+  if (!c.active.load()) return false;
+  ipc::ExchangeHeader h = h_in;
+  h.total_bytes = len;
+  std::string frame;
+  std::string err;
+  uint64_t off = 0;
+  do {
+    const uint64_t n = std::min<uint64_t>(ipc::kExchangeChunkBytes, len - off);
+    h.offset = off;
+    try {
+      frame.assign(sizeof(h) + n, '\0');
+    } catch (...) {
+      return false;
+    }
+    std::memcpy(frame.data(), &h, sizeof(h));
+    if (n) std::memcpy(frame.data() + sizeof(h), static_cast<const char*>(bytes) + off, n);
+    {
+      std::lock_guard<std::mutex> lock(c.write_mu);
+      if (ipc::SendFrame(c.fd, ipc::MsgType::kOpData, frame.data(), frame.size(), &err) != ipc::IoStatus::kOk) {
+        return false;
+      }
+    }
+    off += n;
+  } while (off < len);
+  return true;
+}
+
+bool CoordWaitResult(uint32_t comm_id, uint64_t key, int32_t p2p_src, uint32_t* flags, std::string* bytes) {
+  Conn& c = C();
+  std::unique_lock<std::mutex> lock(c.result_mu);
+  const auto k = std::make_tuple(comm_id, key, p2p_src);
+  for (;;) {
+    auto it = c.results.find(k);
+    if (it != c.results.end() && it->second.done) {
+      *flags = it->second.flags;
+      *bytes = std::move(it->second.bytes);
+      c.results.erase(it);
+      return true;
+    }
+    if (!c.active.load()) return false;
+    // Why a timed wait: the reader thread's notify can race with active going false on a lost connection.
+    c.result_cv.wait_for(lock, std::chrono::milliseconds(200));
+  }
+}
+
+void CoordResetForTest() {
+  Conn& c = C();
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.active.load()) return;  // still connected: nothing to reset
+  if (c.fd >= 0) close(c.fd);
+  c.fd = -1;
+  c.tried = false;
+  c.replies.clear();
+  std::lock_guard<std::mutex> rl(c.result_mu);
+  c.results.clear();
 }
 
 }  // namespace prism::interpose

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "prism/ipc.h"
+
 namespace prism::interpose {
 
 struct GateUnit;
@@ -36,6 +38,17 @@ struct OpEvent;
 void CoordSendRecord(const OpEvent& e);
 void CoordSendIteration(uint32_t iteration, uint64_t t_ns, uint64_t dur_ns, uint64_t peak, uint64_t torch_max);
 void CoordSendMemory(uint64_t t_ns, uint64_t current, uint64_t peak);
+
+// Real data between real members (ipc.h kOpData / kOpResult). Sends `bytes` (chunked) under header `h`; false
+// when the coordinator is not reachable.
+bool CoordSendData(const ipc::ExchangeHeader& h, const void* bytes, uint64_t len);
+// Waits (no timeout: a real peer that never comes is a hang, which the coordinator diagnoses) for the kOpResult
+// of a collective (`p2p_src` = -1) or of a p2p receive from communicator rank `p2p_src`. False when the connection
+// is lost. `flags` gets the result's flags, `bytes` its assembled payload.
+bool CoordWaitResult(uint32_t comm_id, uint64_t key, int32_t p2p_src, uint32_t* flags, std::string* bytes);
+
+// Test hook: forgets a lost connection so the next CoordConnect dials again (the old reader thread has ended).
+void CoordResetForTest();
 
 // Parses a kCommInfo JSON payload (tests). False when malformed or when it carries the coordinator's "error".
 bool ParseCommInfo(const std::string& json, CoordCommInfo* out, std::string* error);

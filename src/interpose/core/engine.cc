@@ -5,13 +5,18 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "common/log.h"
 #include "interpose/core/config.h"
+#include "interpose/core/coord_client.h"
 #include "interpose/core/event_log.h"
 #include "interpose/core/gpu.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/recorded.h"
+#include "nccl_patch/exchange.h"
+#include "prism/ipc.h"
 
 namespace prism::interpose {
 namespace {
@@ -43,12 +48,16 @@ void RecordOverhead(uint64_t ns) {
 }
 
 // One operation of a unit, ready to run.
+enum class XKind : uint8_t { kNone, kColl, kSend, kRecv };
+
 struct Prepared {
   OpCall call;
   payload::OpDesc desc;
   payload::StepList steps;
   uint64_t bytes = 0;
   uint64_t seq = 0;
+  XKind xkind = XKind::kNone;  // moves real data through the coordinator (exchange)
+  bool local = true;           // its planned steps run (false when real data wrote its output)
 };
 
 // A send of the unit being run: (comm, peer, bytes) -> buffer.
@@ -84,7 +93,7 @@ struct Tls {
 };
 thread_local Tls tls;
 
-payload::Policy PolicyOf() {
+payload::Policy ConfiguredPolicy() {
   static const payload::Policy p = [] {
     payload::Policy q = payload::ParsePolicy(Cfg().payload.c_str());
     if (q == payload::Policy::kInvalid) {
@@ -94,6 +103,13 @@ payload::Policy PolicyOf() {
     return q;
   }();
   return p;
+}
+
+bool RecordedOn() { return ConfiguredPolicy() == payload::Policy::kRecorded; }
+
+// The policy of the payload steps: `recorded` replays what it has (FindRecorded) and falls back to mirror.
+payload::Policy PolicyOf() {
+  return RecordedOn() ? payload::Policy::kMirror : ConfiguredPolicy();
 }
 
 bool IsP2p(OpKind op) { return op == OpKind::kSend || op == OpKind::kRecv; }
@@ -180,6 +196,170 @@ void LogOnce(std::atomic<bool>* flag, const std::string& what) {
   if (!flag->exchange(true)) Log("nccl")->warn("{}", what);
 }
 
+// Process-local index of a stream, in order of first use (event files: the graph's per-stream order).
+uint16_t StreamIndex(CUstream s) {
+  thread_local CUstream last = nullptr;
+  thread_local uint16_t last_idx = 0;
+  thread_local bool has_last = false;
+  if (has_last && last == s) return last_idx;
+  static std::mutex mu;
+  static std::vector<CUstream>* seen = new std::vector<CUstream>();  // Why leaked: used until exit
+  std::lock_guard<std::mutex> lock(mu);
+  size_t i = 0;
+  while (i < seen->size() && (*seen)[i] != s) ++i;
+  if (i == seen->size()) {
+    try {
+      seen->push_back(s);
+    } catch (...) {
+      return 0;
+    }
+  }
+  last = s;
+  last_idx = static_cast<uint16_t>(std::min<size_t>(i, 65535));
+  has_last = true;
+  return last_idx;
+}
+
+// Whether an operation moves real data through the coordinator: a collective of a communicator with several real
+// members, or a p2p whose peer is real (docs/payload.md "Exchange").
+XKind ExchangeKindOf(const OpCall& c) {
+  const Comm* comm = c.comm;
+  if (!Cfg().exchange || !comm->use_coordinator || comm->coord_comm_id == 0 || c.count == 0) return XKind::kNone;
+  if (IsP2p(c.op)) {
+    if (c.peer < 0 || static_cast<size_t>(c.peer) >= comm->member_real.size() || !comm->member_real[c.peer]) {
+      return XKind::kNone;
+    }
+    return c.op == OpKind::kSend ? XKind::kSend : XKind::kRecv;
+  }
+  return XKind::kColl;
+}
+
+payload::ExchangeOp ExchangeOpOf(const Prepared& p) {
+  payload::ExchangeOp x;
+  x.op = p.call.op;
+  x.dtype = p.desc.dtype;
+  x.redop = p.desc.redop;
+  x.premul_scalar_bits = p.desc.premul_scalar_bits;
+  x.nranks = p.call.comm->nranks;
+  x.root = p.call.root;
+  x.count = p.call.count;
+  return x;
+}
+
+// The exchange part of a unit (host-synchronous): inputs to the host, to the coordinator, outputs back into the
+// receive buffers. The arrival stamp is already on the stream. Returns the first CUDA error, CUDA_SUCCESS else;
+// an operation whose output no real data defines keeps `local` (its planned steps run afterwards).
+CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
+  static std::atomic<bool> warned_lost{false}, warned_error{false}, warned_staging{false};
+  // Host staging for every input (and device-resident PreMulSum scalars).
+  uint64_t total = 0;
+  std::vector<uint64_t> in_bytes(prep.size(), 0);
+  for (size_t i = 0; i < prep.size(); ++i) {
+    const Prepared& p = prep[i];
+    if (p.xkind == XKind::kColl) in_bytes[i] = payload::ExchangeInputBytes(ExchangeOpOf(p), p.call.comm->rank);
+    if (p.xkind == XKind::kSend) in_bytes[i] = p.bytes;
+    total += in_bytes[i] + 8;
+  }
+  uint8_t* stage = gpu.HostStaging(total);
+  if (stage == nullptr) {
+    LogOnce(&warned_staging, "no page-locked host memory for real data between real ranks: local policy used");
+    for (Prepared& p : prep) p.xkind = XKind::kNone;
+    return CUDA_SUCCESS;
+  }
+  std::vector<uint8_t*> host(prep.size(), nullptr);
+  uint64_t off = 0;
+  CUresult r = CUDA_SUCCESS;
+  for (size_t i = 0; i < prep.size() && r == CUDA_SUCCESS; ++i) {
+    Prepared& p = prep[i];
+    if (p.xkind == XKind::kNone) continue;
+    host[i] = stage + off;
+    off += in_bytes[i];
+    if (in_bytes[i]) r = gpu.CopyAsync(stream, reinterpret_cast<uint64_t>(host[i]), p.desc.send_addr, in_bytes[i]);
+    if (r == CUDA_SUCCESS && p.desc.redop == payload::RedOp::kPreMulSum && p.desc.premul_scalar_addr != 0) {
+      uint8_t* sc = stage + off;
+      off += 8;
+      std::memset(sc, 0, 8);
+      r = gpu.CopyAsync(stream, reinterpret_cast<uint64_t>(sc), p.desc.premul_scalar_addr,
+                        payload::DataTypeSize(p.desc.dtype));
+      if (r == CUDA_SUCCESS) r = gpu.Synchronize(stream);
+      if (r == CUDA_SUCCESS) std::memcpy(&p.desc.premul_scalar_bits, sc, 8);
+    }
+  }
+  if (r == CUDA_SUCCESS) r = gpu.Synchronize(stream);
+  if (r != CUDA_SUCCESS) return r;
+  // Post every input and send first, then wait: a group's send/recv pairs must not wait on each other.
+  std::vector<uint64_t> keys(prep.size(), 0);
+  for (size_t i = 0; i < prep.size(); ++i) {
+    Prepared& p = prep[i];
+    if (p.xkind == XKind::kNone) continue;
+    Comm* c = p.call.comm;
+    ipc::ExchangeHeader h{};
+    h.comm_id = c->coord_comm_id;
+    h.op = static_cast<uint16_t>(p.call.op);
+    h.dtype = static_cast<uint8_t>(p.desc.dtype);
+    h.redop = static_cast<uint8_t>(p.desc.redop);
+    h.count = p.call.count;
+    h.scalar_bits = p.desc.premul_scalar_bits;
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      if (p.xkind == XKind::kColl) keys[i] = c->xcoll++;
+      else if (p.xkind == XKind::kSend) keys[i] = c->xsend[p.call.peer]++;
+      else keys[i] = c->xrecv[p.call.peer]++;
+    }
+    h.key = keys[i];
+    if (p.xkind == XKind::kColl) {
+      h.rank = c->rank;
+      h.peer = p.call.root;
+    } else if (p.xkind == XKind::kSend) {
+      h.rank = c->rank;
+      h.peer = p.call.peer;
+    } else {
+      h.rank = p.call.peer;
+      h.peer = c->rank;
+      h.flags = ipc::kExchangeRecvRequest;
+    }
+    if (!CoordSendData(h, host[i], in_bytes[i])) {
+      LogOnce(&warned_lost, "the coordinator is gone: real data between real ranks falls back to the local policy");
+      for (Prepared& q : prep) q.xkind = XKind::kNone;
+      return CUDA_SUCCESS;
+    }
+  }
+  std::vector<std::string> results(prep.size());
+  for (size_t i = 0; i < prep.size(); ++i) {
+    Prepared& p = prep[i];
+    if (p.xkind != XKind::kColl && p.xkind != XKind::kRecv) {
+      if (p.xkind == XKind::kSend) p.local = false;  // a send writes nothing
+      continue;
+    }
+    uint32_t flags = 0;
+    const int32_t src = p.xkind == XKind::kRecv ? p.call.peer : -1;
+    if (!CoordWaitResult(p.call.comm->coord_comm_id, keys[i], src, &flags, &results[i])) {
+      LogOnce(&warned_lost, "the coordinator is gone: real data between real ranks falls back to the local policy");
+      continue;
+    }
+    if (flags & ipc::kExchangeError) {
+      LogOnce(&warned_error, "real members of a communicator disagreed on an operation (see the coordinator's log): "
+                             "its output follows the local policy");
+      continue;
+    }
+    if (flags & (ipc::kExchangeLocal)) continue;
+    p.local = false;
+    if (flags & ipc::kExchangeNothing) continue;
+    const uint64_t want = p.xkind == XKind::kRecv ? p.bytes : payload::ExchangeOutputBytes(ExchangeOpOf(p), p.call.comm->rank);
+    if (results[i].size() != want) {
+      LogOnce(&warned_error, "real data of the wrong size came back for an operation: local policy used");
+      p.local = true;
+      continue;
+    }
+    r = gpu.CopyAsync(stream, p.desc.recv_addr, reinterpret_cast<uint64_t>(results[i].data()), want);
+    if (r != CUDA_SUCCESS) return r;
+    RecordPayload(p.call.comm->id, p.seq, static_cast<uint16_t>(p.call.op), static_cast<uint8_t>(p.desc.dtype),
+                  results[i].data(), want);
+  }
+  // Why wait: the results live in host strings freed on return.
+  return gpu.Synchronize(stream);
+}
+
 // Runs one unit: operations on one stream that complete together.
 ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   static std::atomic<bool> warned_capture{false}, warned_plan{false}, warned_step{false}, warned_full{false};
@@ -249,7 +429,47 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   CUresult r = CUDA_SUCCESS;
   // The arrival stamp rides on the first payload step (one launch); earlier operations of the unit have none.
   bool stamped = capturing;
+  bool exchanges = false;
+  if (!capturing) {
+    for (Prepared& p : prep) {
+      p.xkind = ExchangeKindOf(p.call);
+      exchanges = exchanges || p.xkind != XKind::kNone;
+    }
+  }
+  bool p2p_only_exchange = exchanges;
+  if (exchanges) {
+    // Why stamp first: the arrival is when the GPU reached the operation, before the host-side exchange.
+    r = gpu.Stamp(stream, slot);
+    stamped = true;
+    if (r == CUDA_SUCCESS) r = RunExchange(gpu, stream, prep);
+    for (const Prepared& p : prep) {
+      if (!IsP2p(p.call.op)) p2p_only_exchange = false;
+    }
+  }
+  if (RecordedOn() && !capturing && r == CUDA_SUCCESS) {
+    // Operations that real data did not define: the recorded output of the same operation, where collect has one.
+    for (Prepared& p : prep) {
+      if (!p.local || p.call.count == 0 || p.call.op == OpKind::kSend) continue;
+      // A root's own broadcast/scatter output is its own data, never someone else's recording.
+      const bool own_root = (p.call.op == OpKind::kBroadcast || p.call.op == OpKind::kScatter) &&
+                            p.call.root == p.call.comm->rank;
+      if (own_root) continue;
+      const uint64_t want = p.call.op == OpKind::kRecv ? p.bytes
+                                                       : payload::ExchangeOutputBytes(ExchangeOpOf(p), p.call.comm->rank);
+      if (want == 0) continue;
+      const void* rec = FindRecorded(p.call.comm->id, p.seq, static_cast<uint16_t>(p.call.op),
+                                     static_cast<uint8_t>(p.desc.dtype), want);
+      if (rec == nullptr) continue;
+      if (!stamped) {
+        r = gpu.Stamp(stream, slot);
+        stamped = true;
+      }
+      if (r == CUDA_SUCCESS) r = gpu.CopyAsync(stream, p.desc.recv_addr, reinterpret_cast<uint64_t>(rec), want);
+      p.local = false;
+    }
+  }
   for (const Prepared& p : prep) {
+    if (!p.local) continue;
     for (uint32_t k = 0; k < p.steps.size && r == CUDA_SUCCESS; ++k) {
       const payload::Step& st = p.steps.steps[k];
       CUresult rs;
@@ -309,7 +529,9 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   u.release_lat_ns = !gated ? 0
                     : cfg.gate == GateKind::kSpin ? gpu.SpinReleaseNs(c0->spin_ctas)
                                                   : gpu.Calibration().wait_release_ns;
-  u.via_coordinator = c0->use_coordinator;
+  // Why not through the coordinator for an exchanged p2p unit: release matching is by communicator sequence, which
+  // two sides of a pipeline need not share; the exchange already waited for the real peer's data.
+  u.via_coordinator = c0->use_coordinator && !p2p_only_exchange;
   u.coord_comm_id = c0->coord_comm_id;
   u.event.comm_id = c0->id;
   u.event.seq = prep[0].seq;
@@ -322,6 +544,8 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   u.event.proto = last.proto;
   u.event.source = static_cast<uint8_t>(last.source);
   u.event.nops = static_cast<uint16_t>(std::min<size_t>(n, 65535));
+  u.event.stream = StreamIndex(stream);
+  for (const Prepared& p : prep) u.event.exchanged += p.xkind != XKind::kNone && !p.local ? 1 : 0;
   if (!ProgressPush(u)) {
     LogOnce(&warned_full, "more than 16384 operations in flight: releasing gates immediately");
     __atomic_store_n(gpu.GateWord(slot), ticket, __ATOMIC_RELEASE);

@@ -21,6 +21,8 @@ struct OpEvent {
   uint8_t proto = 0;
   uint8_t source = 0;   // CostSource
   uint16_t nops = 1;    // operations fused in this unit (a group)
+  uint16_t stream = 0;  // process-local index of the CUDA stream (0 = the first stream a collective used)
+  uint16_t exchanged = 0;  // operations of the unit whose output came from real data (other real members)
   uint64_t bytes = 0;
   int32_t peer = -1;
   uint64_t arrival_ns = 0;

@@ -100,6 +100,28 @@ class DriverGpu final : public Gpu {
     return d().cuStreamWaitValue32(stream, g, ticket, CU_STREAM_WAIT_VALUE_GEQ);
   }
 
+  CUresult CopyAsync(CUstream stream, uint64_t dst, uint64_t src, uint64_t bytes) override {
+    if (bytes == 0) return CUDA_SUCCESS;
+    return d().cuMemcpyAsync(dst, src, bytes, stream);
+  }
+  CUresult Synchronize(CUstream stream) override { return d().cuStreamSynchronize(stream); }
+  uint8_t* HostStaging(size_t bytes) override {
+    struct Staging {
+      void* p = nullptr;
+      size_t cap = 0;
+    };
+    thread_local Staging st;  // Why never freed: a few job threads, reused for the life of the process
+    if (bytes <= st.cap && st.p != nullptr) return static_cast<uint8_t*>(st.p);
+    size_t cap = 1 << 20;
+    while (cap < bytes) cap <<= 1;
+    void* p = nullptr;
+    if (d().cuMemHostAlloc(&p, cap, CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS) return nullptr;
+    if (st.p != nullptr) d().cuMemFreeHost(st.p);
+    st.p = p;
+    st.cap = cap;
+    return static_cast<uint8_t*>(p);
+  }
+
   CUresult RunStep(CUstream stream, const payload::OpDesc& desc, const payload::Step& st) override {
     CUdeviceptr dst = payload::StepAddr(desc, st.dst_buf, st.dst_offset);
     CUdeviceptr src = payload::StepAddr(desc, st.src_buf, st.src_offset);

@@ -50,6 +50,13 @@ class Gpu {
   virtual void EnsureContext() = 0;
   // Release latency of a spinning gate of `ctas` CTAs (measured on first use of that count, on this thread).
   virtual int64_t SpinReleaseNs(int ctas) = 0;
+  // Real data through the host (exchange between real members, recorded payloads): a copy on `stream` between
+  // device memory and host memory from HostStaging (or any host memory for host-to-device), and a wait for the
+  // stream. HostStaging gives page-locked memory of at least `bytes`, owned by this thread, valid until its next
+  // call on this thread (nullptr when it cannot be had).
+  virtual CUresult CopyAsync(CUstream stream, uint64_t dst, uint64_t src, uint64_t bytes) = 0;
+  virtual CUresult Synchronize(CUstream stream) = 0;
+  virtual uint8_t* HostStaging(size_t bytes) = 0;
   // Re-measures the GPU-host clock offset when the last measurement is older than a second (the clocks drift by
   // a few us per second). Called on job threads between operations; never blocks more than ~0.3 ms.
   virtual void MaybeRecalibrate() = 0;

@@ -1,0 +1,113 @@
+// Recorded payloads: a file written through RecordPayload (collect) is replayed by FindRecorded and by the engine
+// under PRISM_PAYLOAD=recorded for operations whose other members are virtual.
+#include <nccl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "interpose/core/comm.h"
+#include "interpose/core/config.h"
+#include "interpose/core/engine.h"
+#include "interpose/core/progress.h"
+#include "interpose/core/recorded.h"
+#include "shim_fake_gpu.h"
+
+namespace prism::interpose {
+namespace {
+
+std::string TmpPath(const char* what) { return "/tmp/prism_rec_" + std::to_string(getpid()) + "_" + what; }
+
+TEST(Recorded, WriteThenFindByCommAndSequence) {
+  const std::string path = TmpPath("a.bin");
+  Config c;
+  c.record_payloads = path;
+  SetConfigForTest(c);
+  ResetRecordedForTest();
+  std::vector<int64_t> flags{1, 1, 0};
+  RecordPayload(3, 17, static_cast<uint16_t>(payload::OpKind::kBroadcast), 4, flags.data(), 24);
+  std::vector<float> act(8, 2.5f);
+  RecordPayload(5, 2, static_cast<uint16_t>(payload::OpKind::kRecv), 7, act.data(), 32);
+  EXPECT_EQ(GetRecordedStats().written, 2u);
+
+  Config r;
+  r.payload = "recorded";
+  r.payload_file = path;
+  SetConfigForTest(r);
+  ResetRecordedForTest();
+  const void* p = FindRecorded(3, 17, static_cast<uint16_t>(payload::OpKind::kBroadcast), 4, 24);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(std::memcmp(p, flags.data(), 24), 0);
+  const void* q = FindRecorded(5, 2, static_cast<uint16_t>(payload::OpKind::kRecv), 7, 32);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(std::memcmp(q, act.data(), 32), 0);
+  // Wrong size, op, or an operation never recorded: no data (the caller applies mirror).
+  EXPECT_EQ(FindRecorded(3, 17, static_cast<uint16_t>(payload::OpKind::kBroadcast), 4, 16), nullptr);
+  EXPECT_EQ(FindRecorded(3, 17, static_cast<uint16_t>(payload::OpKind::kAllReduce), 4, 24), nullptr);
+  EXPECT_EQ(FindRecorded(3, 18, static_cast<uint16_t>(payload::OpKind::kBroadcast), 4, 24), nullptr);
+  RecordedStats st = GetRecordedStats();
+  EXPECT_EQ(st.hits, 2u);
+  EXPECT_EQ(st.misses, 1u);
+  EXPECT_EQ(st.mismatches, 2u);
+  ResetRecordedForTest();
+  std::remove(path.c_str());
+}
+
+TEST(Recorded, EngineReplaysABroadcastFromAVirtualRoot) {
+  const std::string path = TmpPath("b.bin");
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  // Record: the broadcast at sequence 0 of the first communicator carried {1, 1, 0}.
+  Config w;
+  w.record_payloads = path;
+  SetConfigForTest(w);
+  ResetRecordedForTest();
+  std::vector<int64_t> flags{1, 1, 0};
+  RecordPayload(0, 0, static_cast<uint16_t>(payload::OpKind::kBroadcast), static_cast<uint8_t>(ncclInt64),
+                flags.data(), 24);
+  ResetRecordedForTest();
+
+  Config c;
+  c.rank = 63;
+  c.world_size = 64;
+  c.payload = "recorded";
+  c.payload_file = path;
+  c.fixed_dur_us = 1;
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  ncclUniqueId id;
+  GetUniqueId(&id);
+  InitArgs a;
+  a.nranks = 64;
+  a.rank = 63;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  std::vector<int64_t> buf(3, 0);
+  OpCall call;
+  call.op = payload::OpKind::kBroadcast;
+  call.dtype = ncclInt64;
+  call.comm = comm;
+  call.count = 3;
+  call.root = 0;
+  call.send = buf.data();
+  call.recv = buf.data();
+  ASSERT_EQ(Submit(call), ncclSuccess);
+  EXPECT_EQ(buf, flags) << "the recorded broadcast, where mirror would leave the buffer as it was";
+  // The next broadcast was never recorded: mirror (buffer untouched).
+  std::vector<int64_t> other(3, 5);
+  call.send = other.data();
+  call.recv = other.data();
+  ASSERT_EQ(Submit(call), ncclSuccess);
+  EXPECT_EQ(other, (std::vector<int64_t>(3, 5)));
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  SetGpuForTest(nullptr);
+  ResetRecordedForTest();
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace prism::interpose
