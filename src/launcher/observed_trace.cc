@@ -457,6 +457,18 @@ bool Builder::Resolve(const RankEventLog& log, const ObservedComm& c, Family* f)
   f->members = members;
   f->position = static_cast<int>(me - members.begin());
 
+  // A Megatron group named by the description wins, also over "all ranks" (Megatron's distributed-optimizer
+  // instance group can hold every rank).
+  if (!desc_kind.empty()) {
+    int gi = groups_.IndexOf(desc_kind, r);
+    if (gi >= 0 && groups_.Group(desc_kind, gi) == members) {
+      f->type = Family::kGroup;
+      f->kind = desc_kind;
+      f->slot = desc_kind;
+      f->desc = groups_.Desc(desc_kind, gi);
+      return true;
+    }
+  }
   bool is_world = static_cast<int>(members.size()) == n;
   for (int i = 0; is_world && i < n; ++i) is_world = members[i] == i;
   if (is_world) {
@@ -473,13 +485,9 @@ bool Builder::Resolve(const RankEventLog& log, const ObservedComm& c, Family* f)
   }
   if (!candidates.empty()) {
     std::string kind;
-    if (!desc_kind.empty() && std::find(candidates.begin(), candidates.end(), desc_kind) != candidates.end()) {
-      kind = desc_kind;
-    } else {
-      for (const std::string& k : KindPreference())
-        if (kind.empty() && std::find(candidates.begin(), candidates.end(), k) != candidates.end()) kind = k;
-      if (kind.empty()) kind = candidates.front();
-    }
+    for (const std::string& k : KindPreference())
+      if (kind.empty() && std::find(candidates.begin(), candidates.end(), k) != candidates.end()) kind = k;
+    if (kind.empty()) kind = candidates.front();
     f->type = Family::kGroup;
     f->kind = kind;
     f->slot = kind;

@@ -425,6 +425,38 @@ TEST(ObservedTrace, OtherCommunicatorsMoveToEachReplica) {
   EXPECT_EQ(BoundComm(g->trace, 7, "my_pair").desc, "my_pair");
 }
 
+TEST(ObservedTrace, SlotsFollowDescriptionsAndTheWorld) {
+  JobOptions o;
+  auto logs = Logs(o, ReplicaZero(8));
+  // On every real rank: the world communicator and the embedding group (same members as the pipeline group at
+  // pp = 2, told apart by its description), one all-reduce each.
+  for (auto& log : logs) {
+    const int pp = log.rank / 4, tp = log.rank % 2;
+    log.comms[10] = prism::launcher::ObservedComm{10, "w", "default_pg", "0", 8, log.rank, {0, 1, 2, 3, 4, 5, 6, 7}};
+    log.comms[11] = prism::launcher::ObservedComm{11, "e", "EMBEDDING_GROUP", "", 2, pp, {tp, tp + 4}};
+    for (int c : {10, 11}) {
+      prism::launcher::ObservedOp op;
+      op.comm_id = c;
+      op.seq = 0;
+      op.op = "allreduce";
+      op.dtype = "f32";
+      op.bytes = 4;
+      op.arrival_ns = log.ops[0].arrival_ns + c;
+      op.release_ns = op.arrival_ns + 1;
+      op.stream = c;
+      log.ops.push_back(op);
+    }
+  }
+  std::string err;
+  auto g = BuildObservedTrace(logs, MakeWorld(8), {}, &err);
+  ASSERT_TRUE(g) << err;
+  EXPECT_EQ(BoundComm(g->trace, 6, "world").ranks.size(), 8u);
+  EXPECT_EQ(BoundComm(g->trace, 6, "world").desc, "default_pg");
+  EXPECT_EQ(BoundComm(g->trace, 6, "embd").ranks, (std::vector<int32_t>{2, 6}));
+  EXPECT_EQ(BoundComm(g->trace, 6, "embd").desc, "EMBEDDING_GROUP");
+  EXPECT_NE(BoundComm(g->trace, 6, "embd").id, BoundComm(g->trace, 6, "pp").id);
+}
+
 TEST(ObservedTrace, PointToPointAcrossReplicasCannotShareAClass) {
   JobOptions o;
   auto logs = Logs(o, ReplicaZero(8));
