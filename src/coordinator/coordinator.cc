@@ -895,7 +895,7 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
     for (int m : members) is_real.push_back(vr_->IsReal(m));
     xhub_.AddComm(comm_id, members, is_real);
     hang_.AddComm(comm_id, !group_desc.empty() ? group_desc : !group.empty() ? "group " + group : std::string(),
-                  members, std::move(is_real));
+                  members, std::move(is_real), group, group_desc);
   }
   std::vector<bool> real;
   for (int m : members) real.push_back(vr_->IsReal(m));
@@ -1044,6 +1044,7 @@ json Coordinator::Impl::StatusLocked() {
   json held = json::array();
   for (const auto& [key, what] : held_) held.push_back({{"comm", key.first}, {"seq", key.second}, {"differs", what}});
   j["held"] = std::move(held);
+  AddPositions(hang_, &j);
   return j;
 }
 
@@ -1077,9 +1078,12 @@ void Coordinator::Impl::MaybeWriteStatus(bool force) {
     idle_ticks_ = 0;
     status_dirty_ = false;
   }
-  if (!WriteFileAtomic(ep_.status_path, StatusJson())) {
+  std::string text = StatusJson();
+  if (!WriteFileAtomic(ep_.status_path, text)) {
     Log("coord")->warn("cannot write {}: {}", ep_.status_path, std::strerror(errno));
   }
+  // Why also in the store: `prism-run status HOST:PORT` and prism-runs joining from other hosts read it there.
+  store_.Call([&](store::StoreState& st) { st.Set(kStatusKey, text); });
 }
 
 void Coordinator::Impl::CheckHang() {
@@ -1090,7 +1094,9 @@ void Coordinator::Impl::CheckHang() {
   }
   if (!d) return;
   std::string path = (std::filesystem::path(opts_.out_dir) / "hang.json").string();
-  if (!WriteFileAtomic(path, d->ToJson())) Log("coord")->error("cannot write {}: {}", path, std::strerror(errno));
+  std::string hang_json = d->ToJson();
+  if (!WriteFileAtomic(path, hang_json)) Log("coord")->error("cannot write {}: {}", path, std::strerror(errno));
+  store_.Call([&](store::StoreState& st) { st.Set(kHangKey, hang_json); });
   std::string text = d->ToText();
   // Why stderr as well as the log: the diagnosis is the answer the user waits for, whatever the log level.
   std::fprintf(stderr, "%s  (written to %s)\n", text.c_str(), path.c_str());

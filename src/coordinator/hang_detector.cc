@@ -51,6 +51,61 @@ json OpJson(const HangOp& o) {
 
 std::string HangOpText(const HangOp& op) { return Describe(op); }
 
+std::string RankListText(std::vector<int> v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i + 1;
+    if (j < v.size()) {
+      const int d = v[j] - v[i];
+      while (j + 1 < v.size() && v[j + 1] - v[j] == d) ++j;
+      if ((d == 1 && j - i + 1 >= 3) || j - i + 1 >= 4) {
+        parts.push_back(d == 1 ? fmt::format("{}-{}", v[i], v[j])
+                               : fmt::format("{},{}..{} (step {})", v[i], v[i] + d, v[j], d));
+        i = j + 1;
+        continue;
+      }
+    }
+    parts.push_back(std::to_string(v[i]));
+    ++i;
+  }
+  return fmt::format("{}", fmt::join(parts, ","));
+}
+
+void AddPositions(const HangDetector& d, json* status) {
+  json comms = json::array();
+  for (const auto& [id, c] : d.comms()) {
+    std::vector<int> real;
+    for (size_t i = 0; i < c.members.size(); ++i) {
+      if (c.real[i]) real.push_back(c.members[i]);
+    }
+    comms.push_back({{"comm", id}, {"name", c.name}, {"pg_name", c.pg_name}, {"pg_desc", c.pg_desc},
+                     {"size", c.members.size()}, {"members", c.members}, {"real", real}});
+  }
+  (*status)["communicators"] = std::move(comms);
+  auto op_json = [](const HangOp& o, const char* t_key) {
+    json x = {{"seq", o.seq}, {"op", HangOpName(o.op)}, {"bytes", o.bytes}};
+    x["dtype"] = o.dtype >= 0 ? json(DTypeName(o.dtype)) : json(nullptr);
+    if (o.peer >= 0) x["peer"] = o.peer;
+    x[t_key] = o.since_ns;
+    return x;
+  };
+  json pos = json::array();
+  for (const auto& [rank, per_comm] : d.Positions()) {
+    json cs = json::array();
+    for (const auto& [comm, p] : per_comm) {
+      json x = {{"comm", comm}};
+      if (p.done) x["done"] = op_json(*p.done, "t_ns");
+      if (p.pending) x["pending"] = op_json(*p.pending, "since_ns");
+      cs.push_back(std::move(x));
+    }
+    pos.push_back({{"rank", rank}, {"state", d.State(rank)}, {"last_progress_ns", d.LastProgress(rank)},
+                   {"comms", std::move(cs)}});
+  }
+  (*status)["positions"] = std::move(pos);
+}
+
 std::string HangOpName(uint32_t op) {
   static const char* kColl[] = {"invalid", "all_reduce", "all_gather", "reduce_scatter",
                                 "broadcast", "reduce", "all_to_all", "barrier"};
@@ -88,9 +143,55 @@ std::string Disagreement(const std::vector<std::pair<int, HangOp>>& ops, bool pa
 
 void HangDetector::Hold(uint32_t comm_id, uint64_t seq, std::string what) { held_[{comm_id, seq}] = std::move(what); }
 
-void HangDetector::AddComm(uint32_t comm_id, std::string name, std::vector<int> members, std::vector<bool> real) {
+void HangDetector::AddComm(uint32_t comm_id, std::string name, std::vector<int> members, std::vector<bool> real,
+                           std::string pg_name, std::string pg_desc) {
   real.resize(members.size(), true);
-  comms_[comm_id] = Comm{std::move(name), std::move(members), std::move(real)};
+  comms_[comm_id] = Comm{std::move(name), std::move(pg_name), std::move(pg_desc), std::move(members), std::move(real)};
+}
+
+HangLogEntry& HangDetector::LogEntry(Rank& r, const HangOp& op, uint64_t created_ns) {
+  // Newest first: the operation is usually the last one logged (arrival then record).
+  for (auto it = r.log.rbegin(); it != r.log.rend() && it - r.log.rbegin() < 64; ++it) {
+    if (it->op.comm_id == op.comm_id && it->op.seq == op.seq) return *it;
+  }
+  if (r.log.size() >= kLogSize) r.log.pop_front();
+  HangLogEntry e;
+  e.id = r.next_log_id++;
+  e.op = op;
+  e.created_ns = created_ns;
+  r.log.push_back(e);
+  return r.log.back();
+}
+
+std::map<int, std::map<uint32_t, HangPosition>> HangDetector::Positions() const {
+  std::map<int, std::map<uint32_t, HangPosition>> out;
+  for (const auto& [rank, r] : ranks_) {
+    if (!r.at.empty()) out[rank] = r.at;
+  }
+  return out;
+}
+
+const std::deque<HangLogEntry>& HangDetector::Log(int rank) const {
+  static const std::deque<HangLogEntry> kEmpty;
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() ? kEmpty : it->second.log;
+}
+
+std::vector<int> HangDetector::Ranks() const {
+  std::vector<int> out;
+  for (const auto& [rank, r] : ranks_) out.push_back(rank);
+  return out;
+}
+
+const std::string& HangDetector::State(int rank) const {
+  static const std::string kNone;
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() ? kNone : it->second.state;
+}
+
+uint64_t HangDetector::LastProgress(int rank) const {
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() ? 0 : it->second.last_progress_ns;
 }
 
 std::string HangDetector::CommName(uint32_t comm_id) const {
@@ -107,10 +208,11 @@ void HangDetector::Note(int rank, const HangOp& op, uint64_t now_ns) {
   auto it = r.reached.try_emplace(op.comm_id, -1).first;
   it->second = std::max(it->second, static_cast<int64_t>(op.seq));
   HangOp& h = history_[{op.comm_id, op.seq}][rank];
-  int dtype = h.dtype;
+  int dtype = h.dtype, peer = h.peer;
   uint64_t since = h.since_ns;
   h = op;
   if (op.dtype < 0) h.dtype = dtype;  // a record after the arrival adds the dtype
+  if (op.peer < 0) h.peer = peer;     // and keeps the arrival's peer (records carry none)
   if (since != 0) h.since_ns = since;
   if (op.seq >= kHistory) {
     history_.erase(history_.lower_bound({op.comm_id, 0}), history_.lower_bound({op.comm_id, op.seq - kHistory}));
@@ -131,12 +233,23 @@ void HangDetector::Arrive(int rank, const ipc::OpArrive& a, uint64_t now_ns) {
     o.peer = c->second.members[static_cast<size_t>(peer)];
   }
   Note(rank, o, now_ns);
-  ranks_[rank].pending = o;
+  Rank& r = ranks_[rank];
+  r.pending = o;
+  r.at[o.comm_id].pending = o;
+  uint64_t created = a.arrival_ns;
+  LogEntry(r, o, created != 0 ? created : now_ns);
 }
 
 void HangDetector::Release(int rank, uint32_t comm_id, uint64_t seq, uint64_t now_ns) {
   Rank& r = ranks_[rank];
   if (r.pending && r.pending->comm_id == comm_id && r.pending->seq == seq) r.pending.reset();
+  auto at = r.at.find(comm_id);
+  if (at != r.at.end() && at->second.pending && at->second.pending->seq == seq) {
+    HangOp done = *at->second.pending;
+    done.since_ns = now_ns;
+    if (!at->second.done || at->second.done->seq <= seq) at->second.done = done;
+    at->second.pending.reset();
+  }
   r.last_progress_ns = now_ns;
   last_progress_ns_ = std::max(last_progress_ns_, now_ns);
   reported_ = false;
@@ -153,6 +266,21 @@ void HangDetector::Record(int rank, const ipc::OpRecord& rec, uint64_t now_ns) {
   // A record is written when the operation completed: it no longer waits there.
   Rank& r = ranks_[rank];
   if (r.pending && r.pending->comm_id == o.comm_id && r.pending->seq <= o.seq) r.pending.reset();
+  HangPosition& at = r.at[o.comm_id];
+  if (at.pending && at.pending->seq <= o.seq) {
+    if (at.pending->peer >= 0) o.peer = at.pending->peer;  // a record carries no peer; the arrival did
+    at.pending.reset();
+  }
+  HangOp done = o;
+  done.since_ns = now_ns;
+  if (!at.done || at.done->seq <= o.seq) at.done = done;
+  uint64_t arrival = rec.arrival_ns, release = rec.release_ns;
+  HangLogEntry& e = LogEntry(r, o, arrival != 0 ? arrival : now_ns);
+  if (e.op.peer >= 0 && o.peer < 0) o.peer = e.op.peer;
+  e.op = o;
+  e.op.since_ns = e.created_ns;
+  e.completed_ns = release != 0 ? std::max(release, e.created_ns) : now_ns;
+  if (release > arrival && arrival != 0) e.duration_ns = release - arrival;
 }
 
 void HangDetector::Progress(int rank, uint64_t now_ns) {
@@ -394,6 +522,7 @@ std::string HangDiagnosis::ToJson() const {
   json hs = json::array();
   for (const auto& [key, what] : held) hs.push_back({{"comm", key.first}, {"seq", key.second}, {"differs", what}});
   j["held"] = std::move(hs);
+  j["text"] = ToText();
   return j.dump(2) + "\n";
 }
 

@@ -9,11 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "prism/ipc.h"
 
@@ -28,6 +31,29 @@ struct HangOp {
   int dtype = -1;       // prism::trace::DType; -1 unknown (kOpArrive carries none, kOpRecord does)
   int peer = -1;        // p2p peer, global rank (-1: collective or unknown)
   uint64_t since_ns = 0;
+};
+
+// Where one real rank is on one communicator: the last operation it completed and the one it waits at.
+struct HangPosition {
+  std::optional<HangOp> done;     // since_ns: when the coordinator learned it completed
+  std::optional<HangOp> pending;  // since_ns: when it arrived (only communicators with several real members)
+};
+
+// One operation in a real rank's log (the last kLogSize per rank), oldest first: what a Flight Recorder entry holds.
+struct HangLogEntry {
+  uint64_t id = 0;            // per rank, from 0
+  HangOp op;
+  uint64_t created_ns = 0;    // arrival (the GPU reached it), coordinator's or shim's clock (Unix epoch ns)
+  uint64_t completed_ns = 0;  // release; 0 while not completed
+  uint64_t duration_ns = 0;   // release - arrival as the shim reported it; 0 unknown
+};
+
+struct HangComm {
+  std::string name;          // for messages: group description, "group <name>", or ""
+  std::string pg_name;       // torch process-group name ("0" for the default group), "" unknown
+  std::string pg_desc;       // torch group description ("default_pg", Megatron's group name), "" unknown
+  std::vector<int> members;  // global ranks, communicator-rank order
+  std::vector<bool> real;
 };
 
 struct HangMismatch {
@@ -83,8 +109,12 @@ class HangDetector {
   void set_timeout(double s) { timeout_s_ = s; }
   double timeout() const { return timeout_s_; }
 
-  // A communicator: members in communicator-rank order, which of them run for real, a name for messages.
-  void AddComm(uint32_t comm_id, std::string name, std::vector<int> members, std::vector<bool> real);
+  static constexpr size_t kLogSize = 2000;  // Why 2000: torch's Flight Recorder default (TORCH_FR_BUFFER_SIZE)
+
+  // A communicator: members in communicator-rank order, which of them run for real, a name for messages, and the
+  // torch process group it belongs to when known.
+  void AddComm(uint32_t comm_id, std::string name, std::vector<int> members, std::vector<bool> real,
+               std::string pg_name = {}, std::string pg_desc = {});
   // The real members of (comm, seq) all arrived but disagree (`what`); the coordinator holds the operation.
   void Hold(uint32_t comm_id, uint64_t seq, std::string what);
   void Arrive(int rank, const ipc::OpArrive& a, uint64_t now_ns);
@@ -101,18 +131,27 @@ class HangDetector {
   // "comm 3 (DATA_PARALLEL_GROUP)", or "comm 3" when the communicator has no name.
   std::string CommName(uint32_t comm_id) const;
 
+  const std::map<uint32_t, HangComm>& comms() const { return comms_; }
+  // Per real rank that reported anything: per communicator, its position.
+  std::map<int, std::map<uint32_t, HangPosition>> Positions() const;
+  // The operation log of one rank (empty when unknown).
+  const std::deque<HangLogEntry>& Log(int rank) const;
+  std::vector<int> Ranks() const;  // ranks with a log or a state
+  const std::string& State(int rank) const;  // "", "lost", "bye"
+  uint64_t LastProgress(int rank) const;
+
  private:
-  struct Comm {
-    std::string name;
-    std::vector<int> members;
-    std::vector<bool> real;
-  };
+  using Comm = HangComm;
   struct Rank {
     uint64_t last_progress_ns = 0;
     std::optional<HangOp> pending;
     std::map<uint32_t, int64_t> reached;  // comm -> highest sequence arrived at or completed
+    std::map<uint32_t, HangPosition> at;  // comm -> position
+    std::deque<HangLogEntry> log;
+    uint64_t next_log_id = 0;
     std::string state;
   };
+  HangLogEntry& LogEntry(Rank& r, const HangOp& op, uint64_t created_ns);
 
   void Note(int rank, const HangOp& op, uint64_t now_ns);
   std::vector<int> Blockers(int rank, const HangOp& op) const;
@@ -128,6 +167,12 @@ class HangDetector {
 };
 
 std::string HangOpName(uint32_t op);
+// Ranks for people: sorted, runs "0-7", strided runs "5,21..1013 (step 16)", others "3,9".
+std::string RankListText(std::vector<int> ranks);
+// status.json's view of the detector: "communicators" [{comm, name, pg_name, pg_desc, size, members, real}] and
+// "positions" [{rank, state, last_progress_ns, comms [{comm, done {seq, op, bytes, dtype, t_ns}, pending {seq, op,
+// bytes, dtype, peer, since_ns}}]}] (docs/hang.md).
+void AddPositions(const HangDetector& d, nlohmann::json* status);
 // "all_reduce 1 MiB", "send 4 KiB to rank 5", with the dtype when known.
 std::string HangOpText(const HangOp& op);
 

@@ -120,6 +120,16 @@ TEST_F(HangE2E, SkippedCollectiveIsAMismatchAndStopsTheJob) {
   EXPECT_EQ(rep["hang"]["diagnosis"]["mismatches"][0]["seq"], 4);
   EXPECT_EQ(rep["ranks"][0]["status"], "stopped");
   ExpectNoWorkerLeft(out);
+
+  // `prism-run status` on the finished run: the diagnosis, and where each real rank stopped.
+  std::string st;
+  ASSERT_EQ(RunPrism("", "status " + out.string(), &st), 0) << st;
+  EXPECT_NE(st.find("HANG diagnosed"), std::string::npos) << st;
+  EXPECT_NE(st.find("held: comm 1 seq 4: its real members disagree (op, size)"), std::string::npos) << st;
+  EXPECT_NE(st.find("done seq 3 all_gather 4 KiB"), std::string::npos) << st;
+  EXPECT_NE(st.find("WAITING at seq 4 all_reduce 1 MiB"), std::string::npos) << st;
+  EXPECT_NE(st.find("WAITING at seq 4 all_gather 4 KiB"), std::string::npos) << st;
+  EXPECT_NE(st.find("1-4,6,7 (6 ranks):"), std::string::npos) << st;
   fs::remove_all(out);
 }
 
@@ -202,6 +212,13 @@ TEST_F(HangE2E, WaitKeepsTheJobRunning) {
   json rep = ReadJson(out / "report.json");
   EXPECT_EQ(rep["status"], "running");
   EXPECT_EQ(rep["hang"]["stopped"], false);
+  // Live status from the coordinator's store, as from another host.
+  json info = ReadJson(out / "coordinator.json");
+  std::string text;
+  ASSERT_EQ(RunPrism("", "status 127.0.0.1:" + std::to_string(info["store_port"].get<int>()), &text), 0) << text;
+  EXPECT_NE(text.find("running (read from its store)"), std::string::npos) << text;
+  EXPECT_NE(text.find("HANG diagnosed"), std::string::npos) << text;
+  EXPECT_NE(text.find("WAITING at seq 2 all_gather 4 KiB"), std::string::npos) << text;
   kill(pid, SIGINT);
   ASSERT_EQ(waitpid(pid, &st, 0), pid);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 130) << ReadText(stdout_path);

@@ -1,5 +1,6 @@
-// prism-run status: live state of every logical rank of a running emulation, from <out>/coordinator.json and the
-// status.json the coordinator refreshes while it runs.
+// prism-run status [DIR | HOST:PORT] [--json]: where every logical rank of an emulation is (coordinator/status_view.h),
+// from a run's output directory (running or finished) or live from a coordinator's store on any host.
+// prism-run status --flight-recorder DIR: the same diagnosis from PyTorch Flight Recorder dumps.
 #include <signal.h>
 #include <unistd.h>
 
@@ -8,12 +9,16 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "coordinator/coordinator.h"
+#include "coordinator/status_view.h"
+#include "coordinator/store_client.h"
 #include "subcommands.h"
 
 namespace prism::cli {
@@ -25,6 +30,7 @@ using json = nlohmann::json;
 struct StatusCli {
   std::string dir;
   bool as_json = false;
+  size_t max_groups = 24;
 };
 
 bool ReadJson(const fs::path& p, json* out, std::string* error) {
@@ -38,6 +44,7 @@ bool ReadJson(const fs::path& p, json* out, std::string* error) {
   *out = json::parse(ss.str(), nullptr, false);
   if (out->is_discarded()) {
     *error = fmt::format("{} is not JSON", p.string());
+    *out = json();
     return false;
   }
   return true;
@@ -61,25 +68,77 @@ std::optional<fs::path> FindRun(const fs::path& dir) {
   return best;
 }
 
-std::string Bytes(uint64_t b) {
-  if (b == 0) return "-";
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  return fmt::format("{:.1f} {}", v, units[u]);
+uint64_t NowNs() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
 }
 
-std::string Ago(uint64_t t_ns, uint64_t now_ns) {
-  if (t_ns == 0 || t_ns > now_ns) return "";
-  double s = static_cast<double>(now_ns - t_ns) * 1e-9;
-  return s < 120 ? fmt::format("{:.1f} s", s) : fmt::format("{:.0f} min", s / 60);
+// "host:port" (not a directory): the port, else 0.
+int HostPort(const std::string& s, std::string* host) {
+  std::error_code ec;
+  if (s.empty() || fs::exists(s, ec)) return 0;
+  size_t c = s.rfind(':');
+  if (c == std::string::npos || c == 0 || c + 1 == s.size()) return 0;
+  for (size_t i = c + 1; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9') return 0;
+  }
+  int port = std::stoi(s.substr(c + 1));
+  if (port <= 0 || port > 65535) return 0;
+  *host = s.substr(0, c);
+  return port;
+}
+
+int Print(const coord::StatusDocs& docs, const StatusCli& o) {
+  if (o.as_json) {
+    json out = {{"coordinator", docs.info}, {"alive", docs.alive}, {"status", docs.status}, {"hang", docs.hang}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return kExitOk;
+  }
+  coord::StatusViewOptions vo;
+  vo.now_ns = NowNs();
+  // Why: for a run that ended, "waiting for 3 h" would count the time since it ended; durations stop with it.
+  if (docs.alive.rfind("running", 0) != 0 && docs.status.is_object() && docs.status.contains("t_ns")) {
+    vo.now_ns = docs.status.value("t_ns", vo.now_ns);
+  }
+  vo.max_groups = o.max_groups;
+  std::printf("%s", coord::RenderStatus(docs, vo).c_str());
+  return kExitOk;
+}
+
+int RunRemote(const std::string& host, int port, const StatusCli& o) {
+  store::StoreClient c;
+  if (!c.Connect(host, static_cast<uint16_t>(port), 5000)) {
+    std::fprintf(stderr, "prism-run status: cannot reach the coordinator's store at %s:%d: %s\n", host.c_str(), port,
+                 c.error().c_str());
+    return kExitFailure;
+  }
+  coord::StatusDocs docs;
+  docs.where = fmt::format("{}:{}", host, port);
+  std::string text;
+  if (!c.Get(coord::kStatusKey, &text)) {
+    std::fprintf(stderr, "prism-run status: %s: %s\n", docs.where.c_str(), c.error().c_str());
+    return kExitFailure;
+  }
+  if (text.empty()) {
+    std::fprintf(stderr, "prism-run status: %s answers as a TCPStore but holds no %s (not a prism coordinator, or "
+                         "one older than this prism-run)\n",
+                 docs.where.c_str(), coord::kStatusKey);
+    return kExitBadInput;
+  }
+  docs.status = json::parse(text, nullptr, false);
+  if (docs.status.is_discarded()) docs.status = json();
+  docs.alive = "running (read from its store)";
+  if (c.Get(coord::kHangKey, &text) && !text.empty()) {
+    docs.hang = json::parse(text, nullptr, false);
+    if (docs.hang.is_discarded()) docs.hang = json();
+  }
+  return Print(docs, o);
 }
 
 int RunStatus(const StatusCli& o) {
+  std::string host;
+  if (int port = HostPort(o.dir, &host)) return RunRemote(host, port, o);
   std::optional<fs::path> run;
   if (!o.dir.empty()) {
     run = FindRun(o.dir);
@@ -88,102 +147,49 @@ int RunStatus(const StatusCli& o) {
     if (!run) run = FindRun("prism-out");
   }
   if (!run) {
-    std::fprintf(stderr, "prism-run status: no coordinator.json in %s%s\n",
-                 o.dir.empty() ? "." : o.dir.c_str(),
-                 o.dir.empty() ? " or ./prism-out/*/ (give the run's output directory)" : " or its subdirectories");
+    std::fprintf(stderr, "prism-run status: no coordinator.json in %s%s\n", o.dir.empty() ? "." : o.dir.c_str(),
+                 o.dir.empty() ? " or ./prism-out/*/ (give the run's output directory, or HOST:PORT of its store)"
+                               : " or its subdirectories");
     return kExitBadInput;
   }
-  json info, status;
+  coord::StatusDocs docs;
+  docs.where = run->string();
   std::string error;
-  if (!ReadJson(*run / "coordinator.json", &info, &error)) {
+  if (!ReadJson(*run / "coordinator.json", &docs.info, &error)) {
     std::fprintf(stderr, "prism-run status: %s\n", error.c_str());
     return kExitBadInput;
   }
-  bool have_status = ReadJson(*run / info.value("status", std::string("status.json")), &status, &error);
   try {
-    int pid = info.value("pid", 0);
-    char host[256] = {0};
-    ::gethostname(host, sizeof(host) - 1);
-    std::string state = info.value("state", std::string("?"));
-    std::string alive;
-    if (state == "running" && info.value("host", std::string()) == host) {
-      alive = (pid > 0 && ::kill(pid, 0) == 0) ? "running" : "not running (the coordinator died)";
+    std::string status_file = docs.info.value("status", std::string("status.json"));
+    ReadJson(*run / status_file, &docs.status, &error);
+    std::error_code ec;
+    if (fs::exists(*run / "hang.json", ec)) ReadJson(*run / "hang.json", &docs.hang, &error);
+    int pid = docs.info.value("pid", 0);
+    char me[256] = {0};
+    ::gethostname(me, sizeof(me) - 1);
+    std::string state = docs.info.value("state", std::string("?"));
+    if (state == "running" && docs.info.value("host", std::string()) == me) {
+      docs.alive = (pid > 0 && ::kill(pid, 0) == 0) ? "running" : "not running (the coordinator died)";
     } else {
-      alive = state;
+      docs.alive = state;
     }
-    if (o.as_json) {
-      json out = {{"coordinator", info}, {"alive", alive}, {"status", have_status ? status : json()}};
-      std::printf("%s\n", out.dump(2).c_str());
-      return kExitOk;
-    }
-    uint64_t now = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                             std::chrono::system_clock::now().time_since_epoch())
-                                             .count());
-    std::printf("run %s in %s: coordinator pid %d on %s, %s\n", info.value("run_id", std::string("?")).c_str(),
-                run->string().c_str(), pid, info.value("host", std::string("?")).c_str(), alive.c_str());
-    std::printf("world %d, real ranks %s, store %s:%d, bus %s\n", info.value("world_size", 0),
-                info["real_ranks"].dump().c_str(), info.value("store_host", std::string("?")).c_str(),
-                info.value("store_port", 0), info.value("socket", std::string("?")).c_str());
-    if (!have_status) {
-      std::printf("no status yet: %s\n", error.c_str());
-      return kExitOk;
-    }
-    std::printf("status as of %s ago\n", Ago(status.value("t_ns", uint64_t{0}), now).c_str());
-    if (status.contains("store")) {
-      const json& s = status["store"];
-      std::printf("store: %d clients, %d keys, %d synthesized for virtual ranks, %d waiting, %d dropped\n",
-                  s.value("clients", 0), s.value("keys", 0), s.value("synthesized", 0), s.value("waits", 0),
-                  s.value("dropped", 0));
-      for (const auto& k : s.value("waited_keys", json::array())) {
-        std::printf("  waited on: %s\n", k.get<std::string>().c_str());
-      }
-      for (const auto& k : s.value("unresolved_groups", json::array())) {
-        std::printf("  group members unknown for: %s (register the group; docs/coordinator.md)\n",
-                    k.get<std::string>().c_str());
-      }
-    }
-    std::printf("%-7s %-14s %-8s %6s %10s %11s %8s  %s\n", "rank", "state", "pid", "iter", "last_it_s", "peak_mem",
-                "ops", "position");
-    for (const auto& r : status.value("ranks", json::array())) {
-      std::string pos;
-      if (r.contains("waiting")) {
-        const json& w = r["waiting"];
-        pos = fmt::format("waiting at comm {} seq {} ({})", w.value("comm", 0), w.value("seq", 0),
-                          w.value("kind", std::string()));
-        if (w.contains("waiting_for") && !w["waiting_for"].empty()) pos += " for ranks " + w["waiting_for"].dump();
-        std::string since = Ago(w.value("since_ns", uint64_t{0}), now);
-        if (!since.empty()) pos += ", " + since;
-      } else if (r.contains("last_op")) {
-        pos = fmt::format("after comm {} seq {}", r["last_op"].value("comm", 0), r["last_op"].value("seq", 0));
-      }
-      std::printf("%-7d %-14s %-8d %6d %10.3f %11s %8d  %s\n", r.value("rank", -1),
-                  r.value("state", std::string()).c_str(), r.value("pid", 0), r.value("iterations", 0),
-                  r.value("last_iteration_s", 0.0), Bytes(r.value("peak_memory_bytes", uint64_t{0})).c_str(),
-                  r.value("ops_arrived", 0), pos.c_str());
-    }
-    int virt = status.value("virtual_ranks", 0);
-    if (virt > 0) {
-      std::string graph = status.value("graph", std::string());
-      std::printf("%d virtual ranks: %s\n", virt,
-                  graph.empty() ? fmt::format("payload policy '{}', arrivals mirror their real counterparts",
-                                              status.value("payload", std::string("mirror")))
-                                      .c_str()
-                                : ("graph " + graph).c_str());
-    }
+    return Print(docs, o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "prism-run status: unexpected content in %s: %s\n", run->string().c_str(), e.what());
     return kExitBadInput;
   }
-  return kExitOk;
 }
 
 }  // namespace
 
 void AddStatus(CLI::App& app, int* rc) {
   auto o = std::make_shared<StatusCli>();
-  auto* sub = app.add_subcommand("status", "live state of every logical rank of a running emulation");
-  sub->add_option("dir", o->dir, "the run's output directory (default: newest ./prism-out/*/)");
-  sub->add_flag("--json", o->as_json, "print coordinator.json and status.json as one JSON document");
+  auto* sub = app.add_subcommand("status", "where every logical rank of an emulation is, and the hang diagnosis");
+  sub->add_option("dir", o->dir,
+                  "the run's output directory (default: newest ./prism-out/*/), or HOST:PORT of a running "
+                  "coordinator's store");
+  sub->add_flag("--json", o->as_json, "print coordinator.json, status.json and hang.json as one JSON document");
+  sub->add_option("--groups", o->max_groups, "virtual-rank groups shown")->capture_default_str();
   sub->callback([o, rc] { *rc = RunStatus(*o); });
 }
 
