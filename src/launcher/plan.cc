@@ -293,6 +293,13 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
       return std::nullopt;
     }
     for (int i = 0; i < p.nproc_per_node; ++i) ranks.push_back(req.node_rank * p.nproc_per_node + i);
+  } else if (req.one_replica) {
+    if (!req.ranks.empty()) {
+      *error = "collect runs data-parallel replica 0; --ranks does not apply";
+      return std::nullopt;
+    }
+    for (int r = 0; r < p.world_size; ++r)
+      if (w->CoordsOf(r).dp == 0) ranks.push_back(r);
   } else {
     auto r = ParseRankList(req.ranks.empty() ? "0" : req.ranks, p.world_size, error);
     if (!r) return std::nullopt;
@@ -470,6 +477,22 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
     Set(&wk.env, "ROLE_RANK", std::to_string(r.rank));
     Set(&wk.env, "CUDA_VISIBLE_DEVICES", r.device);
     Set(&wk.env, "PRISM_RANK", std::to_string(r.rank));
+    if (!req.payload_dir.empty()) {
+      const world::Coords& c = r.coords;
+      const int cls = w->RankOf(c.tp, c.cp, 0, c.pp, c.gtp);
+      std::string file = req.payload_dir + "/payloads/rank" + std::to_string(cls) + ".bin";
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(file, ec)) {
+        *error = "--payload-dir " + req.payload_dir + ": no payloads/rank" + std::to_string(cls) + ".bin for rank " +
+                 std::to_string(r.rank) + " (its class is rank " + std::to_string(cls) +
+                 " of replica 0); run `prism-run collect --out " + req.payload_dir + " torchrun ...` with the same job";
+        return std::nullopt;
+      }
+      Set(&wk.env, "PRISM_PAYLOAD_FILE", file);
+    }
+    if (req.record_payloads) {
+      Set(&wk.env, "PRISM_RECORD_PAYLOADS", p.out_dir + "/payloads/rank" + std::to_string(r.rank) + ".bin");
+    }
     p.workers.push_back(std::move(wk));
   }
   return p;

@@ -55,6 +55,11 @@ struct PlanRequest {
   // bus (Unix socket, or TCP for another host). "" = start one here.
   std::string coordinator;
   std::string payload = "mirror";
+  // --payload recorded: directory of a collect run; each real rank gets payloads/rank<C>.bin of its class C (the
+  // rank of data-parallel replica 0 with its other coordinates) as PRISM_PAYLOAD_FILE.
+  std::string payload_dir;
+  bool one_replica = false;      // collect: the real ranks are data-parallel replica 0 (every rank with dp == 0)
+  bool record_payloads = false;  // collect: PRISM_RECORD_PAYLOADS=<out>/payloads/rank<R>.bin per real rank
   std::string topology;
   std::string graph;
   bool preload = true;               // false (--no-preload): run without libprism.so, for launch debugging only

@@ -13,29 +13,13 @@
 #include "launcher/launch.h"
 #include "launcher/plan.h"
 #include "launcher/report_compare.h"
+#include "emulate_options.h"
 #include "subcommands.h"
 
 namespace prism::cli {
 
 namespace fs = std::filesystem;
 
-struct EmulateOptions {
-  std::string ranks;
-  std::string layout;
-  std::string topology;
-  std::string graph;
-  std::string payload = "mirror";
-  std::string out;
-  bool dry_run = false;
-  bool json = false;
-  int gpus = 0;
-  std::string coordinator;
-  int node_rank = -1;
-  bool no_preload = false;
-  bool quiet = false;
-  double hang_timeout = 60;
-  std::string on_hang = "stop";
-};
 
 EmulateOptions* AddEmulateOptions(CLI::App& app) {
   static EmulateOptions opts;
@@ -48,6 +32,9 @@ EmulateOptions* AddEmulateOptions(CLI::App& app) {
   app.add_option("--payload", opts.payload, "data of virtual members: mirror|recorded|random|zeros")
       ->capture_default_str()
       ->check(CLI::IsMember({"mirror", "recorded", "random", "zeros"}));
+  app.add_option("--payload-dir", opts.payload_dir,
+                 "with --payload recorded: the output directory of `prism-run collect` whose payloads/rank<R>.bin "
+                 "the real ranks replay (each rank the file of its class)");
   app.add_option("--out", opts.out, "report directory (default ./prism-out/<timestamp>)");
   app.add_flag("--dry-run", opts.dry_run, "print the plan and run nothing");
   app.add_flag("--json", opts.json, "with --dry-run: the plan as JSON");
@@ -112,6 +99,8 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   req.node_rank = opts.node_rank;
   req.coordinator = opts.coordinator;
   req.payload = opts.payload;
+  req.one_replica = opts.one_replica;
+  req.record_payloads = opts.record_payloads;
   req.preload = !opts.no_preload;
   req.hang_timeout_s = opts.hang_timeout;
   req.on_hang = opts.on_hang;
@@ -123,6 +112,16 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
       return kExitBadInput;
     }
     req.graph = fs::absolute(opts.graph, ec).string();
+  }
+  if (!opts.payload_dir.empty()) {
+    if (opts.payload != "recorded") {
+      std::fprintf(stderr, "prism-run: --payload-dir only applies to --payload recorded\n");
+      return kExitBadInput;
+    }
+    req.payload_dir = fs::absolute(opts.payload_dir, ec).string();
+  } else if (opts.payload == "recorded") {
+    std::fprintf(stderr, "prism-run: --payload recorded needs --payload-dir (the output of prism-run collect)\n");
+    return kExitBadInput;
   }
   if (!opts.topology.empty()) {
     // A file is passed by absolute path (the workers may run elsewhere); otherwise it names a preset.
@@ -153,6 +152,14 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   if (opts.json) std::fprintf(stderr, "prism-run: --json only applies to --dry-run; running\n");
   for (const std::string& w : plan->warnings) std::fprintf(stderr, "prism-run: warning: %s\n", w.c_str());
 
+  if (opts.record_payloads) {
+    std::error_code mk;
+    fs::create_directories(fs::path(plan->out_dir) / "payloads", mk);
+    if (mk) {
+      std::fprintf(stderr, "prism-run: cannot create %s/payloads: %s\n", plan->out_dir.c_str(), mk.message().c_str());
+      return kExitBadInput;
+    }
+  }
   std::unique_ptr<launcher::CoordinatorLink> coord;
   if (plan->start_coordinator) coord = launcher::MakeLocalCoordinator();
   launcher::LaunchOptions lo;

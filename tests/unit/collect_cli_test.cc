@@ -1,0 +1,79 @@
+// prism-run collect and --payload recorded at the user's level (dry runs: which ranks run, what each gets).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int rc = -1;
+  std::string out;
+};
+
+Result PrismRun(const std::string& args) {
+  const char* bin = std::getenv("PRISM_RUN");
+  Result r;
+  if (bin == nullptr) return r;
+  std::string cmd = std::string(bin) + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
+  int st = pclose(f);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+const char* kJob =
+    "torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 "
+    "--pipeline-model-parallel-size 2";
+
+TEST(CollectCli, RunsDataParallelReplicaZeroAndRecordsPayloads) {
+  ASSERT_NE(std::getenv("PRISM_RUN"), nullptr) << "PRISM_RUN is not set (ctest sets it)";
+  fs::path out = fs::temp_directory_path() / ("prism_collect_" + std::to_string(getpid()));
+  Result r = PrismRun("collect --dry-run --json --out " + out.string() + " " + kJob);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  std::vector<int> ranks;
+  for (const auto& x : j.at("real_ranks")) ranks.push_back(x.at("rank").get<int>());
+  // world 64, tp 2, pp 2, order tp-cp-ep-dp-pp: dp 0 is ranks 0, 1 (stage 0) and 32, 33 (stage 1).
+  EXPECT_EQ(ranks, (std::vector<int>{0, 1, 32, 33}));
+  for (const auto& w : j.at("workers")) {
+    const int rank = w.at("rank").get<int>();
+    EXPECT_EQ(w.at("env").at("PRISM_RECORD_PAYLOADS").get<std::string>(),
+              (out / "payloads" / ("rank" + std::to_string(rank) + ".bin")).string());
+  }
+  EXPECT_NE(PrismRun("collect --ranks 5 --dry-run " + std::string(kJob)).rc, 0);
+}
+
+TEST(CollectCli, RecordedPayloadsGoToEachRankByClass) {
+  fs::path dir = fs::temp_directory_path() / ("prism_payloads_" + std::to_string(getpid()));
+  fs::create_directories(dir / "payloads");
+  std::ofstream(dir / "payloads" / "rank33.bin") << "PRSMPAY1";
+  Result r = PrismRun("--dry-run --json --ranks 63 --payload recorded --payload-dir " + dir.string() + " " + kJob);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  // Rank 63 (tp 1, dp 15, pp 1) replays rank 33's payloads (tp 1, dp 0, pp 1).
+  EXPECT_EQ(j.at("workers").at(0).at("env").at("PRISM_PAYLOAD_FILE").get<std::string>(),
+            (dir / "payloads" / "rank33.bin").string());
+  // Rank 62's class (32) was not collected: a clear error naming what to run.
+  Result miss = PrismRun("--dry-run --ranks 62 --payload recorded --payload-dir " + dir.string() + " " + kJob);
+  EXPECT_EQ(miss.rc, 2);
+  EXPECT_NE(miss.out.find("rank32.bin"), std::string::npos) << miss.out;
+  EXPECT_NE(miss.out.find("prism-run collect"), std::string::npos) << miss.out;
+  // recorded without a directory, or a directory without recorded: refused.
+  EXPECT_EQ(PrismRun("--dry-run --ranks 63 --payload recorded " + std::string(kJob)).rc, 2);
+  EXPECT_EQ(PrismRun("--dry-run --ranks 63 --payload-dir " + dir.string() + " " + kJob).rc, 2);
+  fs::remove_all(dir);
+}
+
+}  // namespace

@@ -1,0 +1,30 @@
+// Options of the emulate mode (`prism-run [OPTIONS] torchrun ...`), shared with `prism-run collect`, which runs
+// the same launcher path with one data-parallel replica real and payload recording on.
+#pragma once
+
+#include <string>
+
+namespace prism::cli {
+
+struct EmulateOptions {
+  std::string ranks;
+  std::string layout;
+  std::string topology;
+  std::string graph;
+  std::string payload = "mirror";
+  std::string payload_dir;       // --payload-dir (recorded payloads of a collect run)
+  bool one_replica = false;      // collect: run one data-parallel replica for real
+  bool record_payloads = false;  // collect: every real rank records what real data gave it
+  std::string out;
+  bool dry_run = false;
+  bool json = false;
+  int gpus = 0;
+  std::string coordinator;
+  int node_rank = -1;
+  bool no_preload = false;
+  bool quiet = false;
+  double hang_timeout = 60;
+  std::string on_hang = "stop";
+};
+
+}  // namespace prism::cli
