@@ -9,7 +9,8 @@ json_get() {  # json_get FILE EXPR  (EXPR in Python over `r`, the parsed report)
 prism_megatron() {
   local name=$1 ranks=$2 nnodes=$3 tp=$4 pp=$5 gbs=$6; shift 6
   local dir=$out/$name
-  (cd "$MEGATRON" && timeout -s INT -k 20 "${MEGATRON_TIMEOUT:-300}" "$PRISM_RUN" --ranks "$ranks" --out "$dir" \
+  # PRISM_ARGS: extra prism-run options (e.g. --payload recorded --payload-dir DIR)
+  (cd "$MEGATRON" && timeout -s INT -k 20 "${MEGATRON_TIMEOUT:-300}" "$PRISM_RUN" ${PRISM_ARGS:-} --ranks "$ranks" --out "$dir" \
      torchrun --nnodes "$nnodes" --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_TINY_ARGS[@]}" \
      --tensor-model-parallel-size "$tp" --pipeline-model-parallel-size "$pp" --global-batch-size "$gbs" \
      --train-iters 10 "$@")
@@ -29,6 +30,23 @@ megatron_check() {  # NAME RANKS NNODES TP PP GBS [args]: trains 10 iterations, 
     echo "loss=$(tail -1 "$out/$name.loss" | sed -E 's/.*lm loss: ([0-9.E+-]+).*/\1/')" >> "$out/$name.detail"
   fi
 }
+# collect (issue 7): data-parallel replica 0 of world 64 tp2 pp2 (ranks 0, 1, 32, 33) on the one GPU, real data
+# between them; then rank 63 replays rank 33's recorded payloads.
+megatron_collect() {
+  local name=megatron_w64_collect dir=$out/megatron_w64_collect
+  (cd "$MEGATRON" && timeout -s INT -k 20 "${MEGATRON_TIMEOUT:-400}" "$PRISM_RUN" collect --out "$dir" \
+     torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_TINY_ARGS[@]}" \
+     --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --global-batch-size 64 --train-iters 10) \
+     > "$out/$name.out" 2>&1 || { echo "collect exit $?"; tail -20 "$out/$name.out"; return 1; }
+  local rep=$dir/report.json
+  json_get "$rep" '"iterations=%s iter_s=%.4f ranks=%s" % (r["iterations"], r["iteration_time_s"] or 0, [x["rank"] for x in r["ranks"]])' > "$out/$name.detail"
+  echo "payload_MiB=$(du -sm "$dir/payloads" | cut -f1) graph=$([ -f "$dir/observed.prism" ] && echo yes || echo no)" >> "$out/$name.detail"
+  grep -h "lm loss:" "$dir"/logs/*.log | tail -1 | sed -E 's/.*lm loss: ([0-9.E+-]+).*/loss=\1/' >> "$out/$name.detail"
+  [ "$(json_get "$rep" 'r["iterations"]')" -ge 9 ] || return 1
+  for r in 0 1 32 33; do [ -s "$dir/payloads/rank$r.bin" ] || { echo "no payloads for rank $r"; return 1; }; done
+  [ -f "$dir/observed.prism" ] || { echo "no observed.prism"; return 1; }
+  "$PRISM_RUN" simulate "$dir/observed.prism" --out "$dir/simulate" > "$out/$name.simulate.log" 2>&1 || true
+}
 megatron_cases=${MEGATRON_CASES:-w64r0 w64r63 w64r01 w1024r0 mem}
 for c in $megatron_cases; do
   case $c in
@@ -36,6 +54,9 @@ for c in $megatron_cases; do
     w64r63) check megatron_w64_tp2pp2_rank63 megatron_check megatron_w64_tp2pp2_rank63 63 8 2 2 64 ;;
     w64r01) check megatron_w64_tp2pp2_ranks01 megatron_check megatron_w64_tp2pp2_ranks01 0,1 8 2 2 64 ;;
     w1024r0) check megatron_w1024_tp2pp2_rank0 megatron_check megatron_w1024_tp2pp2_rank0 0 128 2 2 512 ;;
+    collect) check megatron_w64_collect megatron_collect ;;
+    w64r63rec) PRISM_ARGS="--payload recorded --payload-dir $out/megatron_w64_collect" \
+                 check megatron_w64_tp2pp2_rank63_recorded megatron_check megatron_w64_tp2pp2_rank63_recorded 63 8 2 2 64 ;;
   esac
 done
 
