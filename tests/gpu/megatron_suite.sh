@@ -44,8 +44,22 @@ megatron_collect() {
   grep -h "lm loss:" "$dir"/logs/*.log | tail -1 | sed -E 's/.*lm loss: ([0-9.E+-]+).*/loss=\1/' >> "$out/$name.detail"
   [ "$(json_get "$rep" 'r["iterations"]')" -ge 9 ] || return 1
   for r in 0 1 32 33; do [ -s "$dir/payloads/rank$r.bin" ] || { echo "no payloads for rank $r"; return 1; }; done
-  [ -f "$dir/observed.prism" ] || { echo "no observed.prism"; return 1; }
+  [ -f "$dir/observed.prism" ] || { echo "no observed.prism"; grep -i "observed\|graph\|class" "$out/$name.out" | tail -5; return 1; }
   "$PRISM_RUN" simulate "$dir/observed.prism" --out "$dir/simulate" > "$out/$name.simulate.log" 2>&1 || true
+}
+# Start-up at scale through prism-run and the coordinator (issue 5): plain torch (tests/gpu/shim_torch_ops.py, every
+# call Megatron uses) as rank 5 of a world of NNODES x 8; the coordinator is the store and stands in for every
+# virtual rank and group leader.
+ops_prism() {  # NAME NNODES
+  local name=$1 nnodes=$2
+  (SHIM_OWN_STORE=0 timeout -s INT -k 20 300 "$PRISM_RUN" --ranks 5 --out "$out/$name" torchrun --nnodes "$nnodes" \
+     --nproc-per-node 8 tests/gpu/shim_torch_ops.py) > "$out/$name.out" 2>&1
+  local rc=$? log=$out/$name/logs/rank5.log
+  local init ops
+  init=$(grep -oh "init_process_group_s=[0-9.]*" "$log" | tail -1)
+  ops=$(grep -h "^TORCH_OPS" "$log" | tail -1)
+  echo "$init ${ops#TORCH_OPS } prism_wall_s=$(json_get "$out/$name/report.json" 'round(r["wall_s"],1)' 2>/dev/null)" > "$out/$name.detail"
+  [ $rc -eq 0 ] && [[ "$ops" == *PASS* ]]
 }
 megatron_cases=${MEGATRON_CASES:-w64r0 w64r63 w64r01 w1024r0 mem}
 for c in $megatron_cases; do
@@ -55,6 +69,8 @@ for c in $megatron_cases; do
     w64r01) check megatron_w64_tp2pp2_ranks01 megatron_check megatron_w64_tp2pp2_ranks01 0,1 8 2 2 64 ;;
     w1024r0) check megatron_w1024_tp2pp2_rank0 megatron_check megatron_w1024_tp2pp2_rank0 0 128 2 2 512 ;;
     collect) check megatron_w64_collect megatron_collect ;;
+    ops1024) check torch_ops_prism_w1024_rank5 ops_prism torch_ops_prism_w1024_rank5 128 ;;
+    ops8192) check torch_ops_prism_w8192_rank5 ops_prism torch_ops_prism_w8192_rank5 1024 ;;
     w64r63rec) PRISM_ARGS="--payload recorded --payload-dir $out/megatron_w64_collect" \
                  check megatron_w64_tp2pp2_rank63_recorded megatron_check megatron_w64_tp2pp2_rank63_recorded 63 8 2 2 64 ;;
   esac

@@ -50,7 +50,7 @@ for spec in wait:100 wait:1000 wait:10000 spin:1000; do
   shim_as_rank $t_bench 8 29612 "$out/gate_${g}_$d" env PRISM_GATE=$g PRISM_FIXED_DUR_US=$d $PY tests/gpu/shim_gpu_bench.py gate \
     > "$out/gate_${g}_$d.log" 2>&1
   l=$(grep '^GATE' "$out/gate_${g}_$d.log" | tail -1)
-  med=$(sed -n 's/.*median_us=\([0-9.]*\).*/\1/p' <<< "$l")
+  med=$(sed -n 's/.* median_us=\([0-9.]*\).*/\1/p' <<< "$l")
   if [ -z "$med" ]; then shim_row "2 gate $g D=${d}us" FAIL "no result (see gate_${g}_$d.log)"; continue; fi
   err=$(awk -v m="$med" -v d="$d" 'BEGIN{e=m-d; if(e<0)e=-e; printf "%.1f", e}')
   detail="median ${med} us (|err| ${err} us) p10 $(sed -n 's/.*p10_us=\([0-9.]*\).*/\1/p' <<< "$l") p90 $(sed -n 's/.*p90_us=\([0-9.]*\).*/\1/p' <<< "$l"); host wall $(sed -n 's/.*host_wall_median_us=\([0-9.]*\).*/\1/p' <<< "$l")"

@@ -16,6 +16,7 @@ import ctypes
 import datetime
 import json
 import os
+import time
 import sys
 
 import torch
@@ -36,12 +37,15 @@ def main():
     port = int(os.environ["MASTER_PORT"])
     # The store a real launcher (or the coordinator) would serve. Group leaders that are virtual never write
     # their unique ids: pre-set every group's key (any 128 bytes do; libprism accepts them).
-    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                           timeout=datetime.timedelta(seconds=60))
-    # Wire keys: the default group's "/default_pg/0//cuda//0", new_group G's "/default_pg/0//G//cuda//0".
-    server.set("default_pg/0//cuda//0", b"P" * 128)
-    for g in range(1, 32):
-        server.set("default_pg/0//%d//cuda//0" % g, b"P" * 128)
+    # Under prism-run (SHIM_OWN_STORE=0) the coordinator is the store and stands in for virtual leaders itself.
+    t0 = time.time()
+    if os.environ.get("SHIM_OWN_STORE", "1") == "1":
+        server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                               timeout=datetime.timedelta(seconds=60))
+        # Wire keys: the default group's "/default_pg/0//cuda//0", new_group G's "/default_pg/0//G//cuda//0".
+        server.set("default_pg/0//cuda//0", b"P" * 128)
+        for g in range(1, 32):
+            server.set("default_pg/0//%d//cuda//0" % g, b"P" * 128)
 
     prism = ctypes.CDLL(None)
     check("libprism_preloaded", hasattr(prism, "prism_version"))
@@ -57,6 +61,7 @@ def main():
     dev = torch.device("cuda", local)
 
     dist.init_process_group("nccl", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    print("INIT world=%d init_process_group_s=%.3f" % (world, time.time() - t0), flush=True)
     n = world
 
     x = torch.arange(1024, device=dev, dtype=torch.float32) * 0.5 + rank

@@ -469,6 +469,17 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
     }
   }
   for (const Prepared& p : prep) {
+    if (p.local && p.call.op == OpKind::kBroadcast && p.call.root != p.call.comm->rank && p.call.count > 0 &&
+        PolicyOf() == payload::Policy::kMirror) {
+      // Why say it: a receiver of a virtual root keeps its own bytes under mirror, which is wrong whenever the
+      // program needs the root's data (Megatron's batch and train flags); recorded payloads fix that.
+      static std::atomic<bool> warned_root{false};
+      LogOnce(&warned_root,
+              "a broadcast from a virtual root (communicator " + std::to_string(p.call.comm->id) + ", root " +
+                  std::to_string(p.call.root) + ") leaves this rank's buffer as it was under mirror; if the job needs "
+                  "the root's data (Megatron broadcasts its batch from tensor-parallel rank 0 and its train flags "
+                  "from rank 0), run `prism-run collect` and emulate with --payload recorded --payload-dir");
+    }
     if (!p.local) continue;
     for (uint32_t k = 0; k < p.steps.size && r == CUDA_SUCCESS; ++k) {
       const payload::Step& st = p.steps.steps[k];
