@@ -677,10 +677,9 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
 
   // Order within a stream: GPU arrival; a communicator's operations must then be in sequence order.
   for (auto& [key, units] : streams) {
+    // Why file order on ties: lines are written as units are released, which on one stream is issue order.
     std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
-      if (a.op->arrival_ns != b.op->arrival_ns) return a.op->arrival_ns < b.op->arrival_ns;
-      if (a.op->comm_id == b.op->comm_id) return a.op->seq < b.op->seq;
-      return a.op->line < b.op->line;
+      return a.op->arrival_ns != b.op->arrival_ns ? a.op->arrival_ns < b.op->arrival_ns : a.op->line < b.op->line;
     });
     std::map<int64_t, int64_t> last_seq;
     for (const Unit& u : units) {
