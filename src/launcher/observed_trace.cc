@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -497,8 +498,20 @@ bool Builder::Resolve(const RankEventLog& log, const ObservedComm& c, Family* f)
   // Any other communicator (torch's pairwise p2p communicators, groups the script made itself): the same
   // communicator moved to each data-parallel replica.
   f->type = Family::kMoved;
-  std::string label = !c.desc.empty() ? c.desc : !c.name.empty() ? "group" + c.name : !c.key.empty() ? c.key
-                                                                                     : "comm" + std::to_string(c.id);
+  // Why a hash of the members last: the label must be the same on every real rank of the communicator, and its
+  // key can be rank-local (a split's parent id).
+  std::string label;
+  if (!c.desc.empty()) {
+    label = c.desc;
+  } else if (!c.name.empty()) {
+    label = "group" + c.name;
+  } else {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (int m : members) h = (h ^ static_cast<uint64_t>(static_cast<uint32_t>(m))) * 1099511628211ull;
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "comm-%08llx", static_cast<unsigned long long>(h & 0xffffffffull));
+    label = buf;
+  }
   f->slot = SlotLabel(label);
   f->desc = !c.desc.empty() ? c.desc : f->slot;
   return true;

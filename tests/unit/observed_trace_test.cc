@@ -423,6 +423,18 @@ TEST(ObservedTrace, OtherCommunicatorsMoveToEachReplica) {
   EXPECT_EQ(BoundComm(g->trace, 2, "my_pair").ranks, (std::vector<int32_t>{2, 7}));
   EXPECT_EQ(BoundComm(g->trace, 7, "my_pair").ranks, (std::vector<int32_t>{2, 7}));
   EXPECT_EQ(BoundComm(g->trace, 7, "my_pair").desc, "my_pair");
+  // Without description or name (a split whose key is rank-local): named after its members, alike on both ranks.
+  for (auto& log : logs)
+    if (log.comms.count(9)) {
+      log.comms[9].desc.clear();
+      log.comms[9].key = "split:" + std::to_string(log.rank);
+    }
+  g = BuildObservedTrace(logs, MakeWorld(8), {}, &err);
+  ASSERT_TRUE(g) << err;
+  const auto& slots = g->trace.classes[0].comm_slots;
+  ASSERT_EQ(slots.size(), 4u);
+  EXPECT_EQ(slots[3].rfind("comm-", 0), 0u) << slots[3];
+  EXPECT_EQ(g->trace.classes[3].comm_slots.back(), slots[3]);
 }
 
 TEST(ObservedTrace, SlotsFollowDescriptionsAndTheWorld) {
