@@ -236,11 +236,7 @@ TEST_F(ShimComm, AllReduceSumPlansTheMirrorAndGatesUntilArrivalPlusDuration) {
   EXPECT_NE(*gpu_.GateWord(slot), ticket) << "the gate must stay closed until arrival + 30 ms";
   ASSERT_TRUE(ProgressDrain(5000000000ull));
   EXPECT_EQ(*gpu_.GateWord(slot), ticket);
-  // A 30 ms gate has a precise tail: the host opens the wait kTailEarlyNs early and the tail kernel (on the GPU
-  // clock) holds the stream until the release, written into its target word.
-  ASSERT_EQ(gpu_.tails.size(), 1u);
-  EXPECT_EQ(*gpu_.TargetWord(slot), arrival + 30000000ull);
-  EXPECT_GE(HostNowNs() + kTailEarlyNs, arrival + 30000000ull) << "opened before arrival + duration - early";
+  EXPECT_GE(HostNowNs(), arrival + 30000000ull) << "opened before arrival + duration";
 }
 
 TEST_F(ShimComm, HostOverheadIsSampled) {

@@ -115,11 +115,7 @@ TEST(ShimCoord, TwoRealMembersAreReleasedByTheCoordinator) {
   call.recv = buf.data();
   ASSERT_EQ(Submit(call), ncclSuccess);
   ASSERT_TRUE(ProgressDrain(5000000000ull));
-  // 1 ms gates have a precise tail (progress.h): the host opens the wait kTailEarlyNs before the release and the
-  // tail's target is the coordinator's release time.
-  EXPECT_GE(HostNowNs() + kTailEarlyNs, released_at.load()) << "gate opened too early for the coordinator's release";
-  ASSERT_EQ(gpu.tails.size(), 1u);
-  EXPECT_EQ(*gpu.TargetWord(gpu.tails[0]), released_at.load());
+  EXPECT_GE(HostNowNs(), released_at.load()) << "gate opened before the coordinator's release time";
   server.join();
   close(lfd);
   unlink(path.c_str());

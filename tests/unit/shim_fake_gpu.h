@@ -38,12 +38,6 @@ class FakeGpu : public Gpu {
     gates.push_back({slot, ticket, kind, ctas});
     return CUDA_SUCCESS;
   }
-  CUresult GateTail(CUstream, uint32_t slot) override {
-    std::lock_guard<std::mutex> l(mu);
-    tails.push_back(slot);
-    return CUDA_SUCCESS;
-  }
-  volatile uint64_t* TargetWord(uint32_t slot) override { return &target[slot % kGateSlots]; }
   CUresult RunStep(CUstream, const payload::OpDesc& d, const payload::Step& s) override {
     std::lock_guard<std::mutex> l(mu);
     steps.push_back(s);
@@ -82,8 +76,6 @@ class FakeGpu : public Gpu {
   uint64_t arrival[kGateSlots] = {};
   uint32_t gate[kGateSlots] = {};
   uint64_t iter[kIterSlots] = {};
-  uint64_t target[kGateSlots] = {};
-  std::vector<uint32_t> tails;  // slots whose gate got a precise tail
 };
 
 }  // namespace prism::interpose::testing

@@ -498,8 +498,18 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
     }
   }
   if (!stamped && r == CUDA_SUCCESS) r = gpu.Stamp(stream, slot);
+  if (r == CUDA_SUCCESS && gated) r = gpu.Gate(stream, slot, ticket, cfg.gate, ops[0].comm->spin_ctas);
+  if (r != CUDA_SUCCESS) {
+    SetLastError("CUDA error " + std::to_string(static_cast<int>(r)) + " while enqueueing on the stream");
+    Log("nccl")->error("{}", LastError());
+    __atomic_store_n(gpu.GateWord(slot), ticket, __ATOMIC_RELEASE);  // never leave a half-built gate closed
+    return ncclUnhandledCudaError;
+  }
+  if (capturing) return ncclSuccess;
+
   // Duration of the unit at the target scale: collectives add up; the p2p part of a group moves its larger
   // direction as one exchange.
+  GateUnit u;
   uint64_t p2p_send = 0, p2p_recv = 0, total = 0;
   int32_t p2p_peer = -1;
   uint64_t dur = 0;
@@ -522,27 +532,6 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
     dur += last.dur_ns;
   }
   if (cfg.fixed_dur_us >= 0) dur = last.dur_ns;  // a fixed duration is per unit, not per operation
-  // A long wait gate gets a precise tail on the GPU clock (progress.h kTailMinDurNs).
-  bool tail = false;
-  if (r == CUDA_SUCCESS && gated) {
-    r = gpu.Gate(stream, slot, ticket, cfg.gate, ops[0].comm->spin_ctas);
-    if (r == CUDA_SUCCESS && cfg.gate == GateKind::kWait && dur >= kTailMinDurNs) {
-      *gpu.TargetWord(slot) = 0;
-      CUresult rt = gpu.GateTail(stream, slot);
-      if (rt == CUDA_SUCCESS) tail = true;
-      else if (rt != CUDA_ERROR_NOT_FOUND) r = rt;
-    }
-  }
-  if (r != CUDA_SUCCESS) {
-    SetLastError("CUDA error " + std::to_string(static_cast<int>(r)) + " while enqueueing on the stream");
-    Log("nccl")->error("{}", LastError());
-    __atomic_store_n(gpu.GateWord(slot), ticket, __ATOMIC_RELEASE);  // never leave a half-built gate closed
-    return ncclUnhandledCudaError;
-  }
-  if (capturing) return ncclSuccess;
-
-  GateUnit u;
-  u.tail = tail;
   const Comm* c0 = prep[0].call.comm;
   u.slot = slot;
   u.ticket = ticket;

@@ -122,14 +122,6 @@ class DriverGpu final : public Gpu {
     return static_cast<uint8_t*>(p);
   }
 
-  CUresult GateTail(CUstream stream, uint32_t slot) override {
-    if (k_tail_ == nullptr) return CUDA_ERROR_NOT_FOUND;
-    CUdeviceptr t = target_dev_ + sizeof(uint64_t) * (slot % kGateSlots);
-    void* args[] = {&t};
-    return d().cuLaunchKernel(k_tail_, 1, 1, 1, 32, 1, 1, 0, stream, args, nullptr);
-  }
-  volatile uint64_t* TargetWord(uint32_t slot) override { return &target_[slot % kGateSlots]; }
-
   CUresult RunStep(CUstream stream, const payload::OpDesc& desc, const payload::Step& st) override {
     CUdeviceptr dst = payload::StepAddr(desc, st.dst_buf, st.dst_offset);
     CUdeviceptr src = payload::StepAddr(desc, st.src_buf, st.src_offset);
@@ -254,7 +246,6 @@ class DriverGpu final : public Gpu {
     if ((r = f.cuModuleGetFunction(&k_probe_, module_, "prism_clock_probe")) != CUDA_SUCCESS)
       return Fail("prism_clock_probe", r);
     if (f.cuModuleGetFunction(&k_fused_, module_, "prism_stamp_step") != CUDA_SUCCESS) k_fused_ = nullptr;
-    if (f.cuModuleGetFunction(&k_tail_, module_, "prism_gate_tail") != CUDA_SUCCESS) k_tail_ = nullptr;
     for (int k = 0; k < kNumStepKinds; ++k) {
       const char* name = payload::KernelName(static_cast<StepKind>(k));
       if (name == nullptr) continue;
@@ -280,14 +271,6 @@ class DriverGpu final : public Gpu {
     iter_dev_ = gate_dev_ + sizeof(uint32_t) * kGateSlots;
     probe_ = iter_ + kIterSlots;  // [0] result, [1] started
     probe_dev_ = iter_dev_ + sizeof(uint64_t) * kIterSlots;
-    void* thost = nullptr;
-    if ((r = f.cuMemHostAlloc(&thost, sizeof(uint64_t) * kGateSlots, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE)) !=
-        CUDA_SUCCESS)
-      return Fail("cuMemHostAlloc", r);
-    std::memset(thost, 0, sizeof(uint64_t) * kGateSlots);
-    if ((r = f.cuMemHostGetDevicePointer(&target_dev_, thost, 0)) != CUDA_SUCCESS)
-      return Fail("cuMemHostGetDevicePointer", r);
-    target_ = static_cast<volatile uint64_t*>(thost);
     if ((r = f.cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) return Fail("cuStreamCreate", r);
     if (!Warm()) return false;
     Calibrate();
@@ -308,8 +291,6 @@ class DriverGpu final : public Gpu {
     payload::Step noop;
     noop.kind = StepKind::kFillZero;  // zero bytes: runs, touches nothing
     if ((r = StampAndStep(stream_, slot, desc, noop)) != CUDA_SUCCESS) return Fail("warm prism_stamp_step", r);
-    target_[slot] = 0;
-    if (k_tail_ != nullptr && (r = GateTail(stream_, slot)) != CUDA_SUCCESS) return Fail("warm prism_gate_tail", r);
     for (int k = 0; k < kNumStepKinds; ++k) {
       if (payload_[k] == nullptr) continue;
       payload::Step st;
@@ -397,9 +378,7 @@ class DriverGpu final : public Gpu {
   bool failed_ = false;
   CUcontext ctx_ = nullptr;
   CUmodule module_ = nullptr;
-  CUfunction k_stamp_ = nullptr, k_spin_ = nullptr, k_probe_ = nullptr, k_fused_ = nullptr, k_tail_ = nullptr;
-  volatile uint64_t* target_ = nullptr;
-  CUdeviceptr target_dev_ = 0;
+  CUfunction k_stamp_ = nullptr, k_spin_ = nullptr, k_probe_ = nullptr, k_fused_ = nullptr;
   CUfunction payload_[kNumStepKinds] = {};
   CUstream stream_ = nullptr;
   volatile uint64_t* arrival_ = nullptr;

@@ -42,10 +42,6 @@ class Gpu {
   virtual CUresult StampAndStep(CUstream stream, uint32_t slot, const payload::OpDesc& desc,
                                 const payload::Step& step) = 0;
   virtual CUresult Gate(CUstream stream, uint32_t slot, uint32_t ticket, GateKind kind, int ctas) = 0;
-  // After a wait gate of a long operation: a one-thread kernel that holds the stream until the GPU clock reaches
-  // TargetWord(slot) (the host writes it, then opens the wait gate early). See progress.h kTailEarlyNs.
-  virtual CUresult GateTail(CUstream stream, uint32_t slot) = 0;
-  virtual volatile uint64_t* TargetWord(uint32_t slot) = 0;
   virtual CUresult RunStep(CUstream stream, const payload::OpDesc& desc, const payload::Step& step) = 0;
   virtual CUresult StampIteration(CUstream stream, uint32_t iter_slot) = 0;
   // True when the stream is being captured into a CUDA graph (gates would be recorded into the graph).

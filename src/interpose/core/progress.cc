@@ -76,7 +76,6 @@ struct Pending {
   bool has_arrival = false;
   bool has_release = false;
   bool arrive_sent = false;
-  bool tail_set = false;
 };
 
 struct State {
@@ -161,13 +160,7 @@ void Loop() {
         }
       }
       if (p.has_release) {
-        if (p.u.tail && !p.tail_set) {
-          // Why before the gate word: the tail kernel reads its target once the wait opened.
-          *gpu.TargetWord(p.u.slot) = p.u.event.release_ns;
-          __atomic_thread_fence(__ATOMIC_SEQ_CST);
-          p.tail_set = true;
-        }
-        const int64_t lat = p.u.no_gate ? 0 : (p.u.tail ? kTailEarlyNs : p.u.release_lat_ns);
+        const int64_t lat = p.u.no_gate ? 0 : p.u.release_lat_ns;
         const int64_t target_host = static_cast<int64_t>(p.u.event.release_ns) - cal.gpu_minus_host_ns - lat;
         const int64_t wait = target_host - static_cast<int64_t>(now_host);
         if (wait <= 0) {

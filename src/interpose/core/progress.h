@@ -21,15 +21,9 @@ struct GateUnit {
   int64_t release_lat_ns = 0;   // measured latency of this gate kind: the word is written that much early
   bool no_gate = false;         // PRISM_GATE=none or capture: only record, release at arrival
   bool via_coordinator = false;
-  bool tail = false;            // the wait gate is followed by prism_gate_tail: open it kTailEarlyNs early
   uint32_t coord_comm_id = 0;
   OpEvent event;                // filled with comm/op/bytes; arrival/release set by the thread
 };
-
-// Operations modelled at least this long get a precise tail after their wait gate; the host opens the wait this
-// much before the release and the tail kernel waits out the rest on the GPU clock.
-inline constexpr uint64_t kTailMinDurNs = 1000000;
-inline constexpr int64_t kTailEarlyNs = 150000;
 
 // Starts the thread on first use (idempotent).
 void ProgressStart();

@@ -41,18 +41,6 @@ extern "C" __global__ void prism_spin_gate(const uint32_t* gate, uint32_t ticket
   __syncthreads();
 }
 
-// Precise tail of a long wait gate (docs/libprism.md, "Gates"): runs after cuStreamWaitValue32 opened (the host
-// opens it a little early) and spins one thread until %globaltimer reaches *target (GPU clock, written by the host
-// before it opened the wait). Why: the GPU re-checks a long-held stream wait less and less often, which made
-// 10 ms gates ~50 us late; the last stretch on the GPU clock is exact. 0 = no target: pass at once.
-extern "C" __global__ void prism_gate_tail(const uint64_t* target) {
-  if (threadIdx.x == 0 && blockIdx.x == 0) {
-    uint64_t t;
-    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(t) : "l"(target));
-    while (t != 0 && prism_shim_kernels::GlobalTimerNs() < t) __nanosleep(100);
-  }
-}
-
 // Clock calibration: says it started (*started = 1), waits for the host to write `ticket` into *flag, then writes
 // the GPU time into *out. The host notes its own clock when it writes; the difference is the GPU-host clock
 // offset (+ one PCIe read). Gives up after `timeout_ns` of GPU time (writes 1: not a measurement), so a probe
