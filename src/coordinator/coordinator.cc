@@ -32,6 +32,7 @@
 #include "common/ipc_io.h"
 #include "common/log.h"
 #include "coordinator/exchange_hub.h"
+#include "coordinator/flight_recorder.h"
 #include "coordinator/hang_detector.h"
 #include "coordinator/store_server.h"
 
@@ -221,6 +222,8 @@ class Coordinator::Impl {
   json StatusLocked();
   void WriteInfo(const char* state);
   void CheckHang();
+  // <out>/flight_recorder/nccl_trace_rank_<R> for every real rank (flight_recorder.h); at a hang and at stop.
+  void WriteFlightRecorder();
 
   store::StoreServer store_;
   std::thread thread_;
@@ -440,7 +443,10 @@ void Coordinator::Impl::Stop() {
       if (s.state == "connected") s.state = "lost";
     }
   }
-  if (info_written_) MaybeWriteStatus(true);
+  if (info_written_) {
+    MaybeWriteStatus(true);
+    WriteFlightRecorder();
+  }
   store_.Stop();
   if (vr_) vr_->SetIdListener(nullptr);
   for (int* fd : {&unix_fd_, &tcp_fd_, &epoll_fd_, &wake_fd_, &timer_fd_}) {
@@ -894,8 +900,16 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
     std::vector<bool> is_real;
     for (int m : members) is_real.push_back(vr_->IsReal(m));
     xhub_.AddComm(comm_id, members, is_real);
-    hang_.AddComm(comm_id, !group_desc.empty() ? group_desc : !group.empty() ? "group " + group : std::string(),
-                  members, std::move(is_real), group, group_desc);
+    HangComm hc;
+    hc.name = !group_desc.empty() ? group_desc : !group.empty() ? "group " + group : std::string();
+    hc.members = members;
+    hc.real = std::move(is_real);
+    hc.pg_name = group;
+    hc.pg_desc = group_desc;
+    if (!group.empty()) {
+      if (auto g = vr_->LookupGroupByName(group)) hc.pg_members = g->members;
+    }
+    hang_.AddComm(comm_id, std::move(hc));
   }
   std::vector<bool> real;
   for (int m : members) real.push_back(vr_->IsReal(m));
@@ -1097,6 +1111,7 @@ void Coordinator::Impl::CheckHang() {
   std::string hang_json = d->ToJson();
   if (!WriteFileAtomic(path, hang_json)) Log("coord")->error("cannot write {}: {}", path, std::strerror(errno));
   store_.Call([&](store::StoreState& st) { st.Set(kHangKey, hang_json); });
+  WriteFlightRecorder();
   std::string text = d->ToText();
   // Why stderr as well as the log: the diagnosis is the answer the user waits for, whatever the log level.
   std::fprintf(stderr, "%s  (written to %s)\n", text.c_str(), path.c_str());
@@ -1104,6 +1119,17 @@ void Coordinator::Impl::CheckHang() {
   Log("coord")->warn("hang diagnosed: {} rank(s) waiting, {} mismatch(es), {} cycle(s); see {}", d->waits.size(),
                      d->mismatches.size(), d->cycles.size(), path);
   if (opts_.on_hang) opts_.on_hang(path);
+}
+
+void Coordinator::Impl::WriteFlightRecorder() {
+  std::vector<FrDump> dumps;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dumps = FrDumpsFromDetector(hang_, opts_.world_size, opts_.real_ranks);
+  }
+  if (dumps.empty()) return;
+  std::string dir = (std::filesystem::path(opts_.out_dir) / kFrDirName).string(), error;
+  if (!WriteFrDumps(dumps, dir, &error)) Log("coord")->error("Flight Recorder dumps: {}", error);
 }
 
 Coordinator::Coordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

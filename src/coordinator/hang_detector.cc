@@ -73,6 +73,13 @@ std::string RankListText(std::vector<int> v) {
   return fmt::format("{}", fmt::join(parts, ","));
 }
 
+std::string RankListShort(const std::vector<int>& ranks, size_t max_chars) {
+  std::string full = RankListText(ranks);
+  if (full.size() <= max_chars) return full;
+  size_t cut = full.rfind(',', max_chars);
+  return full.substr(0, cut == std::string::npos ? max_chars : cut) + ",...";
+}
+
 void AddPositions(const HangDetector& d, json* status) {
   json comms = json::array();
   for (const auto& [id, c] : d.comms()) {
@@ -107,8 +114,9 @@ void AddPositions(const HangDetector& d, json* status) {
 }
 
 std::string HangOpName(uint32_t op) {
-  static const char* kColl[] = {"invalid", "all_reduce", "all_gather", "reduce_scatter",
-                                "broadcast", "reduce", "all_to_all", "barrier"};
+  // 0-7: prism::trace::CollOp; 8, 9: gather and scatter (only from Flight Recorder dumps).
+  static const char* kColl[] = {"grouped", "all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                "reduce",  "all_to_all", "barrier",    "gather",         "scatter"};
   if (op < std::size(kColl)) return kColl[op];
   if (op == kSend) return "send";
   if (op == kRecv) return "recv";
@@ -145,8 +153,18 @@ void HangDetector::Hold(uint32_t comm_id, uint64_t seq, std::string what) { held
 
 void HangDetector::AddComm(uint32_t comm_id, std::string name, std::vector<int> members, std::vector<bool> real,
                            std::string pg_name, std::string pg_desc) {
-  real.resize(members.size(), true);
-  comms_[comm_id] = Comm{std::move(name), std::move(pg_name), std::move(pg_desc), std::move(members), std::move(real)};
+  HangComm c;
+  c.name = std::move(name);
+  c.pg_name = std::move(pg_name);
+  c.pg_desc = std::move(pg_desc);
+  c.members = std::move(members);
+  c.real = std::move(real);
+  AddComm(comm_id, std::move(c));
+}
+
+void HangDetector::AddComm(uint32_t comm_id, HangComm comm) {
+  comm.real.resize(comm.members.size(), true);
+  comms_[comm_id] = std::move(comm);
 }
 
 HangLogEntry& HangDetector::LogEntry(Rank& r, const HangOp& op, uint64_t created_ns) {
@@ -157,6 +175,17 @@ HangLogEntry& HangDetector::LogEntry(Rank& r, const HangOp& op, uint64_t created
   if (r.log.size() >= kLogSize) r.log.pop_front();
   HangLogEntry e;
   e.id = r.next_log_id++;
+  auto c = comms_.find(op.comm_id);
+  std::string pg = c != comms_.end() && !c->second.pg_name.empty() ? c->second.pg_name
+                                                                    : fmt::format("prism_comm_{}", op.comm_id);
+  auto& counts = r.pg_counts[pg];
+  if (IsP2p(op.op)) {
+    e.pg_p2p_seq = ++counts.second;
+    e.pg_coll_seq = counts.first;
+  } else {
+    e.pg_coll_seq = ++counts.first;
+    e.pg_p2p_seq = counts.second;
+  }
   e.op = op;
   e.created_ns = created_ns;
   r.log.push_back(e);
@@ -200,11 +229,13 @@ std::string HangDetector::CommName(uint32_t comm_id) const {
   return fmt::format("comm {} ({})", comm_id, it->second.name);
 }
 
-void HangDetector::Note(int rank, const HangOp& op, uint64_t now_ns) {
+void HangDetector::Note(int rank, const HangOp& op, uint64_t now_ns, bool progress) {
   Rank& r = ranks_[rank];
-  r.last_progress_ns = now_ns;
-  last_progress_ns_ = std::max(last_progress_ns_, now_ns);
-  reported_ = false;
+  if (progress) {
+    r.last_progress_ns = now_ns;
+    last_progress_ns_ = std::max(last_progress_ns_, now_ns);
+    reported_ = false;
+  }
   auto it = r.reached.try_emplace(op.comm_id, -1).first;
   it->second = std::max(it->second, static_cast<int64_t>(op.seq));
   HangOp& h = history_[{op.comm_id, op.seq}][rank];
@@ -226,18 +257,21 @@ void HangDetector::Arrive(int rank, const ipc::OpArrive& a, uint64_t now_ns) {
   o.seq = a.seq;
   o.op = a.op;
   o.bytes = a.bytes;
-  o.since_ns = now_ns;
   int32_t peer = a.peer;
   auto c = comms_.find(o.comm_id);
   if (peer >= 0 && c != comms_.end() && peer < static_cast<int32_t>(c->second.members.size())) {
     o.peer = c->second.members[static_cast<size_t>(peer)];
   }
+  ArriveOp(rank, o, a.arrival_ns, now_ns);
+}
+
+void HangDetector::ArriveOp(int rank, HangOp o, uint64_t created_ns, uint64_t now_ns) {
+  o.since_ns = now_ns;
   Note(rank, o, now_ns);
   Rank& r = ranks_[rank];
   r.pending = o;
   r.at[o.comm_id].pending = o;
-  uint64_t created = a.arrival_ns;
-  LogEntry(r, o, created != 0 ? created : now_ns);
+  LogEntry(r, o, created_ns != 0 ? created_ns : now_ns);
 }
 
 void HangDetector::Release(int rank, uint32_t comm_id, uint64_t seq, uint64_t now_ns) {
@@ -262,25 +296,35 @@ void HangDetector::Record(int rank, const ipc::OpRecord& rec, uint64_t now_ns) {
   o.op = rec.op;
   o.bytes = rec.bytes;
   o.dtype = rec.dtype;
+  RecordOp(rank, o, rec.arrival_ns, rec.release_ns, now_ns);
+}
+
+void HangDetector::RecordOp(int rank, HangOp o, uint64_t arrival, uint64_t release, uint64_t now_ns) {
   Note(rank, o, now_ns);
   // A record is written when the operation completed: it no longer waits there.
   Rank& r = ranks_[rank];
   if (r.pending && r.pending->comm_id == o.comm_id && r.pending->seq <= o.seq) r.pending.reset();
   HangPosition& at = r.at[o.comm_id];
   if (at.pending && at.pending->seq <= o.seq) {
-    if (at.pending->peer >= 0) o.peer = at.pending->peer;  // a record carries no peer; the arrival did
+    if (at.pending->peer >= 0 && o.peer < 0) o.peer = at.pending->peer;  // a record carries no peer; the arrival did
     at.pending.reset();
   }
   HangOp done = o;
   done.since_ns = now_ns;
   if (!at.done || at.done->seq <= o.seq) at.done = done;
-  uint64_t arrival = rec.arrival_ns, release = rec.release_ns;
   HangLogEntry& e = LogEntry(r, o, arrival != 0 ? arrival : now_ns);
   if (e.op.peer >= 0 && o.peer < 0) o.peer = e.op.peer;
   e.op = o;
   e.op.since_ns = e.created_ns;
   e.completed_ns = release != 0 ? std::max(release, e.created_ns) : now_ns;
   if (release > arrival && arrival != 0) e.duration_ns = release - arrival;
+}
+
+void HangDetector::Issue(int rank, const HangOp& op, uint64_t now_ns) {
+  HangOp o = op;
+  o.since_ns = now_ns;
+  // Why no progress: issuing behind a stuck operation is not progress.
+  Note(rank, o, now_ns, /*progress=*/false);
 }
 
 void HangDetector::Progress(int rank, uint64_t now_ns) {
@@ -443,12 +487,19 @@ HangDiagnosis HangDetector::Diagnose(uint64_t now_ns) const {
                                      p->seq, Describe(*p));
       if (bl.empty()) {
         auto h = held_.find({p->comm_id, p->seq});
-        w.chain.push_back(line + (h != held_.end()
-                                      ? fmt::format(": every real member arrived but they disagree ({}); held there, "
-                                                    "as NCCL would hang or corrupt",
-                                                    h->second)
-                                      : std::string(" for no real rank (all real members arrived; waiting for the "
-                                                    "release)")));
+        auto mm = std::find_if(d.mismatches.begin(), d.mismatches.end(), [&](const HangMismatch& m) {
+          return m.comm_id == p->comm_id && m.seq == p->seq;
+        });
+        if (h != held_.end()) {
+          line += fmt::format(": every real member arrived but they disagree ({}); held there, as NCCL would hang or "
+                              "corrupt",
+                              h->second);
+        } else if (mm != d.mismatches.end()) {
+          line += fmt::format(": every member arrived but they disagree ({})", mm->what);
+        } else {
+          line += " for no real rank (all real members arrived; waiting for the release)";
+        }
+        w.chain.push_back(line);
         w.held_up_by = at;
         break;
       }
@@ -462,7 +513,7 @@ HangDiagnosis HangDetector::Diagnose(uint64_t now_ns) const {
         }
       }
       line += bl.size() == 1 ? fmt::format(" for rank {}", nxt)
-                             : fmt::format(" for ranks {} (following {})", fmt::join(bl, ","), nxt);
+                             : fmt::format(" for ranks {} (following {})", RankListShort(bl), nxt);
       w.chain.push_back(line);
       if (std::find(visited.begin(), visited.end(), nxt) != visited.end()) {
         w.chain.push_back(fmt::format("rank {} again: a wait-for cycle", nxt));
@@ -522,38 +573,135 @@ std::string HangDiagnosis::ToJson() const {
   json hs = json::array();
   for (const auto& [key, what] : held) hs.push_back({{"comm", key.first}, {"seq", key.second}, {"differs", what}});
   j["held"] = std::move(hs);
+  json rep = json::array();
+  for (const auto& [r, reason] : ReproduceRanks(*this)) rep.push_back({{"rank", r}, {"why", reason}});
+  j["reproduce_with"] = std::move(rep);
   j["text"] = ToText();
   return j.dump(2) + "\n";
 }
 
-std::string HangDiagnosis::ToText() const {
-  std::string s = fmt::format("prism: hang: no real rank made progress for {:.0f} s (--hang-timeout {:.0f}); {} "
-                              "rank(s) waiting\n",
-                              stalled_s, timeout_s, waits.size());
+std::string HangDiagnosis::ToText(size_t max_chains) const {
+  std::string s = !header.empty() ? header + "\n"
+                                  : fmt::format("prism: hang: no real rank made progress for {:.0f} s (--hang-timeout "
+                                                "{:.0f}); {} rank(s) waiting\n",
+                                                stalled_s, timeout_s, waits.size());
   auto comm = [](uint32_t id, const std::string& name) {
     return name.empty() ? fmt::format("comm {}", id) : fmt::format("comm {} ({})", id, name);
   };
   for (const HangMismatch& m : mismatches) {
     s += fmt::format("  {} mismatch at {} seq {}:", m.what, comm(m.comm_id, m.comm_name), m.seq);
-    for (const auto& [r, o] : m.ops) s += fmt::format(" rank {} {};", r, Describe(o));
+    // (ranks that issued the same operation are one item)
+    // Ranks that issued the same operation are listed together.
+    std::map<std::string, std::vector<int>> by_op;
+    for (const auto& [r, o] : m.ops) by_op[Describe(o)].push_back(r);
+    std::vector<std::pair<std::string, std::vector<int>>> groups(by_op.begin(), by_op.end());
+    std::sort(groups.begin(), groups.end(),
+              [](const auto& a, const auto& b) { return a.second.front() < b.second.front(); });
+    for (const auto& [what, ranks] : groups) {
+      s += ranks.size() == 1 ? fmt::format(" rank {} {};", ranks[0], what)
+                             : fmt::format(" {} ranks {} {};", ranks.size(), RankListShort(ranks), what);
+    }
     s.back() = '\n';
   }
   for (const HangMissing& m : missing) {
-    s += fmt::format("  {} seq {}: ranks {} wait; never arrived:", comm(m.comm_id, m.comm_name), m.seq,
-                     fmt::join(m.arrived, ","));
-    for (const auto& [r, reached] : m.missing) {
-      s += reached >= 0 ? fmt::format(" rank {} (at seq {})", r, reached) : fmt::format(" rank {} (no op there)", r);
+    s += fmt::format("  {} seq {}: {} wait; never arrived:", comm(m.comm_id, m.comm_name), m.seq,
+                     m.arrived.size() == 1 ? fmt::format("rank {}", m.arrived[0])
+                                           : fmt::format("{} ranks {}", m.arrived.size(), RankListShort(m.arrived)));
+    // Members are listed together when they reached the same sequence.
+    std::map<int64_t, std::vector<int>> by_reached;
+    for (const auto& [r, reached] : m.missing) by_reached[reached].push_back(r);
+    for (const auto& [reached, ranks] : by_reached) {
+      std::string where = reached >= 0 ? fmt::format("at seq {}", reached) : std::string("no op there");
+      s += ranks.size() == 1 ? fmt::format(" rank {} ({});", ranks[0], where)
+                             : fmt::format(" {} ranks {} ({});", ranks.size(), RankListShort(ranks), where);
     }
-    s += "\n";
+    s.back() = '\n';
   }
   for (const auto& c : cycles) {
     s += fmt::format("  wait-for cycle: {} -> {}\n", fmt::join(c, " -> "), c.front());
   }
+  // Chains: waiting ranks whose chains differ only in the first rank are one item (a large job has many).
+  struct Item {
+    std::vector<int> ranks;
+    const HangWait* first = nullptr;
+  };
+  std::vector<Item> items;
+  std::map<std::string, size_t> by_key;
   for (const HangWait& w : waits) {
-    s += fmt::format("  rank {}:\n", w.rank);
-    for (const std::string& line : w.chain) s += "    " + line + "\n";
+    std::string key = fmt::format("{}|{}|{}|{}|{}|", w.op.comm_id, w.op.seq, w.op.op, w.op.bytes,
+                                  fmt::join(w.blocked_by, ","));
+    for (size_t i = 1; i < w.chain.size(); ++i) key += w.chain[i] + "\n";
+    auto [it, fresh] = by_key.emplace(key, items.size());
+    if (fresh) items.push_back(Item{{}, &w});
+    items[it->second].ranks.push_back(w.rank);
+  }
+  size_t shown = 0;
+  for (const Item& item : items) {
+    if (shown++ == max_chains) {
+      s += fmt::format("  ... and {} more (hang.json has every waiting rank)\n", items.size() - max_chains);
+      break;
+    }
+    const HangWait& w = *item.first;
+    if (item.ranks.size() == 1) {
+      s += fmt::format("  rank {}:\n", w.rank);
+      for (const std::string& line : w.chain) s += "    " + line + "\n";
+      continue;
+    }
+    // The first line said of rank w.rank; said of each rank here, without its own wait time.
+    std::string first = w.chain.empty() ? std::string() : w.chain[0];
+    size_t at = first.find(" at ");
+    first = at == std::string::npos ? first : "each waits" + first.substr(at);
+    s += fmt::format("  {} ranks {}:\n    {}\n", item.ranks.size(), RankListShort(item.ranks), first);
+    for (size_t i = 1; i < w.chain.size(); ++i) s += "    " + w.chain[i] + "\n";
   }
   return s;
+}
+
+std::vector<std::pair<int, std::string>> ReproduceRanks(const HangDiagnosis& d) {
+  std::map<int, std::string> why;
+  auto add = [&](int r, const std::string& reason) {
+    if (r >= 0 && !why.count(r)) why[r] = reason;
+  };
+  auto comm = [](uint32_t id, const std::string& name) {
+    return name.empty() ? fmt::format("comm {}", id) : fmt::format("comm {} ({})", id, name);
+  };
+  for (const HangMismatch& m : d.mismatches) {
+    std::map<std::string, std::vector<int>> by_op;
+    for (const auto& [r, o] : m.ops) by_op[Describe(o)].push_back(r);
+    for (const auto& [what, ranks] : by_op) {
+      int r = *std::min_element(ranks.begin(), ranks.end());
+      add(r, fmt::format("issued {} at {} seq {}{}", what, comm(m.comm_id, m.comm_name), m.seq,
+                         ranks.size() > 1 ? fmt::format(" (as {} ranks did)", ranks.size())
+                         : by_op.size() > 1 ? std::string(" (the only rank that did)")
+                                            : std::string()));
+    }
+  }
+  std::set<int> waiting;
+  for (const HangWait& w : d.waits) waiting.insert(w.rank);
+  for (const HangMissing& m : d.missing) {
+    // Why only members that do not wait themselves: one stuck elsewhere is downstream; its own chain leads on.
+    bool added = false;
+    for (const auto& [r, reached] : m.missing) {
+      if (waiting.count(r)) continue;
+      add(r, fmt::format("never arrived at {} seq {}", comm(m.comm_id, m.comm_name), m.seq));
+      added = true;
+    }
+    if (added && !m.arrived.empty()) {
+      add(*std::min_element(m.arrived.begin(), m.arrived.end()),
+          fmt::format("waits at {} seq {} (as {} rank{} do)", comm(m.comm_id, m.comm_name), m.seq, m.arrived.size(),
+                      m.arrived.size() == 1 ? "" : "s"));
+    }
+  }
+  for (const auto& c : d.cycles) {
+    for (int r : c) add(r, fmt::format("in the wait-for cycle {} -> {}", fmt::join(c, " -> "), c.front()));
+  }
+  for (const HangWait& w : d.waits) {
+    if (w.held_up_by >= 0 && w.held_up_by != w.rank && !why.count(w.held_up_by)) {
+      add(w.held_up_by, fmt::format("holds up rank {} (end of its wait-for chain)", w.rank));
+      add(w.rank, fmt::format("waits for rank {}", w.held_up_by));
+    }
+  }
+  return {why.begin(), why.end()};
 }
 
 }  // namespace prism::coord

@@ -42,6 +42,9 @@ struct HangPosition {
 // One operation in a real rank's log (the last kLogSize per rank), oldest first: what a Flight Recorder entry holds.
 struct HangLogEntry {
   uint64_t id = 0;            // per rank, from 0
+  // Counters per (rank, torch process group) as Flight Recorder numbers them: collectives (1-based, the value of
+  // this entry when it is a collective), p2p operations (likewise), every operation of the rank.
+  uint64_t pg_coll_seq = 0, pg_p2p_seq = 0;
   HangOp op;
   uint64_t created_ns = 0;    // arrival (the GPU reached it), coordinator's or shim's clock (Unix epoch ns)
   uint64_t completed_ns = 0;  // release; 0 while not completed
@@ -54,6 +57,7 @@ struct HangComm {
   std::string pg_desc;       // torch group description ("default_pg", Megatron's group name), "" unknown
   std::vector<int> members;  // global ranks, communicator-rank order
   std::vector<bool> real;
+  std::vector<int> pg_members;  // the process group's members (a p2p communicator's group is larger); empty unknown
 };
 
 struct HangMismatch {
@@ -88,6 +92,7 @@ struct HangWait {
 std::string Disagreement(const std::vector<std::pair<int, HangOp>>& ops, bool pair);
 
 struct HangDiagnosis {
+  std::string header;     // first line of ToText; empty: "no real rank made progress for ..."
   uint64_t t_ns = 0;
   double stalled_s = 0;   // since the last progress of any real rank
   double timeout_s = 0;
@@ -99,8 +104,14 @@ struct HangDiagnosis {
   std::vector<std::pair<std::pair<uint32_t, uint64_t>, std::string>> held;
 
   std::string ToJson() const;  // what <out>/hang.json holds
-  std::string ToText() const;  // what is printed
+  // What is printed; at most `max_chains` waiting ranks' chains (the rest are counted).
+  std::string ToText(size_t max_chains = 64) const;
 };
+
+// The ranks to run for real to reproduce a diagnosis under prism, each with why: of every disagreement one rank per
+// distinct operation (the smallest), the members that never arrived plus one that waits for them, every rank of a
+// wait-for cycle, and the rank each chain ends at plus one rank it holds up. Sorted, without repeats.
+std::vector<std::pair<int, std::string>> ReproduceRanks(const HangDiagnosis& d);
 
 class HangDetector {
  public:
@@ -115,11 +126,17 @@ class HangDetector {
   // torch process group it belongs to when known.
   void AddComm(uint32_t comm_id, std::string name, std::vector<int> members, std::vector<bool> real,
                std::string pg_name = {}, std::string pg_desc = {});
+  void AddComm(uint32_t comm_id, HangComm comm);
   // The real members of (comm, seq) all arrived but disagree (`what`); the coordinator holds the operation.
   void Hold(uint32_t comm_id, uint64_t seq, std::string what);
   void Arrive(int rank, const ipc::OpArrive& a, uint64_t now_ns);
   void Release(int rank, uint32_t comm_id, uint64_t seq, uint64_t now_ns);
   void Record(int rank, const ipc::OpRecord& r, uint64_t now_ns);
+  // The same from a HangOp (peer as a global rank, dtype when known): Flight Recorder input, tests.
+  void ArriveOp(int rank, HangOp op, uint64_t created_ns, uint64_t now_ns);
+  void RecordOp(int rank, HangOp op, uint64_t arrival_ns, uint64_t release_ns, uint64_t now_ns);
+  // An operation the rank issued behind the one it waits at (Flight Recorder input): known, not waited at.
+  void Issue(int rank, const HangOp& op, uint64_t now_ns);
   void Progress(int rank, uint64_t now_ns);  // an iteration mark
   void SetState(int rank, const std::string& state);  // "lost", "bye": named in the chain
 
@@ -149,11 +166,12 @@ class HangDetector {
     std::map<uint32_t, HangPosition> at;  // comm -> position
     std::deque<HangLogEntry> log;
     uint64_t next_log_id = 0;
+    std::map<std::string, std::pair<uint64_t, uint64_t>> pg_counts;  // process group -> (collectives, p2p)
     std::string state;
   };
   HangLogEntry& LogEntry(Rank& r, const HangOp& op, uint64_t created_ns);
 
-  void Note(int rank, const HangOp& op, uint64_t now_ns);
+  void Note(int rank, const HangOp& op, uint64_t now_ns, bool progress = true);
   std::vector<int> Blockers(int rank, const HangOp& op) const;
 
   double timeout_s_;
@@ -169,6 +187,8 @@ class HangDetector {
 std::string HangOpName(uint32_t op);
 // Ranks for people: sorted, runs "0-7", strided runs "5,21..1013 (step 16)", others "3,9".
 std::string RankListText(std::vector<int> ranks);
+// The same, or "960 ranks: 0-4,6-20,..." when longer than max_chars.
+std::string RankListShort(const std::vector<int>& ranks, size_t max_chars = 96);
 // status.json's view of the detector: "communicators" [{comm, name, pg_name, pg_desc, size, members, real}] and
 // "positions" [{rank, state, last_progress_ns, comms [{comm, done {seq, op, bytes, dtype, t_ns}, pending {seq, op,
 // bytes, dtype, peer, since_ns}}]}] (docs/hang.md).

@@ -130,6 +130,14 @@ TEST_F(HangE2E, SkippedCollectiveIsAMismatchAndStopsTheJob) {
   EXPECT_NE(st.find("WAITING at seq 4 all_reduce 1 MiB"), std::string::npos) << st;
   EXPECT_NE(st.find("WAITING at seq 4 all_gather 4 KiB"), std::string::npos) << st;
   EXPECT_NE(st.find("1-4,6,7 (6 ranks):"), std::string::npos) << st;
+
+  // Flight Recorder dumps of both real ranks, and prism's own reading of them.
+  EXPECT_TRUE(fs::exists(out / "flight_recorder" / "nccl_trace_rank_0"));
+  EXPECT_TRUE(fs::exists(out / "flight_recorder" / "nccl_trace_rank_5"));
+  ASSERT_EQ(RunPrism("", "status --flight-recorder " + (out / "flight_recorder").string(), &st), 0) << st;
+  EXPECT_NE(st.find("op, size mismatch at comm 1 (default_pg) seq 5: rank 0 all_reduce 1 MiB"), std::string::npos)
+      << st;  // FR numbers collectives from 1
+  EXPECT_NE(st.find("--ranks 0,5"), std::string::npos) << st;
   fs::remove_all(out);
 }
 

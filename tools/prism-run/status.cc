@@ -1,6 +1,6 @@
 // prism-run status [DIR | HOST:PORT] [--json]: where every logical rank of an emulation is (coordinator/status_view.h),
 // from a run's output directory (running or finished) or live from a coordinator's store on any host.
-// prism-run status --flight-recorder DIR: the same diagnosis from PyTorch Flight Recorder dumps.
+// prism-run status --flight-recorder DIR: the same diagnosis from PyTorch Flight Recorder dumps (flight_recorder.h).
 #include <signal.h>
 #include <unistd.h>
 
@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/coordinator.h"
+#include "coordinator/flight_recorder.h"
 #include "coordinator/status_view.h"
 #include "coordinator/store_client.h"
 #include "subcommands.h"
@@ -31,6 +32,7 @@ struct StatusCli {
   std::string dir;
   bool as_json = false;
   size_t max_groups = 24;
+  std::string flight_recorder;
 };
 
 bool ReadJson(const fs::path& p, json* out, std::string* error) {
@@ -136,7 +138,27 @@ int RunRemote(const std::string& host, int port, const StatusCli& o) {
   return Print(docs, o);
 }
 
+// Production (or prism's own) Flight Recorder dumps: prism's diagnosis and the ranks to run for real.
+int RunFlightRecorder(const StatusCli& o) {
+  coord::FrReadResult r = coord::ReadFrDir(o.flight_recorder);
+  for (const std::string& p : r.problems) std::fprintf(stderr, "prism-run status: %s\n", p.c_str());
+  if (r.dumps.empty()) {
+    std::fprintf(stderr, "prism-run status: --flight-recorder %s: no Flight Recorder dump found (files named "
+                         "<prefix><rank>, e.g. nccl_trace_rank_0)\n",
+                 o.flight_recorder.c_str());
+    return kExitBadInput;
+  }
+  coord::FrAnalysis a = coord::AnalyzeFr(r.dumps);
+  if (o.as_json) {
+    std::printf("%s", a.Json().c_str());
+  } else {
+    std::printf("flight recorder dumps in %s: %s", o.flight_recorder.c_str(), a.Text().c_str());
+  }
+  return kExitOk;
+}
+
 int RunStatus(const StatusCli& o) {
+  if (!o.flight_recorder.empty()) return RunFlightRecorder(o);
   std::string host;
   if (int port = HostPort(o.dir, &host)) return RunRemote(host, port, o);
   std::optional<fs::path> run;
@@ -190,6 +212,9 @@ void AddStatus(CLI::App& app, int* rc) {
                   "coordinator's store");
   sub->add_flag("--json", o->as_json, "print coordinator.json, status.json and hang.json as one JSON document");
   sub->add_option("--groups", o->max_groups, "virtual-rank groups shown")->capture_default_str();
+  sub->add_option("--flight-recorder", o->flight_recorder,
+                  "read PyTorch Flight Recorder dumps from DIR (<prefix><rank> files) instead: the hang diagnosis and "
+                  "the ranks to run for real to reproduce it");
   sub->callback([o, rc] { *rc = RunStatus(*o); });
 }
 

@@ -1,0 +1,362 @@
+// Flight Recorder dumps (coordinator/flight_recorder.h): a dump survives pickling; prism's dumps from the
+// coordinator's operation log have torch's fields; production-like dumps (built here, and written by CPython's pickle
+// from the format's description when python3 is present) give the diagnosis and the ranks to run for real: a rank
+// that skipped a collective, a missing dump, a p2p send/send deadlock; and `prism-run status --flight-recorder`.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "coordinator/flight_recorder.h"
+
+namespace prism::coord {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+constexpr uint64_t kSec = 1'000'000'000ull;
+
+fs::path FreshDir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("prism-fr-" + name + "-" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+FrEntry Coll(int64_t id, const std::string& pg, const std::string& desc, int64_t seq, const std::string& name,
+             int64_t in, int64_t out, const std::string& dtype, bool done, int64_t t) {
+  FrEntry e;
+  e.record_id = id;
+  e.op_id = id + 1;
+  e.pg_name = pg;
+  e.pg_desc = desc;
+  e.collective_seq_id = seq;
+  e.profiling_name = name;
+  e.time_created_ns = t;
+  e.input_sizes = {{in}};
+  e.output_sizes = {{out}};
+  e.input_dtypes = {dtype};
+  e.output_dtypes = {dtype};
+  e.state = done ? "completed" : "started";
+  e.time_started_ns = t;
+  if (done) {
+    e.time_completed_ns = t + 1000;
+    e.retired = true;
+    e.duration_ms = 0.001;
+  }
+  return e;
+}
+
+// World 8, one group: every rank does three all_reduces; at the fourth, rank 5 has skipped it and issues the
+// all_gather that comes next in its program.
+std::vector<FrDump> SkippedAllReduce() {
+  std::vector<FrDump> dumps;
+  for (int r = 0; r < 8; ++r) {
+    FrDump d;
+    d.rank = r;
+    d.pg_config["0"] = FrGroup{"0", "default_pg", {0, 1, 2, 3, 4, 5, 6, 7}};
+    for (int64_t s = 1; s <= 3; ++s) {
+      d.entries.push_back(Coll(s - 1, "0", "default_pg", s, "nccl:all_reduce", 1 << 19, 1 << 19, "BFloat16", true,
+                               static_cast<int64_t>(s * kSec)));
+    }
+    if (r == 5) {
+      d.entries.push_back(Coll(3, "0", "default_pg", 4, "nccl:_all_gather_base", 256, 2048, "BFloat16", false,
+                               static_cast<int64_t>(4 * kSec)));
+    } else {
+      d.entries.push_back(Coll(3, "0", "default_pg", 4, "nccl:all_reduce", 1 << 19, 1 << 19, "BFloat16", false,
+                               static_cast<int64_t>(4 * kSec)));
+    }
+    dumps.push_back(std::move(d));
+  }
+  return dumps;
+}
+
+TEST(FlightRecorder, DumpSurvivesPickling) {
+  FrDump d = SkippedAllReduce()[5];
+  d.pg_status["0"] = {4, 4, 3};
+  d.from_prism = true;
+  d.world_size = 8;
+  d.real_ranks = {0, 5};
+  std::string bytes = pickle::Dumps(*FrDumpToPickle(d));
+  std::string err;
+  pickle::ValuePtr v = pickle::Loads(bytes, &err);
+  ASSERT_TRUE(v) << err;
+  auto back = FrDumpFromPickle(*v, &err);
+  ASSERT_TRUE(back) << err;
+  EXPECT_EQ(back->version, "2.10");
+  EXPECT_EQ(back->pg_config.at("0").ranks, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(back->pg_config.at("0").desc, "default_pg");
+  EXPECT_EQ(back->pg_status.at("0")[2], 3);
+  ASSERT_EQ(back->entries.size(), 4u);
+  const FrEntry& e = back->entries[3];
+  EXPECT_EQ(e.profiling_name, "nccl:_all_gather_base");
+  EXPECT_EQ(e.collective_seq_id, 4);
+  EXPECT_EQ(e.pg_name, "0");
+  EXPECT_EQ(e.input_sizes, (std::vector<std::vector<int64_t>>{{256}}));
+  EXPECT_EQ(e.output_sizes, (std::vector<std::vector<int64_t>>{{2048}}));
+  EXPECT_EQ(e.input_dtypes, std::vector<std::string>{"BFloat16"});
+  EXPECT_EQ(e.state, "started");
+  EXPECT_FALSE(e.time_completed_ns.has_value());
+  EXPECT_TRUE(back->entries[0].time_completed_ns.has_value());
+  EXPECT_TRUE(back->entries[0].retired);
+  EXPECT_TRUE(back->from_prism);
+  EXPECT_EQ(back->real_ranks, (std::vector<int>{0, 5}));
+  // The pg_config ranks are written as torch writes them: a string.
+  EXPECT_NE(v->Repr().find("'ranks': '[0, 1, 2, 3, 4, 5, 6, 7]'"), std::string::npos) << v->Repr();
+  EXPECT_NE(v->Repr().find("'process_group': ('0', 'default_pg')"), std::string::npos);
+}
+
+TEST(FlightRecorder, PrismDumpsFromTheCoordinatorsLog) {
+  HangDetector det(60);
+  HangComm dp;
+  dp.name = "DATA_PARALLEL_GROUP";
+  dp.pg_name = "3";
+  dp.pg_desc = "DATA_PARALLEL_GROUP";
+  dp.members = {1, 3, 5, 7};
+  dp.real = {true, false, true, false};
+  dp.pg_members = dp.members;
+  det.AddComm(1, dp);
+  HangComm p2p;
+  p2p.pg_name = "0";
+  p2p.pg_desc = "default_pg";
+  p2p.members = {1, 5};
+  p2p.real = {true, true};
+  det.AddComm(2, p2p);
+  HangOp ar;
+  ar.comm_id = 1;
+  ar.op = 2;  // all_gather, 4 KiB total of f32
+  ar.bytes = 4096;
+  ar.dtype = 1;
+  det.RecordOp(1, ar, 10 * kSec, 10 * kSec + 5000, 11 * kSec);
+  ar.seq = 1;
+  ar.op = 1;
+  ar.bytes = 1 << 20;
+  ar.dtype = -1;  // arrivals carry no dtype
+  det.ArriveOp(1, ar, 12 * kSec, 12 * kSec);
+  HangOp send;
+  send.comm_id = 2;
+  send.op = 103;
+  send.bytes = 64;
+  send.peer = -1;  // records carry no peer
+  send.dtype = 1;
+  det.RecordOp(5, send, 13 * kSec, 13 * kSec + 10, 13 * kSec);  // peer learnt from the 2-rank communicator anyway
+
+  std::vector<FrDump> dumps = FrDumpsFromDetector(det, 8, {1, 5});
+  ASSERT_EQ(dumps.size(), 2u);
+  const FrDump& d1 = dumps[0];
+  EXPECT_EQ(d1.rank, 1);
+  ASSERT_EQ(d1.entries.size(), 2u);
+  EXPECT_EQ(d1.entries[0].profiling_name, "nccl:_all_gather_base");
+  EXPECT_EQ(d1.entries[0].input_sizes, (std::vector<std::vector<int64_t>>{{256}}));   // 4096 B / 4 / 4 members
+  EXPECT_EQ(d1.entries[0].output_sizes, (std::vector<std::vector<int64_t>>{{1024}}));
+  EXPECT_EQ(d1.entries[0].input_dtypes, std::vector<std::string>{"Float"});
+  EXPECT_EQ(d1.entries[0].state, "completed");
+  EXPECT_EQ(d1.entries[0].collective_seq_id, 1);
+  EXPECT_EQ(d1.entries[0].pg_id, 3);
+  ASSERT_TRUE(d1.entries[0].duration_ms.has_value());
+  EXPECT_NEAR(*d1.entries[0].duration_ms, 0.005, 1e-9);
+  EXPECT_EQ(d1.entries[1].profiling_name, "nccl:all_reduce");
+  EXPECT_EQ(d1.entries[1].state, "started");
+  EXPECT_EQ(d1.entries[1].collective_seq_id, 2);
+  EXPECT_EQ(d1.entries[1].input_dtypes, std::vector<std::string>{"Byte"});  // unknown at arrival: bytes
+  EXPECT_EQ(d1.entries[1].input_sizes, (std::vector<std::vector<int64_t>>{{1 << 20}}));
+  EXPECT_EQ(d1.pg_status.at("3")[0], 2);
+  EXPECT_EQ(d1.pg_status.at("3")[2], 1);
+  EXPECT_EQ(d1.pg_config.at("3").ranks, (std::vector<int>{1, 3, 5, 7}));
+  const FrDump& d5 = dumps[1];
+  ASSERT_EQ(d5.entries.size(), 1u);
+  EXPECT_EQ(d5.entries[0].profiling_name, "nccl:send 5->1");  // group ranks of pg 0 (the world of 8)
+  EXPECT_TRUE(d5.entries[0].is_p2p);
+  EXPECT_EQ(d5.entries[0].p2p_seq_id, 1);
+  EXPECT_EQ(d5.pg_config.at("0").ranks.size(), 8u);
+
+  fs::path dir = FreshDir("write");
+  std::string err;
+  ASSERT_TRUE(WriteFrDumps(dumps, dir.string(), &err)) << err;
+  EXPECT_TRUE(fs::exists(dir / "nccl_trace_rank_1"));
+  EXPECT_TRUE(fs::exists(dir / "nccl_trace_rank_5"));
+  FrReadResult r = ReadFrDir(dir.string());
+  EXPECT_TRUE(r.problems.empty());
+  ASSERT_EQ(r.dumps.size(), 2u);
+  EXPECT_EQ(r.dumps[1].entries[0].profiling_name, "nccl:send 5->1");
+  fs::remove_all(dir);
+}
+
+TEST(FlightRecorder, SkippedCollectiveIsAMismatchAndNamesTheRanks) {
+  FrAnalysis a = AnalyzeFr(SkippedAllReduce());
+  ASSERT_EQ(a.diagnosis.mismatches.size(), 1u) << a.Text();
+  EXPECT_EQ(a.diagnosis.mismatches[0].seq, 4u);
+  EXPECT_EQ(a.diagnosis.mismatches[0].what, "op, size");
+  EXPECT_EQ(a.diagnosis.waits.size(), 8u);
+  ASSERT_EQ(a.reproduce.size(), 2u) << a.Text();
+  EXPECT_EQ(a.reproduce[0].first, 0);
+  EXPECT_NE(a.reproduce[0].second.find("all_reduce 1 MiB bf16"), std::string::npos) << a.reproduce[0].second;
+  EXPECT_NE(a.reproduce[0].second.find("as 7 ranks did"), std::string::npos) << a.reproduce[0].second;
+  EXPECT_EQ(a.reproduce[1].first, 5);
+  EXPECT_NE(a.reproduce[1].second.find("the only rank that did"), std::string::npos);
+  std::string text = a.Text();
+  EXPECT_NE(text.find("ranks 0-4,6,7 all_reduce 1 MiB bf16; rank 5 all_gather 4 KiB bf16"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("--ranks 0,5"), std::string::npos) << text;
+  EXPECT_TRUE(a.missing_dumps.empty());
+}
+
+TEST(FlightRecorder, MissingDumpNeverArrived) {
+  std::vector<FrDump> dumps = SkippedAllReduce();
+  // Rank 5's program is right here: every rank is at the all_reduce, except rank 3 whose dump is missing.
+  dumps[5] = dumps[4];
+  dumps[5].rank = 5;
+  dumps.erase(dumps.begin() + 3);
+  FrAnalysis a = AnalyzeFr(dumps);
+  EXPECT_EQ(a.missing_dumps, std::vector<int>{3});
+  EXPECT_TRUE(a.diagnosis.mismatches.empty());
+  ASSERT_EQ(a.diagnosis.missing.size(), 1u) << a.Text();
+  ASSERT_EQ(a.diagnosis.missing[0].missing.size(), 1u);
+  EXPECT_EQ(a.diagnosis.missing[0].missing[0].first, 3);
+  std::string text = a.Text();
+  EXPECT_NE(text.find("no dump from 1 member(s) of those groups: 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 3 [no dump] has reported no operation"), std::string::npos) << text;
+  EXPECT_NE(text.find("--ranks 0,3"), std::string::npos) << text;
+}
+
+TEST(FlightRecorder, P2pSendSendIsACycle) {
+  std::vector<FrDump> dumps;
+  for (int r = 0; r < 2; ++r) {
+    FrDump d;
+    d.rank = r;
+    d.pg_config["0"] = FrGroup{"0", "default_pg", {0, 1}};
+    FrEntry e = Coll(0, "0", "default_pg", 0, r == 0 ? "nccl:send 0->1" : "nccl:send 1->0", 1024, 1024, "Float",
+                     false, static_cast<int64_t>(kSec));
+    e.is_p2p = true;
+    e.p2p_seq_id = 1;
+    d.entries.push_back(e);
+    dumps.push_back(std::move(d));
+  }
+  FrAnalysis a = AnalyzeFr(dumps);
+  ASSERT_EQ(a.diagnosis.cycles.size(), 1u) << a.Text();
+  EXPECT_EQ(a.diagnosis.cycles[0], (std::vector<int>{0, 1}));
+  EXPECT_NE(a.Text().find("--ranks 0,1"), std::string::npos) << a.Text();
+}
+
+TEST(FlightRecorder, AllCompletedIsNoHang) {
+  std::vector<FrDump> dumps = SkippedAllReduce();
+  for (FrDump& d : dumps) d.entries.pop_back();
+  FrAnalysis a = AnalyzeFr(dumps);
+  EXPECT_TRUE(a.diagnosis.waits.empty());
+  EXPECT_NE(a.Text().find("every entry completed"), std::string::npos);
+}
+
+// The issue's case 1 as production would dump it, written by CPython's pickle (default protocol) from the format's
+// description, not by our writer: world 1024, tp 16 (16 data-parallel groups of 64), rank 517 skips the all_reduce
+// of iteration 3 on its data-parallel group; the other groups finish the iteration and wait at a world all_reduce.
+// Then `prism-run status --flight-recorder` on it.
+TEST(FlightRecorder, ReadsDumpsCPythonWrites) {
+  if (std::system("python3 -c 'import pickle' >/dev/null 2>&1") != 0) GTEST_SKIP() << "python3 not found";
+  fs::path dir = FreshDir("cpython");
+  std::string script = R"PY(
+import os, pickle, sys
+out = sys.argv[1]
+W, TP = 1024, 16
+def entry(rid, pg, desc, seq, name, numel_in, numel_out, state, t):
+    return {'record_id': rid, 'pg_id': int(pg), 'process_group': (pg, desc), 'thread_id': '1',
+            'thread_name': 'pt_main_thread', 'collective_seq_id': seq, 'p2p_seq_id': 0, 'op_id': rid + 1,
+            'profiling_name': name, 'time_created_ns': t, 'input_sizes': [[numel_in]], 'input_dtypes': ['BFloat16'],
+            'output_sizes': [[numel_out]], 'output_dtypes': ['BFloat16'], 'state': state,
+            'time_discovered_started_ns': t if state != 'scheduled' else None,
+            'time_discovered_completed_ns': t + 5000 if state == 'completed' else None,
+            'retired': state == 'completed', 'timeout_ms': 600000, 'is_p2p': False, 'frames': [],
+            **({'duration_ms': 0.005} if state == 'completed' else {})}
+for r in range(W):
+    g = r % TP
+    dp = str(g + 1)
+    members = list(range(g, W, TP))
+    cfg = {'0': {'name': '0', 'desc': 'default_pg', 'ranks': str(list(range(W)))},
+           dp: {'name': dp, 'desc': 'DATA_PARALLEL_GROUP', 'ranks': str(members)}}
+    entries, rid, seq, t = [], 0, 0, 10**18
+    for it in range(4):
+        for name, nin, nout in (('nccl:all_reduce', 524288, 524288), ('nccl:_all_gather_base', 32, 2048)):
+            if r == 517 and it == 3 and name == 'nccl:all_reduce':
+                continue
+            seq += 1
+            stuck = g == 517 % TP and it == 3
+            entries.append(entry(rid, dp, 'DATA_PARALLEL_GROUP', seq, name, nin, nout,
+                                 'started' if stuck else 'completed', t))
+            rid += 1; t += 1000000
+            if stuck:
+                break
+    if g != 517 % TP:
+        entries.append(entry(rid, '0', 'default_pg', 1, 'nccl:all_reduce', 1, 1, 'started', t))
+    dump = {'version': '2.10', 'comm_lib_version': '2.28.9', 'pg_config': cfg,
+            'pg_status': {'0': {'last_enqueued_collective': 1, 'last_started_collective': 1,
+                                'last_completed_collective': 0}},
+            'entries': entries}
+    with open(os.path.join(out, 'nccl_trace_rank_%d' % r), 'wb') as f:
+        pickle.dump(dump, f)
+with open(os.path.join(out, 'README'), 'w') as f:
+    f.write('not a dump: no rank number at the end of the name\n')
+with open(os.path.join(out, 'nccl_trace_rank_9999'), 'wb') as f:
+    f.write(b'not a pickle')
+)PY";
+  std::ofstream(dir / "gen.py") << script;
+  fs::path dumps = dir / "dumps";
+  fs::create_directories(dumps);
+  ASSERT_EQ(std::system(("python3 " + (dir / "gen.py").string() + " " + dumps.string()).c_str()), 0);
+
+  FrReadResult r = ReadFrDir(dumps.string());
+  ASSERT_EQ(r.dumps.size(), 1024u);
+  ASSERT_EQ(r.problems.size(), 1u);
+  EXPECT_NE(r.problems[0].find("nccl_trace_rank_9999: not a pickle"), std::string::npos) << r.problems[0];
+  FrAnalysis a = AnalyzeFr(r.dumps);
+  EXPECT_EQ(a.world_size, 1024);
+  EXPECT_TRUE(a.missing_dumps.empty());
+  ASSERT_EQ(a.diagnosis.mismatches.size(), 1u) << a.Text();
+  const HangMismatch& m = a.diagnosis.mismatches[0];
+  EXPECT_EQ(m.comm_name, "DATA_PARALLEL_GROUP");
+  EXPECT_EQ(m.seq, 7u);
+  EXPECT_EQ(m.ops.size(), 64u);
+  std::vector<int> ranks;
+  for (const auto& [rank, why] : a.reproduce) ranks.push_back(rank);
+  EXPECT_EQ(ranks, (std::vector<int>{5, 517})) << a.Text();
+  std::string text = a.Text();
+  EXPECT_NE(text.find("rank 517 all_gather 4 KiB bf16"), std::string::npos) << text;
+  EXPECT_NE(text.find("to reproduce under prism, run these ranks for real: --ranks 5,517"), std::string::npos) << text;
+  // The world all_reduce: 960 ranks wait for the 64 of the stuck group, which are stuck at the mismatch.
+  ASSERT_EQ(a.diagnosis.missing.size(), 1u);
+  EXPECT_EQ(a.diagnosis.missing[0].arrived.size(), 960u);
+  EXPECT_EQ(a.diagnosis.missing[0].missing.size(), 64u);
+
+  const char* prism_run = std::getenv("PRISM_RUN");
+  if (prism_run && fs::exists(prism_run)) {
+    std::string cmd = std::string(prism_run) + " status --flight-recorder " + dumps.string() + " 2>&1";
+    FILE* f = popen(cmd.c_str(), "r");
+    std::string outp;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, f)) outp.append(buf, n);
+    int st = pclose(f);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << outp;
+    EXPECT_NE(outp.find("1024 dump(s): ranks 0-1023"), std::string::npos) << outp;
+    EXPECT_NE(outp.find("op, size mismatch at comm"), std::string::npos) << outp;
+    EXPECT_NE(outp.find("--ranks 5,517"), std::string::npos) << outp;
+    EXPECT_NE(outp.find("nccl_trace_rank_9999: not a pickle"), std::string::npos) << outp;
+    cmd = std::string(prism_run) + " status --flight-recorder " + dumps.string() + " --json 2>/dev/null";
+    f = popen(cmd.c_str(), "r");
+    outp.clear();
+    while (size_t n = fread(buf, 1, sizeof buf, f)) outp.append(buf, n);
+    pclose(f);
+    json j = json::parse(outp, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << outp.substr(0, 500);
+    EXPECT_EQ(j["ranks_flag"], "--ranks 5,517");
+    EXPECT_EQ(j["diagnosis"]["mismatches"][0]["seq"], 7);
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace prism::coord
