@@ -421,9 +421,12 @@ void Coordinator::Impl::WriteInfo(const char* state) {
   j["status"] = "status.json";
   if (std::string(state) != "running") j["stopped_ns"] = NowNs();
   info_written_ = true;
-  if (!WriteFileAtomic(ep_.info_path, j.dump(2) + "\n")) {
+  std::string text = j.dump(2) + "\n";
+  if (!WriteFileAtomic(ep_.info_path, text)) {
     Log("coord")->error("cannot write {}: {}", ep_.info_path, std::strerror(errno));
   }
+  // Why in the store too: a prism-run joining from another host learns the event bus port and the real ranks there.
+  store_.Call([&](store::StoreState& st) { st.Set(kInfoKey, text); });
 }
 
 void Coordinator::Impl::Stop() {
@@ -1130,6 +1133,12 @@ void Coordinator::Impl::WriteFlightRecorder() {
   if (dumps.empty()) return;
   std::string dir = (std::filesystem::path(opts_.out_dir) / kFrDirName).string(), error;
   if (!WriteFrDumps(dumps, dir, &error)) Log("coord")->error("Flight Recorder dumps: {}", error);
+  // For prism-runs on other hosts (they copy their ranks' dumps into their own output).
+  store_.Call([&](store::StoreState& st) {
+    for (const FrDump& d : dumps) {
+      st.Set(std::string(kFrKeyPrefix) + kFrPrefix + std::to_string(d.rank), pickle::Dumps(*FrDumpToPickle(d)));
+    }
+  });
 }
 
 Coordinator::Coordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -108,10 +108,14 @@ class Coordinator {
 };
 
 // Keys the coordinator SETs in its own store (raw, as on the wire), so a client anywhere can read them with a plain
-// TCPStore GET: the status document (status.json's content, refreshed with it) and the last hang diagnosis
-// (hang.json's content). No torch key starts with "__prism__/".
+// TCPStore GET: coordinator.json's content (how to reach its event bus, its real ranks), the status document
+// (status.json's content, refreshed with it) and the last hang diagnosis (hang.json's content). No torch key starts
+// with "__prism__/".
+inline constexpr const char* kInfoKey = "__prism__/coordinator.json";
 inline constexpr const char* kStatusKey = "__prism__/status.json";
 inline constexpr const char* kHangKey = "__prism__/hang.json";
+// Followed by nccl_trace_rank_<R>: each real rank's Flight Recorder dump (flight_recorder.h), at a hang and at stop.
+inline constexpr const char* kFrKeyPrefix = "__prism__/flight_recorder/";
 
 // "0", "0,517", "0-7", "0-3,8" -> sorted unique ranks; false with *error naming the bad part.
 bool ParseRankList(const std::string& text, int world_size, std::vector<int>* out, std::string* error);

@@ -1,15 +1,23 @@
 #include "launcher/coordinator_link.h"
 
 #include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "coordinator/coordinator.h"
+#include "coordinator/flight_recorder.h"
 #include "coordinator/graph_release.h"
+#include "coordinator/store_client.h"
 #include "launcher/megatron_membership.h"
 
 namespace prism::launcher {
 namespace {
+
+constexpr int kRemoteLingerMs = 2000;
 
 std::string EnvOf(const Plan& p, const std::string& k) {
   for (const auto& [name, v] : p.env)
@@ -29,8 +37,12 @@ class LocalCoordinator : public CoordinatorLink {
     o.world_size = plan->world_size;
     o.real_ranks.clear();
     for (const RealRank& r : plan->real) o.real_ranks.push_back(r.rank);
+    o.real_ranks.insert(o.real_ranks.end(), plan->remote_ranks.begin(), plan->remote_ranks.end());
     std::sort(o.real_ranks.begin(), o.real_ranks.end());
-    o.store_host = plan->store_addr;
+    remote_ = !plan->remote_ranks.empty();
+    o.store_host = plan->listen.empty() ? plan->store_addr : plan->listen;
+    // Other hosts' shims reach the event bus over TCP; its port is published in the store (coord::kInfoKey).
+    if (!plan->listen.empty()) o.bus_tcp = plan->listen + ":0";
     o.store_port = static_cast<uint16_t>(plan->store_port);
     o.out_dir = plan->out_dir;
     o.layout = plan->layout.ToSpec();
@@ -71,7 +83,18 @@ class LocalCoordinator : public CoordinatorLink {
   }
 
   void Stop() override {
-    if (coord_) coord_->Stop();
+    if (!coord_) return;
+    bool hang;
+    {
+      std::lock_guard<std::mutex> lock(hang_mu_);
+      hang = had_hang_;
+    }
+    if (hang && remote_ && !stopped_) {
+      // Why linger: prism-runs on other hosts poll the store (every 0.5 s) for the diagnosis and their dumps.
+      std::this_thread::sleep_for(std::chrono::milliseconds(kRemoteLingerMs));
+    }
+    stopped_ = true;
+    coord_->Stop();
   }
 
   std::optional<std::string> TakeHang() override {
@@ -79,6 +102,7 @@ class LocalCoordinator : public CoordinatorLink {
     if (hang_.empty()) return std::nullopt;
     std::string p = hang_.front();
     hang_.erase(hang_.begin());
+    had_hang_ = true;
     return p;
   }
 
@@ -101,10 +125,67 @@ class LocalCoordinator : public CoordinatorLink {
   std::string addr_;
   std::mutex hang_mu_;
   std::vector<std::string> hang_;  // hang.json paths not yet taken
+  bool had_hang_ = false;
+  bool remote_ = false;   // other hosts run real ranks against this coordinator
+  bool stopped_ = false;
+};
+
+// A coordinator on another host, joined with --coordinator HOST:PORT: the hang diagnosis and the Flight Recorder
+// dumps of this host's ranks come from its store (coord::kHangKey, kFrKeyPrefix), polled every half second.
+class RemoteCoordinator : public CoordinatorLink {
+ public:
+  explicit RemoteCoordinator(const Plan& plan) : plan_(plan) {}
+  bool Start(Plan*, std::string*) override { return true; }
+  void Stop() override {}
+  std::string Describe() const override {
+    return "joined the coordinator at " + plan_.store_addr + ":" + std::to_string(plan_.store_port);
+  }
+
+  std::optional<std::string> TakeHang() override {
+    auto now = std::chrono::steady_clock::now();
+    if (now < next_poll_) return std::nullopt;
+    next_poll_ = now + std::chrono::milliseconds(500);
+    if (!client_ || !client_->error().empty()) {
+      client_ = std::make_unique<store::StoreClient>();
+      if (!client_->Connect(plan_.store_addr, static_cast<uint16_t>(plan_.store_port), 2000)) return std::nullopt;
+    }
+    std::string text;
+    if (!client_->Get(coord::kHangKey, &text) || text.empty() || text == last_) return std::nullopt;
+    last_ = text;
+    namespace fs = std::filesystem;
+    std::string path = (fs::path(plan_.out_dir) / "hang.json").string();
+    std::string tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f << text;
+    }
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    // This host's ranks' Flight Recorder dumps, as the coordinator wrote them at the diagnosis.
+    fs::path fr = fs::path(plan_.out_dir) / coord::kFrDirName;
+    fs::create_directories(fr, ec);
+    for (const RealRank& r : plan_.real) {
+      std::string name = std::string(coord::kFrPrefix) + std::to_string(r.rank), dump;
+      if (client_->Get(std::string(coord::kFrKeyPrefix) + name, &dump) && !dump.empty()) {
+        std::ofstream(fr / name, std::ios::binary | std::ios::trunc) << dump;
+      }
+    }
+    return path;
+  }
+
+ private:
+  Plan plan_;
+  std::unique_ptr<store::StoreClient> client_;
+  std::string last_;
+  std::chrono::steady_clock::time_point next_poll_{};
 };
 
 }  // namespace
 
 std::unique_ptr<CoordinatorLink> MakeLocalCoordinator() { return std::make_unique<LocalCoordinator>(); }
+
+std::unique_ptr<CoordinatorLink> MakeRemoteCoordinator(const Plan& plan) {
+  return std::make_unique<RemoteCoordinator>(plan);
+}
 
 }  // namespace prism::launcher

@@ -31,5 +31,8 @@ class CoordinatorLink {
 
 // The in-process coordinator.
 std::unique_ptr<CoordinatorLink> MakeLocalCoordinator();
+// A coordinator another host runs (plan.start_coordinator false, joined by HOST:PORT): reports its hang diagnosis
+// (copied into this run's hang.json, with this host's ranks' Flight Recorder dumps).
+std::unique_ptr<CoordinatorLink> MakeRemoteCoordinator(const Plan& plan);
 
 }  // namespace prism::launcher

@@ -452,7 +452,7 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
       }
     }
 
-    if (coordinator && plan.start_coordinator) {
+    if (coordinator) {
       while (std::optional<std::string> hang = coordinator->TakeHang()) {
         res.hang_json = *hang;
         if (plan.stop_on_hang && !stopping) {

@@ -282,9 +282,16 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
 
   // Real ranks.
   std::vector<int> ranks;
-  if (req.node_rank >= 0) {
+  if (req.node_rank >= 0 && !req.ranks.empty() && !req.coordinator.empty()) {
+    // Joining a coordinator: --node-rank names this host among the hosts (as torchrun's does); --ranks picks.
+    p.host_index = req.node_rank;
+    auto r = ParseRankList(req.ranks, p.world_size, error);
+    if (!r) return std::nullopt;
+    ranks = *r;
+  } else if (req.node_rank >= 0) {
     if (!req.ranks.empty()) {
-      *error = "give --ranks or --node-rank, not both";
+      *error = "give --ranks or --node-rank, not both (both only with --coordinator, where --node-rank numbers this "
+               "host)";
       return std::nullopt;
     }
     if (req.node_rank >= p.nnodes) {
@@ -324,6 +331,7 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
 
   // Coordinator endpoint.
   std::string join_bus;  // PRISM_COORD_ADDR when joining over TCP
+  std::vector<int> all_real;  // when joining: every host's real ranks, from the coordinator's document
   if (!req.coordinator.empty()) {
     p.start_coordinator = false;
     fs::path info = req.coordinator;
@@ -342,6 +350,7 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
       p.store_port = j.value("store_port", 0);
       join_bus = j.value("bus_tcp", "");
       if (join_bus.empty()) p.coord_socket = j.value("socket", "");
+      if (j.contains("real_ranks") && j["real_ranks"].is_array()) all_real = j["real_ranks"].get<std::vector<int>>();
     } else {
       size_t colon = req.coordinator.rfind(':');
       int port = 0;
@@ -352,12 +361,69 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
       }
       p.store_addr = req.coordinator.substr(0, colon);
       p.store_port = port;
-      p.warnings.push_back("--coordinator HOST:PORT gives the store only: libprism gets no event bus address "
-                           "(pass the coordinator's coordinator.json to give it one)");
+      nlohmann::json doc = req.coordinator_doc.empty() ? nlohmann::json()
+                                                        : nlohmann::json::parse(req.coordinator_doc, nullptr, false);
+      if (!doc.is_object()) {
+        p.warnings.push_back("--coordinator HOST:PORT: the store there does not say where its event bus is (not a "
+                             "prism coordinator?): libprism gets no event bus address");
+      } else {
+        // Why HOST and not the document's host names: HOST is the address this host reached the store at.
+        std::string bus = doc.value("bus_tcp", "");
+        size_t bc = bus.rfind(':');
+        if (bus.empty() || bc == std::string::npos) {
+          p.warnings.push_back("the coordinator at " + req.coordinator + " serves its event bus on a Unix socket "
+                               "only: start it with --listen (first prism-run) or --bus-tcp (prism-run coordinator)");
+        } else {
+          join_bus = p.store_addr + ":" + bus.substr(bc + 1);
+        }
+        int doc_world = doc.value("world_size", 0);
+        if (doc_world != 0 && doc_world != p.world_size) {
+          *error = "the coordinator at " + req.coordinator + " emulates a world of " + std::to_string(doc_world) +
+                   " ranks, this job's torchrun line gives " + std::to_string(p.world_size);
+          return std::nullopt;
+        }
+        std::vector<int> doc_real = doc.value("real_ranks", std::vector<int>{});
+        all_real = doc_real;
+        std::vector<int> not_real;
+        for (int r : ranks) {
+          if (!doc_real.empty() && std::find(doc_real.begin(), doc_real.end(), r) == doc_real.end())
+            not_real.push_back(r);
+        }
+        if (!not_real.empty()) {
+          *error = "rank(s) " + Join(not_real) + " are virtual in the coordinator at " + req.coordinator +
+                   " (its real ranks: " + Join(doc_real) + "); list them in --remote-ranks of the prism-run that "
+                   "starts it, or --ranks of prism-run coordinator";
+          return std::nullopt;
+        }
+      }
+    }
+    if (!req.listen.empty() || !req.remote_ranks.empty()) {
+      *error = "--listen and --remote-ranks belong to the prism-run that starts the coordinator, not to one that "
+               "joins it (--coordinator)";
+      return std::nullopt;
     }
   } else {
     p.start_coordinator = true;
-    p.store_addr = "127.0.0.1";
+    p.listen = req.listen;
+    // Workers here reach the store on loopback, or on the listen address when it is a specific one.
+    p.store_addr = req.listen.empty() || req.listen == "0.0.0.0" || req.listen == "::" ? "127.0.0.1" : req.listen;
+    if (!req.remote_ranks.empty()) {
+      auto rr = ParseRankList(req.remote_ranks, p.world_size, error);
+      if (!rr) {
+        *error = "--remote-ranks: " + *error;
+        return std::nullopt;
+      }
+      for (int r : *rr) {
+        if (std::find(ranks.begin(), ranks.end(), r) != ranks.end()) {
+          *error = "--remote-ranks " + req.remote_ranks + ": rank " + std::to_string(r) + " also runs here (--ranks)";
+          return std::nullopt;
+        }
+      }
+      p.remote_ranks = *rr;
+      if (req.listen.empty())
+        p.warnings.push_back("--remote-ranks without --listen: the coordinator listens on loopback only, so other "
+                             "hosts cannot join it");
+    }
     p.store_port = t.master_port;  // Why: the port the job asked for; the coordinator falls back to a free one
     std::string sock = (fs::path(req.out_dir) / "coord.sock").string();
     // Why: a Unix socket path must fit sockaddr_un (108 bytes); the coordinator makes the same choice.
@@ -440,6 +506,13 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
   Set(&env, "PRISM_LAYOUT", p.layout.ToSpec());
   std::vector<int> real_ranks;
   for (const RealRank& r : p.real) real_ranks.push_back(r.rank);
+  // Why every host's: libprism counts a communicator's real members from this list (several real members: it
+  // waits for the coordinator's release).
+  real_ranks.insert(real_ranks.end(), p.remote_ranks.begin(), p.remote_ranks.end());
+  for (int r : all_real) {
+    if (std::find(real_ranks.begin(), real_ranks.end(), r) == real_ranks.end()) real_ranks.push_back(r);
+  }
+  std::sort(real_ranks.begin(), real_ranks.end());
   Set(&env, "PRISM_REAL_RANKS", Join(real_ranks));
   if (req.preload) {
     if (host.libprism.empty()) {
@@ -568,6 +641,9 @@ nlohmann::ordered_json PlanToJson(const Plan& p) {
                       {"store", p.store_addr + ":" + std::to_string(p.store_port)},
                       {"socket", p.coord_socket}};
   j["hang"] = {{"timeout_s", p.hang_timeout_s}, {"on_hang", p.stop_on_hang ? "stop" : "wait"}};
+  if (!p.listen.empty() || !p.remote_ranks.empty() || p.host_index >= 0) {
+    j["hosts"] = {{"listen", p.listen}, {"remote_ranks", p.remote_ranks}, {"host_index", p.host_index}};
+  }
   j["out_dir"] = p.out_dir;
   j["job_command"] = [&] {
     std::vector<std::string> all = p.torchrun.launcher;
@@ -602,6 +678,9 @@ std::string PlanToText(const Plan& p) {
   o << "  coordinator    " << (p.start_coordinator ? "started here, store " : "joined at ") << p.store_addr << ":"
     << p.store_port;
   if (!p.coord_socket.empty()) o << ", socket " << p.coord_socket;
+  if (!p.listen.empty()) o << "; listening on " << p.listen << " for other hosts";
+  if (!p.remote_ranks.empty()) o << "; ranks " << Join(p.remote_ranks) << " run on other hosts";
+  if (p.host_index >= 0) o << "; this is host " << p.host_index;
   o << "\n  hang diagnosis ";
   if (p.hang_timeout_s > 0) {
     o << "after " << p.hang_timeout_s << " s without progress, then " << (p.stop_on_hang ? "stop" : "keep running");

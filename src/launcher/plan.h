@@ -68,6 +68,14 @@ struct PlanRequest {
   // some wait (<= 0: off), and whether prism stops the job after the diagnosis ("stop") or lets it run ("wait").
   double hang_timeout_s = 60;
   std::string on_hang = "stop";
+  // Several hosts (docs/hang.md, "Two nodes"). On the host that starts the coordinator: `listen`, the address its
+  // store and TCP event bus bind ("0.0.0.0" or this host's address; "" = loopback and a Unix socket only), and
+  // `remote_ranks`, the real ranks prism-runs on other hosts will run (the coordinator must know every real rank).
+  std::string listen;
+  std::string remote_ranks;
+  // On a joining host, with `coordinator` = HOST:PORT: the coordinator's published coordinator.json (the store's
+  // key coord::kInfoKey, fetched by the caller), which gives the event bus port and the real ranks; "" = unknown.
+  std::string coordinator_doc;
 };
 
 struct RealRank {
@@ -106,6 +114,9 @@ struct Plan {
   std::vector<std::string> notes;  // e.g. which user variables prism replaced
   double hang_timeout_s = 60;      // from PlanRequest
   bool stop_on_hang = true;        // --on-hang stop
+  std::string listen;              // PlanRequest::listen
+  std::vector<int> remote_ranks;   // real ranks run by prism-runs on other hosts (coordinator started here)
+  int host_index = -1;             // --node-rank together with --ranks when joining: this host among the hosts
 };
 
 std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std::string* error);

@@ -2,8 +2,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <thread>
 #include <memory>
 #include <string>
 
@@ -116,6 +118,8 @@ int RunCoordinator(const CoordinatorCli& o) {
   sigwait(&set, &sig);
   if (sig == SIGUSR1) {
     std::fprintf(stderr, "prism-run coordinator: hang diagnosed (--on-hang stop), stopping\n");
+    // Why wait: prism-runs on other hosts read the diagnosis and their dumps from the store every half second.
+    if (!ep.bus_tcp.empty()) std::this_thread::sleep_for(std::chrono::seconds(2));
     coord->Stop();
     return kExitHang;
   }

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <optional>
 
+#include "coordinator/coordinator.h"
+#include "coordinator/store_client.h"
 #include "launcher/coordinator_link.h"
 #include "launcher/launch.h"
 #include "launcher/plan.h"
@@ -41,9 +43,18 @@ EmulateOptions* AddEmulateOptions(CLI::App& app) {
   app.add_option("--gpus", opts.gpus, "GPUs of this host to use (default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L)")
       ->check(CLI::PositiveNumber);
   app.add_option("--coordinator", opts.coordinator,
-                 "HOST:PORT of a running coordinator to join (multi-host); default: start one here");
-  app.add_option("--node-rank", opts.node_rank, "run every rank of this virtual node for real (instead of --ranks)")
+                 "HOST:PORT of a running coordinator's store to join (multi-host), or its coordinator.json; "
+                 "default: start one here");
+  app.add_option("--node-rank", opts.node_rank,
+                 "run every rank of this virtual node for real (instead of --ranks); with --ranks and "
+                 "--coordinator: this host's number among the hosts")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--listen", opts.listen,
+                 "the coordinator started here serves other hosts: its store and a TCP event bus bind this address "
+                 "(0.0.0.0, or this host's address)");
+  app.add_option("--remote-ranks", opts.remote_ranks,
+                 "real ranks that prism-runs on other hosts will run against the coordinator started here "
+                 "(they join with --coordinator HOST:PORT)");
   app.add_flag("--no-preload", opts.no_preload,
                "do not LD_PRELOAD libprism.so (tests the launch only: the job's NCCL calls are not emulated)");
   app.add_flag("--quiet", opts.quiet, "do not copy the workers' output to the terminal (it is still in <out>/logs)");
@@ -82,6 +93,21 @@ std::vector<std::string> SelfArgv() {
   return out;
 }
 
+// "host:port" that is not a file or directory: the port, else 0.
+int StorePort(const std::string& s, std::string* host) {
+  std::error_code ec;
+  if (fs::exists(s, ec)) return 0;
+  size_t c = s.rfind(':');
+  if (c == std::string::npos || c == 0 || c + 1 == s.size()) return 0;
+  for (size_t i = c + 1; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9') return 0;
+  }
+  int port = std::atoi(s.c_str() + c + 1);
+  if (port <= 0 || port > 65535) return 0;
+  *host = s.substr(0, c);
+  return port;
+}
+
 std::string SelfExe() {
   std::error_code ec;
   fs::path p = fs::read_symlink("/proc/self/exe", ec);
@@ -104,6 +130,21 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   req.preload = !opts.no_preload;
   req.hang_timeout_s = opts.hang_timeout;
   req.on_hang = opts.on_hang;
+  req.listen = opts.listen;
+  req.remote_ranks = opts.remote_ranks;
+  if (!opts.coordinator.empty() && !opts.dry_run) {
+    // Why before the plan: the coordinator's document (event bus port, real ranks) lives in its store.
+    std::string host;
+    if (int port = StorePort(opts.coordinator, &host)) {
+      store::StoreClient c;
+      if (!c.Connect(host, static_cast<uint16_t>(port), 10000)) {
+        std::fprintf(stderr, "prism-run: --coordinator %s: cannot reach its store: %s\n", opts.coordinator.c_str(),
+                     c.error().c_str());
+        return kExitFailure;
+      }
+      c.Get(coord::kInfoKey, &req.coordinator_doc);
+    }
+  }
   std::error_code ec;
   req.out_dir = opts.out.empty() ? DefaultOutDir() : fs::absolute(opts.out, ec).string();
   if (!opts.graph.empty()) {
@@ -161,7 +202,11 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
     }
   }
   std::unique_ptr<launcher::CoordinatorLink> coord;
-  if (plan->start_coordinator) coord = launcher::MakeLocalCoordinator();
+  if (plan->start_coordinator) {
+    coord = launcher::MakeLocalCoordinator();
+  } else {
+    coord = launcher::MakeRemoteCoordinator(*plan);
+  }
   launcher::LaunchOptions lo;
   lo.prism_argv = SelfArgv();
   lo.echo_output = !opts.quiet;
