@@ -3,6 +3,8 @@
 // hang diagnosis; and the detector's positions as status.json holds them.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "coordinator/hang_detector.h"
@@ -73,7 +75,7 @@ TEST(StatusView, RealPositionsAndVirtualGroups) {
   vo.now_ns = 21 * kSec;
   std::string text = RenderStatus(docs, vo);
   // The data-parallel group is named from the layout (Megatron's DATA_PARALLEL_GROUP has exactly these members).
-  EXPECT_NE(text.find("comm 2 (group 3, DATA_PARALLEL_GROUP"), std::string::npos) << text;
+  EXPECT_NE(text.find("comm 2 (group 3, DATA_PARALLEL_GROUP_WITH_CP|DATA_PARALLEL_GROUP|"), std::string::npos) << text;
   EXPECT_NE(text.find("8 ranks 1,3..15 (step 2), real 1,9"), std::string::npos) << text;
   EXPECT_NE(text.find("done seq 6 all_reduce 1 MiB bf16 (11.0 s ago); WAITING at seq 7 all_reduce 1 MiB for 10.0 s "
                       "on ranks 9"),

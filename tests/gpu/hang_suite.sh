@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Hang diagnosis on the GPU (issue 9, "Shown" cases 1-3; docs/hang.md). Plain torch (tests/gpu/hang_job.py), world
+# 1024, tp 16 (data-parallel groups of 64 strided ranks), real ranks 5 and 517 (one data-parallel group) on the one
+# GPU, every other rank virtual:
+#   hang_skip_allreduce   rank 517 skips the all_reduce of iteration 3 (HANG_CASE=skip): prism reports, within
+#                         --hang-timeout + 10 s of the skip, an op mismatch at one sequence of the DATA_PARALLEL group
+#                         (517 all_gather, 5 all_reduce), exits 4, and writes hang.json and both ranks' FR dumps;
+#                         `prism-run status --flight-recorder` on those dumps names --ranks 5,517
+#   hang_fr_torch_reader  torch's own Flight Recorder analyzer (python -m torch.distributed.flight_recorder.fr_trace)
+#                         reads those dumps (it exits 0; its output is kept)
+#   hang_p2p_cycle        5 and 517 both send to each other first (HANG_CASE=p2p): the wait-for cycle 5 -> 517 -> 5
+#   hang_size_mismatch    517 all_reduces 1 MiB where 5 all_reduces 2 MiB (HANG_CASE=size): a size mismatch
+#   hang_control          no bug: the job finishes (exit 0) and no hang.json is written
+# Why two real ranks: with one real rank every virtual peer mirrors it (payload mirror), so a skipped collective is
+# invisible; a second real member that does not skip is the witness (docs/hang.md, "What makes a hang observable").
+#
+# usage: tests/gpu/hang_suite.sh OUT_DIR    (standalone: exit 0 only when every check passes)
+#    or: tests/gpu/run.sh OUT_DIR hang      (sourced: uses its check, $out and $table)
+# HANG_TIMEOUT (default 20) is prism's --hang-timeout; HANG_T (default 300) bounds each run.
+
+hang_suite_setup() {
+  export PYTHON=${PYTHON:-/opt/torch/.venv/bin/python3}
+  export PYTHON_EXEC=$PYTHON
+  export PRISM_RUN=${PRISM_RUN:-$PWD/${PRISM_BUILD:-build}/bin/prism-run}
+  export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+  HANG_TIMEOUT=${HANG_TIMEOUT:-20}
+  HANG_T=${HANG_T:-300}
+}
+
+# hang_run NAME CASE [prism args...]: one prism-run of hang_job.py; its exit status in $out/NAME.rc, the wall time
+# at which prism-run returned in $out/NAME.end
+hang_run() {
+  local name=$1 case=$2; shift 2
+  local dir=$out/$name
+  rm -rf "$dir"
+  HANG_CASE=$case timeout -s INT -k 20 "$HANG_T" "$PRISM_RUN" --ranks 5,517 --out "$dir" --hang-timeout "$HANG_TIMEOUT" \
+    "$@" torchrun --nnodes 128 --nproc-per-node 8 tests/gpu/hang_job.py > "$out/$name.out" 2>&1
+  echo $? > "$out/$name.rc"
+  date +%s.%N > "$out/$name.end"
+}
+
+hang_json() {  # FILE EXPR over `h` (parsed JSON)
+  $PYTHON -c "import json,sys; h=json.load(open(sys.argv[1])); print($2)" "$1"
+}
+
+# When the bug ran (the earliest HANG_BUG line of either rank).
+hang_bug_time() {
+  grep -h "HANG_BUG t=" "$out/$1"/logs/rank*.log 2>/dev/null | sed -E 's/.*HANG_BUG t=([0-9.]+).*/\1/' | sort -n | head -1
+}
+
+hang_skip() {
+  local name=hang_skip_allreduce dir=$out/hang_skip_allreduce
+  hang_run $name skip
+  local rc; rc=$(cat "$out/$name.rc")
+  local bug; bug=$(hang_bug_time $name)
+  local took; took=$(awk -v a="$bug" -v b="$(cat "$out/$name.end")" 'BEGIN{ if (a=="") print "?"; else printf "%.1f", b-a }')
+  echo "rc=$rc bug_to_exit_s=$took (limit $((HANG_TIMEOUT + 10)))" > "$out/$name.detail"
+  [ -f "$dir/hang.json" ] || { echo "no hang.json"; tail -30 "$out/$name.out"; return 1; }
+  hang_json "$dir/hang.json" '"; ".join("%s seq %s: %s" % (m["group"], m["seq"], ", ".join("%d %s %s B" % (o["rank"], o["op"], o["bytes"]) for o in m["ops"])) for m in h["mismatches"])' >> "$out/$name.detail"
+  local fr="$dir/flight_recorder"
+  [ -f "$fr/nccl_trace_rank_5" ] && [ -f "$fr/nccl_trace_rank_517" ] || { echo "FR dumps missing"; return 1; }
+  "$PRISM_RUN" status --flight-recorder "$fr" > "$out/$name.fr.txt" 2>&1
+  grep -o -- "--ranks [0-9,]*" "$out/$name.fr.txt" | head -1 | sed 's/^/fr: /' >> "$out/$name.detail"
+  "$PRISM_RUN" status "$dir" > "$out/$name.status.txt" 2>&1
+  [ "$rc" = 4 ] || { echo "exit $rc, expected 4"; return 1; }
+  awk -v t="$took" -v l=$((HANG_TIMEOUT + 10)) 'BEGIN{ exit !(t != "?" && t <= l) }' || { echo "too slow: $took s"; return 1; }
+  hang_json "$dir/hang.json" \
+    'any("op" in m["differs"] and {o["rank"]: o["op"] for o in m["ops"]} == {5: "all_reduce", 517: "all_gather"} and "DATA_PARALLEL" in m["group"] for m in h["mismatches"])' \
+    | grep -q True || { echo "hang.json does not name the op mismatch in the DATA_PARALLEL group"; return 1; }
+  grep -q -- "--ranks 5,517" "$out/$name.fr.txt" || { echo "FR reading does not name ranks 5,517"; return 1; }
+}
+
+hang_fr_torch() {
+  local fr=$out/hang_skip_allreduce/flight_recorder
+  [ -d "$fr" ] || { echo "no dumps (hang_skip_allreduce failed)"; return 1; }
+  $PYTHON -m torch.distributed.flight_recorder.fr_trace "$fr" > "$out/hang_fr_torch_reader.txt" 2>&1
+  local rc=$?
+  echo "rc=$rc: $(grep -v '^\s*$' "$out/hang_fr_torch_reader.txt" | tail -2 | tr '\n' ' ' | cut -c1-160)" \
+    > "$out/hang_fr_torch_reader.detail"
+  return $rc
+}
+
+hang_p2p() {
+  local name=hang_p2p_cycle dir=$out/hang_p2p_cycle
+  hang_run $name p2p
+  local rc; rc=$(cat "$out/$name.rc")
+  echo "rc=$rc" > "$out/$name.detail"
+  [ -f "$dir/hang.json" ] || { echo "no hang.json"; tail -30 "$out/$name.out"; return 1; }
+  hang_json "$dir/hang.json" '"cycles=%s mismatches=%s" % (h["cycles"], [m["differs"] for m in h["mismatches"]])' >> "$out/$name.detail"
+  [ "$rc" = 4 ] || { echo "exit $rc, expected 4"; return 1; }
+  hang_json "$dir/hang.json" '[5, 517] in h["cycles"]' | grep -q True || { echo "no cycle 5 -> 517"; return 1; }
+}
+
+hang_size() {
+  local name=hang_size_mismatch dir=$out/hang_size_mismatch
+  hang_run $name size
+  local rc; rc=$(cat "$out/$name.rc")
+  echo "rc=$rc" > "$out/$name.detail"
+  [ -f "$dir/hang.json" ] || { echo "no hang.json"; tail -30 "$out/$name.out"; return 1; }
+  hang_json "$dir/hang.json" '"; ".join("%s seq %s %s: %s" % (m["group"], m["seq"], m["differs"], ", ".join("%d %s %s B" % (o["rank"], o["op"], o["bytes"]) for o in m["ops"])) for m in h["mismatches"])' >> "$out/$name.detail"
+  [ "$rc" = 4 ] || { echo "exit $rc, expected 4"; return 1; }
+  hang_json "$dir/hang.json" \
+    'any(m["differs"] == "size" and {o["rank"]: o["bytes"] for o in m["ops"]} == {5: 2097152, 517: 1048576} for m in h["mismatches"])' \
+    | grep -q True || { echo "hang.json does not show the 2 MiB / 1 MiB size mismatch"; return 1; }
+}
+
+hang_control() {
+  local name=hang_control dir=$out/hang_control
+  hang_run $name none
+  local rc; rc=$(cat "$out/$name.rc")
+  echo "rc=$rc iterations=$(grep -c 'iteration .* done' "$dir/logs/rank517.log" 2>/dev/null)" > "$out/$name.detail"
+  [ "$rc" = 0 ] && [ ! -f "$dir/hang.json" ]
+}
+
+hang_suite_main() {
+  hang_suite_setup
+  [ -x "$PRISM_RUN" ] || { echo "no $PRISM_RUN: build prism-run and libprism.so first"; return 2; }
+  check hang_skip_allreduce hang_skip
+  check hang_fr_torch_reader hang_fr_torch
+  check hang_p2p_cycle hang_p2p
+  check hang_size_mismatch hang_size
+  check hang_control hang_control
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  set -uo pipefail
+  out=$(realpath -m "${1:?usage: tests/gpu/hang_suite.sh OUT_DIR}")
+  mkdir -p "$out"
+  table=$out/table.txt; : > "$table"
+  check() {
+    local name=$1; shift
+    local t0=$SECONDS st
+    if "$@" > "$out/$name.log" 2>&1; then st=PASS; else st=FAIL; fi
+    local detail=""; [ -f "$out/$name.detail" ] && detail=$(tr '\n' ' ' < "$out/$name.detail")
+    printf '%-34s %-4s %4ss  %s\n' "$name" "$st" $((SECONDS - t0)) "$detail" | tee -a "$table"
+  }
+  hang_suite_main
+  echo; echo "== hang suite"; cat "$table"
+  ! grep -q ' FAIL ' "$table"
+  exit $?
+else
+  hang_suite_main || true
+fi
