@@ -239,6 +239,7 @@ class Builder {
   bool PickRepresentatives();
   bool IterationRange();
   bool BuildClass(ClassInfo& ci, trace::RoleClass* cls);
+  void SequenceMultiStreamSlots(const std::map<uint32_t, int64_t>& coll_seq, trace::RoleClass* cls);
   bool Expand(const RankEventLog& log, const ObservedOp& op, std::vector<Piece>* pieces);
   bool Resolve(const RankEventLog& log, const ObservedComm& c, Family* f);
   bool Bind();
@@ -736,6 +737,7 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
 
   // Nodes.
   uint32_t next_id = 0;
+  std::map<uint32_t, int64_t> coll_seq;  // collective node id -> its communicator sequence on the rank
   std::vector<trace::Stream> helpers;
   for (auto& [key, units] : streams) {
     trace::Stream main;
@@ -814,6 +816,7 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
       if (!main.nodes.empty()) fork.push_back(main.nodes.back().id);
       std::vector<uint32_t> joined;
       for (const Piece& p : u.pieces) {
+        if (p.kind == NodeKind::kColl) coll_seq[next_id] = p.seq;  // the id `add` gives it
         Node node;
         node.kind = p.kind;
         node.op = p.op;
@@ -842,7 +845,50 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
     cls->streams.push_back(std::move(main));
   }
   for (trace::Stream& h : helpers) cls->streams.push_back(std::move(h));
+  SequenceMultiStreamSlots(coll_seq, cls);
   return true;
+}
+
+// A communicator whose collectives the rank issued on several streams (torch runs a blocking collective on the
+// caller's current stream: Megatron's forward tensor-parallel all-reduces on one stream, backward ones on the
+// autograd stream) is sequenced by node id in the graph (docs/trace-format.md). Node ids are handed out stream by
+// stream, so permute the ids of that slot's collectives into communicator-sequence order and remap `after`.
+void Builder::SequenceMultiStreamSlots(const std::map<uint32_t, int64_t>& coll_seq, trace::RoleClass* cls) {
+  std::map<uint32_t, std::set<size_t>> streams_of_slot;
+  std::map<uint32_t, std::vector<Node*>> nodes_of_slot;
+  for (size_t si = 0; si < cls->streams.size(); ++si) {
+    for (Node& n : cls->streams[si].nodes) {
+      if (n.kind != NodeKind::kColl) continue;
+      streams_of_slot[n.comm_slot].insert(si);
+      nodes_of_slot[n.comm_slot].push_back(&n);
+    }
+  }
+  std::map<uint32_t, uint32_t> renamed;  // old id -> new id
+  for (auto& [slot, nodes] : nodes_of_slot) {
+    if (streams_of_slot[slot].size() < 2) continue;
+    std::vector<uint32_t> ids;
+    for (Node* n : nodes) ids.push_back(n->id);
+    std::sort(ids.begin(), ids.end());
+    std::stable_sort(nodes.begin(), nodes.end(), [&](const Node* a, const Node* b) {
+      auto sa = coll_seq.find(a->id), sb = coll_seq.find(b->id);
+      const int64_t ka = sa == coll_seq.end() ? -1 : sa->second, kb = sb == coll_seq.end() ? -1 : sb->second;
+      return ka < kb;
+    });
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (nodes[i]->id != ids[i]) renamed[nodes[i]->id] = ids[i];
+    }
+  }
+  if (renamed.empty()) return;
+  for (trace::Stream& st : cls->streams) {
+    for (Node& n : st.nodes) {
+      auto it = renamed.find(n.id);
+      if (it != renamed.end()) n.id = it->second;
+      for (uint32_t& a : n.after) {
+        auto ia = renamed.find(a);
+        if (ia != renamed.end()) a = ia->second;
+      }
+    }
+  }
 }
 
 std::vector<int> Builder::Moved(const std::vector<int>& members, int from, int to) const {

@@ -268,6 +268,16 @@ struct Simulator::Impl {
       }
       cp->after_off.push_back(static_cast<uint32_t>(cp->after_idx.size()));
     }
+    // A slot whose collectives lie on several streams is sequenced by node id (docs/trace-format.md), not by
+    // stream order: torch issues one communicator's blocking collectives on the caller's current stream.
+    for (auto& colls : cp->slot_colls) {
+      bool multi = false;
+      for (uint32_t k : colls) multi = multi || cp->nodes[k].stream != cp->nodes[colls.front()].stream;
+      if (!multi) continue;
+      std::stable_sort(colls.begin(), colls.end(),
+                       [&](uint32_t a, uint32_t b) { return cp->nodes[a].src->id < cp->nodes[b].src->id; });
+      for (uint32_t q = 0; q < colls.size(); ++q) cp->nodes[colls[q]].seq = q;
+    }
     cp->wake_off.push_back(0);
     for (uint32_t i = 0; i < nn; ++i) {
       auto& w = waiters[i];

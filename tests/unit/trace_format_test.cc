@@ -226,13 +226,15 @@ TEST(TraceFormat, LayoutMustCoverWorld) {
   EXPECT_NE(FirstError(j).find("but world_size is 2"), std::string::npos);
 }
 
-TEST(TraceFormat, CollectivesOfOneCommOnOneStream) {
+TEST(TraceFormat, CollectivesOfOneCommMaySpanStreams) {
+  // torch issues blocking collectives on the caller's current stream: one communicator on two streams is legal and
+  // sequenced by node id (docs/trace-format.md).
   json j = TinyGraph();
   for (int c = 0; c < 2; ++c) {
     j["classes"][c]["streams"][1]["nodes"].push_back(
         {{"id", 9}, {"kind", "coll"}, {"op", "barrier"}, {"comm", "w"}, {"dtype", "u8"}});
   }
-  EXPECT_NE(FirstError(j).find("must be issued on one stream"), std::string::npos);
+  EXPECT_EQ(FirstError(j), "");
 }
 
 }  // namespace
