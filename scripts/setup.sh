@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Prism builds against. Idempotent and quiet when all are present.
 set -euo pipefail
-pkgs=(cmake g++ make libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libprotobuf-dev protobuf-compiler)
+pkgs=(cmake g++ make libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libprotobuf-dev protobuf-compiler iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,8 +6,8 @@
 //   hello  {type, v, rank, world_size, local_rank, pid, host, gpu, t_ns}
 //   comm   {type, comm_id, key, desc, nranks, rank, members:[global ranks] (if known)}
 //   op     {type, comm_id, seq, op, dtype, bytes, peer, arrival_ns, release_ns, model_dur_ns, wait_on_rank,
-//           algo, proto, nops, stream, exchanged, cost}
-//           nops: operations fused in the unit (a group); stream: process-local index of the CUDA stream (order of
+//           algo, proto, nops, root, stream, exchanged, cost}
+//           nops: operations fused in the unit (a group); root: of a rooted op (-1 otherwise); stream: process-local index of the CUDA stream (order of
 //           first use); exchanged: operations of the unit whose output came from other real members' data
 //   iter   {type, iteration, t_ns, dur_ns, peak_bytes, torch_max_allocated}
 //   mem    {type, t_ns, current_bytes, peak_bytes}

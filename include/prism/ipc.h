@@ -78,7 +78,7 @@ struct OpRecord {
   uint8_t algo;           // cost-model algorithm chosen (0 unknown)
   uint8_t proto;          // cost-model protocol chosen (0 unknown)
   uint8_t reserved;
-  uint32_t reserved2;
+  int32_t peer;           // p2p peer in communicator ranks (-1: a collective or a fused unit)
 };
 
 // Real data between real members (src/nccl_patch/exchange.h). A payload larger than kExchangeChunkBytes travels

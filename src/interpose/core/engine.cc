@@ -550,6 +550,11 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   u.event.dtype = static_cast<uint8_t>(prep[0].call.dtype);
   u.event.bytes = total;
   u.event.peer = n == 1 && IsP2p(prep[0].call.op) ? prep[0].call.peer : -1;
+  {
+    const OpKind k = prep[0].call.op;
+    const bool rooted = k == OpKind::kBroadcast || k == OpKind::kReduce || k == OpKind::kGather || k == OpKind::kScatter;
+    u.event.root = n == 1 && rooted ? prep[0].call.root : -1;
+  }
   u.event.model_dur_ns = dur;
   u.event.algo = last.algo;
   u.event.proto = last.proto;

@@ -66,11 +66,11 @@ void WriteOp(FILE* f, const OpEvent& e) {
   std::fprintf(f,
                "{\"type\":\"op\",\"comm_id\":%u,\"seq\":%llu,\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,"
                "\"peer\":%d,\"arrival_ns\":%llu,\"release_ns\":%llu,\"model_dur_ns\":%llu,\"wait_on_rank\":%d,"
-               "\"algo\":%u,\"proto\":%u,\"nops\":%u,\"stream\":%u,\"exchanged\":%u,\"cost\":\"%s\"}\n",
+               "\"algo\":%u,\"proto\":%u,\"nops\":%u,\"root\":%d,\"stream\":%u,\"exchanged\":%u,\"cost\":\"%s\"}\n",
                e.comm_id, static_cast<unsigned long long>(e.seq), OpName(e.op), DtypeName(e.dtype),
                static_cast<unsigned long long>(e.bytes), e.peer, static_cast<unsigned long long>(e.arrival_ns),
                static_cast<unsigned long long>(e.release_ns), static_cast<unsigned long long>(e.model_dur_ns),
-               e.wait_on_rank, e.algo, e.proto, e.nops, e.stream, e.exchanged,
+               e.wait_on_rank, e.algo, e.proto, e.nops, e.root, e.stream, e.exchanged,
                e.source == 1 ? "fixed" : (e.source == 2 ? "model" : "fallback"));
 }
 

@@ -25,6 +25,7 @@ struct OpEvent {
   uint16_t exchanged = 0;  // operations of the unit whose output came from real data (other real members)
   uint64_t bytes = 0;
   int32_t peer = -1;
+  int32_t root = -1;    // broadcast/reduce/gather/scatter root in communicator ranks (a unit of one operation)
   uint64_t arrival_ns = 0;
   uint64_t release_ns = 0;
   uint64_t model_dur_ns = 0;
