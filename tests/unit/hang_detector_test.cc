@@ -286,6 +286,7 @@ TEST(HangDetectorCli, CoordinatorWritesHangJsonAndStops) {
   text << lf.rdbuf();
   EXPECT_NE(text.str().find("never arrived: rank 5 (no op there)"), std::string::npos) << text.str();
   EXPECT_NE(text.str().find("rank 0 waits"), std::string::npos) << text.str();
+  fs::remove_all(out);
 }
 
 }  // namespace
