@@ -61,6 +61,25 @@ ops_prism() {  # NAME NNODES
   echo "$init ${ops#TORCH_OPS } prism_wall_s=$(json_get "$out/$name/report.json" 'round(r["wall_s"],1)' 2>/dev/null)" > "$out/$name.detail"
   [ $rc -eq 0 ] && [[ "$ops" == *PASS* ]]
 }
+# fill (issue 8): from the collect run above, each class alone against the others replayed from the graph; then
+# ranks 0 and 33 (different pipeline stages) emulated with the filled graph, compared with simulate's estimate.
+megatron_fill() {
+  local name=megatron_w64_fill dir=$out/megatron_w64_fill col=$out/megatron_w64_collect
+  local -a job=(torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_TINY_ARGS[@]}"
+    --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --global-batch-size 64 --train-iters 10)
+  [ -f "$col/report.json" ] || { echo "needs the collect case first"; return 1; }
+  (cd "$MEGATRON" && timeout -s INT -k 20 "${FILL_TIMEOUT:-420}" "$PRISM_RUN" fill --from "$col" --out "$dir" \
+     --rounds "${FILL_ROUNDS:-2}" "${job[@]}") > "$out/$name.out" 2>&1 || { echo "fill exit $?"; tail -20 "$out/$name.out"; return 1; }
+  grep "prism fill: estimate" "$out/$name.out" | sed 's/prism fill: //' > "$out/$name.detail"
+  local r
+  for r in 0 33; do
+    (cd "$MEGATRON" && timeout -s INT -k 20 200 "$PRISM_RUN" --ranks $r --graph "$dir/filled.prism" \
+       --payload recorded --payload-dir "$col" --out "$dir/emulate_rank$r" "${job[@]}") > "$out/$name.rank$r.out" 2>&1 \
+       || { echo "emulate rank $r with the graph: exit $?"; return 1; }
+    echo "rank$r: $(json_get "$dir/emulate_rank$r/report.json" '"emulated %.2f ms" % (1e3*(r["iteration_time_s"] or 0))')" >> "$out/$name.detail"
+  done
+  json_get "$dir/fill.json" '"simulate(filled) %.2f ms" % (1e3*r["calibrated_iteration_time_s"])' >> "$out/$name.detail"
+}
 megatron_cases=${MEGATRON_CASES:-w64r0 w64r63 w64r01 w1024r0 mem}
 for c in $megatron_cases; do
   case $c in
@@ -69,6 +88,7 @@ for c in $megatron_cases; do
     w64r01) check megatron_w64_tp2pp2_ranks01 megatron_check megatron_w64_tp2pp2_ranks01 0,1 8 2 2 64 ;;
     w1024r0) check megatron_w1024_tp2pp2_rank0 megatron_check megatron_w1024_tp2pp2_rank0 0 128 2 2 512 ;;
     collect) check megatron_w64_collect megatron_collect ;;
+    fill) check megatron_w64_fill megatron_fill ;;
     ops1024) check torch_ops_prism_w1024_rank5 ops_prism torch_ops_prism_w1024_rank5 128 ;;
     ops8192) check torch_ops_prism_w8192_rank5 ops_prism torch_ops_prism_w8192_rank5 1024 ;;
     w64r63rec) PRISM_ARGS="--payload recorded --payload-dir $out/megatron_w64_collect" \

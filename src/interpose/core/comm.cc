@@ -186,7 +186,9 @@ void FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key
   if (c->member_real.empty() && static_cast<int>(c->members.size()) == c->nranks) {
     for (int32_t m : c->members) c->member_real.push_back(cfg.IsReal(m) ? 1 : 0);
   }
-  c->use_coordinator = c->real_members > 1 && CoordActive();
+  // Why also with a graph: the coordinator then replays the virtual members (GraphRelease) and decides every
+  // release, also on communicators where this rank is the only real member.
+  c->use_coordinator = (c->real_members > 1 || (!cfg.graph.empty() && c->coord_comm_id != 0)) && CoordActive();
   if (c->real_members > 1 && !c->use_coordinator) {
     Log("nccl")->warn("communicator {} has {} real members but no coordinator: each real rank mirrors the others",
                       c->id, c->real_members);

@@ -28,6 +28,9 @@ const Setting kSettings[] = {
     {"PRISM_EXCHANGE", "1",
      "1: communicators with several real members move real data between them through the coordinator; 0: each "
      "real rank applies the payload policy on its own."},
+    {"PRISM_GRAPH", "",
+     "Set by prism-run --graph: every communicator takes its release times from the coordinator, which replays the "
+     "virtual ranks from that graph."},
     {"PRISM_PAYLOAD_FILE", "", "Recorded payloads this rank replays under PRISM_PAYLOAD=recorded (written by collect)."},
     {"PRISM_RECORD_PAYLOADS", "", "File this rank appends every received payload to (collect --record-payloads)."},
 };
@@ -167,6 +170,7 @@ void LoadConfig(EnvLookup lookup, Config* c) {
     else c->errors.push_back(std::string("PRISM_EXCHANGE='") + v + "' is not 0 or 1");
   }
   if (const char* v = lookup("PRISM_PAYLOAD_FILE")) c->payload_file = v;
+  if (const char* v = lookup("PRISM_GRAPH")) c->graph = v;
   if (const char* v = lookup("PRISM_RECORD_PAYLOADS")) c->record_payloads = v;
 }
 

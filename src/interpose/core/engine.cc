@@ -224,7 +224,10 @@ uint16_t StreamIndex(CUstream s) {
 // members, or a p2p whose peer is real (docs/payload.md "Exchange").
 XKind ExchangeKindOf(const OpCall& c) {
   const Comm* comm = c.comm;
-  if (!Cfg().exchange || !comm->use_coordinator || comm->coord_comm_id == 0 || c.count == 0) return XKind::kNone;
+  if (!Cfg().exchange || !comm->use_coordinator || comm->coord_comm_id == 0 || c.count == 0 ||
+      comm->real_members < 2) {
+    return XKind::kNone;
+  }
   if (IsP2p(c.op)) {
     if (c.peer < 0 || static_cast<size_t>(c.peer) >= comm->member_real.size() || !comm->member_real[c.peer]) {
       return XKind::kNone;
