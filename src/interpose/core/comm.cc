@@ -167,6 +167,10 @@ void FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key
     if (reply == CoordReply::kOk) {
       c->coord_comm_id = info.comm_id;
       if (static_cast<int>(info.members.size()) == c->nranks) c->members = info.members;
+      // Why adopt: a communicator whose unique id this rank generated has no description of its own, while its
+      // peers (virtual leader) learn it from the coordinator; graphs built from both must name it alike.
+      if (c->desc.empty()) c->desc = info.desc;
+      if (c->name.empty()) c->name = info.group;
       if (!info.real.empty()) {
         c->real_members = static_cast<int>(std::count(info.real.begin(), info.real.end(), true));
         if (static_cast<int>(info.real.size()) == c->nranks) c->member_real.assign(info.real.begin(), info.real.end());

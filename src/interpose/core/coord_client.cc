@@ -175,6 +175,8 @@ bool ParseCommInfo(const std::string& text, CoordCommInfo* out, std::string* err
       return false;
     }
     out->members = j.value("members", std::vector<int32_t>{});
+    out->desc = j.contains("desc") && j["desc"].is_string() ? j["desc"].get<std::string>() : std::string();
+    out->group = j.contains("group") && j["group"].is_string() ? j["group"].get<std::string>() : std::string();
     out->real.clear();
     if (j.contains("real")) {
       for (const auto& b : j.at("real")) out->real.push_back(b.get<bool>());

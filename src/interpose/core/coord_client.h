@@ -22,6 +22,8 @@ struct CoordCommInfo {
   uint32_t comm_id = 0;
   std::vector<int32_t> members;
   std::vector<bool> real;
+  std::string desc;   // the group's description when the coordinator knows it (Megatron's group name)
+  std::string group;  // torch's group name when known
 };
 enum class CoordReply { kOk, kRefused, kNoAnswer };
 // kCommInit {key, nranks, rank, desc, name, parent?, color?}; waits up to timeout_ms for kCommInfo.
