@@ -34,7 +34,8 @@ enum class MsgType : uint16_t {
   kCommInfo = 65,    // JSON: {key, comm_id, members: [global ranks], real: [bool]}
   kOpRelease = 66,   // OpRelease
   kError = 67,       // JSON: {what}
-  kOpResult = 68,    // ExchangeHeader + bytes: this member's output (or flags kExchangeLocal / kExchangeNothing)
+  kOpResult = 68,    // ExchangeHeader + bytes: this member's output (or flags kExchangeLocal / kExchangeNothing), or
+                     // (flags kExchangeSendDone, no bytes) the acknowledgement that a p2p send's receive was posted
 };
 
 #pragma pack(push, 1)
@@ -86,11 +87,16 @@ struct OpRecord {
 // Keys: collectives use the communicator's count of exchanged collectives (the same on every real member);
 // p2p uses the count of exchanged sends from `rank` to `peer` on that communicator (the k-th send matches the
 // k-th receive, as NCCL orders p2p between a pair).
+// Sends rendezvous as NCCL's do: the coordinator answers a send (kOpResult, flags kExchangeSendDone, no bytes, the
+// send's header: comm_id, key, rank = source, peer = destination) once the matching receive was posted, and the
+// shim completes the send only then. A refused kOpData is answered with kExchangeError (plus kExchangeSendDone for
+// a send), so no shim waits for a frame the coordinator dropped.
 inline constexpr uint32_t kExchangeChunkBytes = 8u << 20;
 inline constexpr uint32_t kExchangeRecvRequest = 1;  // kOpData: a p2p receive asks for the matching send's bytes
 inline constexpr uint32_t kExchangeLocal = 2;        // kOpResult: no real data defines the output: local policy
 inline constexpr uint32_t kExchangeNothing = 4;      // kOpResult: this member has no output (non-root of reduce)
 inline constexpr uint32_t kExchangeError = 8;        // kOpResult: members disagree / bad arguments: local policy
+inline constexpr uint32_t kExchangeSendDone = 16;    // kOpResult: the receive matching this p2p send was posted
 
 struct ExchangeHeader {
   uint32_t comm_id;       // coordinator communicator id
@@ -105,7 +111,8 @@ struct ExchangeHeader {
   uint64_t total_bytes;   // size of the whole payload
   uint64_t offset;        // offset of this frame's bytes in the payload
   uint32_t flags;
-  uint32_t reserved;
+  uint32_t seq;           // low 32 bits of the operation's per-communicator sequence (kOpArrive's seq): the
+                          // coordinator reports a rank waiting in an exchange at (comm_id, seq) to the hang diagnosis
 };
 
 struct MemorySample {

@@ -731,8 +731,25 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
         }
         std::memcpy(&h, f.payload.data(), sizeof(h));
         std::vector<ExchangeHub::Outgoing> out;
-        std::string why = xhub_.OnData(c.rank, h, std::string_view(f.payload).substr(sizeof(h)), &out);
+        std::vector<ExchangeHub::Wait> waits;
+        std::string why = xhub_.OnData(c.rank, h, std::string_view(f.payload).substr(sizeof(h)), &out, &waits);
         if (!why.empty()) Log("coord")->warn("rank {}: {}", c.rank, why);
+        // A real rank blocked in an exchange waits at that operation: the hang diagnosis must see it (a send
+        // whose receive is never posted, e.g. two ranks that both send first, is a p2p wait-for cycle).
+        const uint64_t now = NowNs();
+        for (const ExchangeHub::Wait& w : waits) {
+          if (!w.begin) {
+            hang_.Release(w.rank, w.comm_id, w.seq, now);
+            continue;
+          }
+          HangOp o;
+          o.comm_id = w.comm_id;
+          o.seq = w.seq;
+          o.op = w.op;
+          o.bytes = w.bytes;
+          o.peer = w.peer;
+          hang_.ArriveOp(w.rank, o, now, now);
+        }
         for (ExchangeHub::Outgoing& o : out) {
           auto rs = ranks_.find(o.rank);
           if (rs == ranks_.end()) continue;

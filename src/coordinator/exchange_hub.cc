@@ -17,6 +17,39 @@ bool IsP2p(uint16_t op) {
   return op == static_cast<uint16_t>(OpKind::kSend) || op == static_cast<uint16_t>(OpKind::kRecv);
 }
 
+// ipc.h OpArrive's op code for a payload::OpKind (coord_client.cc IpcOp; gather/scatter as hang_detector names them).
+uint32_t ArriveOpCode(uint16_t op) {
+  switch (static_cast<OpKind>(op)) {
+    case OpKind::kAllReduce: return 1;
+    case OpKind::kAllGather: return 2;
+    case OpKind::kReduceScatter: return 3;
+    case OpKind::kBroadcast: return 4;
+    case OpKind::kReduce: return 5;
+    case OpKind::kAllToAll: return 6;
+    case OpKind::kGather: return 8;
+    case OpKind::kScatter: return 9;
+    case OpKind::kSend: return 103;
+    case OpKind::kRecv: return 104;
+    default: return 0;
+  }
+}
+
+// Bytes as the shim counts an operation in kOpArrive (interpose/core/cost.cc OperationBytes): the hang diagnosis
+// compares the sizes real ranks issued at one sequence, so both must count alike.
+uint64_t ArriveBytes(const ipc::ExchangeHeader& h, size_t nranks) {
+  const uint8_t dtype = h.dtype;
+  if (dtype > static_cast<uint8_t>(payload::DataType::kFloat8e5m2)) return 0;
+  const uint64_t b = h.count * payload::DataTypeSize(static_cast<payload::DataType>(dtype));
+  switch (static_cast<OpKind>(h.op)) {
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllToAll:
+    case OpKind::kGather:
+    case OpKind::kScatter: return b * std::max<uint64_t>(1, nranks);
+    default: return b;
+  }
+}
+
 }  // namespace
 
 void ExchangeHub::AddComm(uint32_t comm_id, std::vector<int> members, std::vector<bool> real) {
@@ -44,16 +77,86 @@ void ExchangeHub::AppendResult(const ipc::ExchangeHeader& base, uint32_t flags, 
   } while (off < bytes.size());
 }
 
+uint64_t ExchangeHub::WidenSeq(int from, uint32_t comm_id, uint32_t low) {
+  // Why: the header carries 32 bits; a rank's sequence on one communicator only grows, so the nearest 64-bit value
+  // to the highest one seen before with these low bits is the right one.
+  constexpr uint64_t kWrap = uint64_t{1} << 32, kHalf = uint64_t{1} << 31;
+  auto [it, fresh] = last_seq_.try_emplace({from, comm_id}, low);
+  if (fresh) return low;
+  const uint64_t last = it->second;
+  uint64_t seq = (last & ~(kWrap - 1)) | low;
+  if (seq + kHalf < last) {
+    seq += kWrap;
+  } else if (seq > last + kHalf && seq >= kWrap) {
+    seq -= kWrap;
+  }
+  it->second = std::max(last, seq);
+  return seq;
+}
+
+ExchangeHub::Wait ExchangeHub::WaitOf(const CommInfo& comm, const Posted& p, bool begin) const {
+  const ipc::ExchangeHeader h = p.h;
+  Wait w;
+  w.begin = begin;
+  w.comm_id = h.comm_id;
+  w.seq = p.seq;
+  w.op = ArriveOpCode(h.op);
+  w.bytes = ArriveBytes(h, comm.members.size());
+  auto global = [&](int32_t r) {
+    return r >= 0 && static_cast<size_t>(r) < comm.members.size() ? comm.members[static_cast<size_t>(r)] : -1;
+  };
+  if (h.op == static_cast<uint16_t>(OpKind::kSend)) {
+    w.rank = global(h.rank);
+    w.peer = global(h.peer);
+  } else if (h.op == static_cast<uint16_t>(OpKind::kRecv)) {
+    w.rank = global(h.peer);
+    w.peer = global(h.rank);
+  } else {
+    w.rank = global(h.rank);
+  }
+  return w;
+}
+
+std::vector<ExchangeHub::Wait> ExchangeHub::Waits() const {
+  std::vector<Wait> out;
+  auto add = [&](const Posted& p) {
+    auto c = comms_.find(p.h.comm_id);
+    if (c != comms_.end()) out.push_back(WaitOf(c->second, p, true));
+  };
+  for (const auto& [k, c] : colls_) {
+    for (const auto& [r, p] : c.inputs) add(p);
+  }
+  for (const auto& [k, p] : sends_) add(p);
+  for (const auto& [k, p] : recv_waits_) add(p);
+  std::stable_sort(out.begin(), out.end(), [](const Wait& a, const Wait& b) { return a.comm_id < b.comm_id; });
+  return out;
+}
+
 std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::string_view bytes,
-                                std::vector<Outgoing>* out) {
+                                std::vector<Outgoing>* out, std::vector<Wait>* waits) {
   const ipc::ExchangeHeader h = h_in;  // packed: copy fields out before use
+  auto note = [&](const CommInfo& comm, const Posted& p, bool begin) {
+    if (waits) waits->push_back(WaitOf(comm, p, begin));
+  };
+  // A refused frame is answered, so that its sender does not wait for an answer that never comes.
+  auto refuse = [&](std::string why) {
+    const bool send = h.op == static_cast<uint16_t>(OpKind::kSend) && !(h.flags & ipc::kExchangeRecvRequest);
+    Outgoing o;
+    o.rank = from;
+    AppendResult(h, ipc::kExchangeError | (send ? ipc::kExchangeSendDone : 0u), {}, &o.frames);
+    out->push_back(std::move(o));
+    return why;
+  };
   auto comm_it = comms_.find(h.comm_id);
-  if (comm_it == comms_.end()) return fmt::format("kOpData for unknown communicator {}", h.comm_id);
+  if (comm_it == comms_.end()) return refuse(fmt::format("kOpData for unknown communicator {}", h.comm_id));
   const CommInfo& comm = comm_it->second;
   const int32_t n = static_cast<int32_t>(comm.members.size());
-  if (h.rank < 0 || h.rank >= n) return fmt::format("kOpData rank {} outside communicator {} of {}", h.rank, h.comm_id, n);
+  if (h.rank < 0 || h.rank >= n) {
+    return refuse(fmt::format("kOpData rank {} outside communicator {} of {}", h.rank, h.comm_id, n));
+  }
   if (h.offset + bytes.size() > h.total_bytes || h.total_bytes > (uint64_t{64} << 30)) {
-    return fmt::format("kOpData chunk at {} of {} bytes exceeds the total {}", h.offset, bytes.size(), h.total_bytes);
+    return refuse(
+        fmt::format("kOpData chunk at {} of {} bytes exceeds the total {}", h.offset, bytes.size(), h.total_bytes));
   }
   bytes_in_ += bytes.size();
 
@@ -65,41 +168,57 @@ std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::
     PartKey pk{from, h.comm_id, h.key, h.rank, h.peer, h.flags};
     std::string& part = partial_[pk];
     if (h.offset != part.size()) {
+      const size_t have = part.size();
       partial_.erase(pk);
-      return fmt::format("kOpData chunk at offset {} but {} bytes assembled", h.offset, part.size());
+      return refuse(fmt::format("kOpData chunk at offset {} but {} bytes assembled", h.offset, have));
     }
     part.append(bytes);
     if (part.size() < h.total_bytes) return "";
     whole = std::move(part);
     partial_.erase(pk);
   }
+  Posted posted;
+  posted.h = h;
+  posted.seq = WidenSeq(from, h.comm_id, h.seq);
+  posted.bytes = std::move(whole);
 
   if (IsP2p(h.op)) {
-    if (h.peer < 0 || h.peer >= n) return fmt::format("p2p peer {} outside communicator {}", h.peer, h.comm_id);
+    if (h.peer < 0 || h.peer >= n) return refuse(fmt::format("p2p peer {} outside communicator {}", h.peer, h.comm_id));
     P2pKey k{h.comm_id, h.rank, h.peer, h.key};
+    const int src = comm.members[static_cast<size_t>(h.rank)], dst = comm.members[static_cast<size_t>(h.peer)];
     const bool request = (h.flags & ipc::kExchangeRecvRequest) != 0;
+    // The receiver gets the bytes and the sender its acknowledgement (NCCL's rendezvous: a send completes once
+    // its receive is posted).
+    auto match = [&](const Posted& send, const Posted& recv) {
+      Outgoing to_recv;
+      to_recv.rank = dst;
+      AppendResult(recv.h, 0, send.bytes, &to_recv.frames);
+      out->push_back(std::move(to_recv));
+      Outgoing to_send;
+      to_send.rank = src;
+      AppendResult(send.h, ipc::kExchangeSendDone, {}, &to_send.frames);
+      out->push_back(std::move(to_send));
+    };
     if (!request) {
       auto w = recv_waits_.find(k);
       if (w != recv_waits_.end()) {
-        Outgoing o;
-        o.rank = comm.members[static_cast<size_t>(h.peer)];
-        AppendResult(w->second, 0, whole, &o.frames);
-        out->push_back(std::move(o));
+        match(posted, w->second);
+        note(comm, w->second, false);
         recv_waits_.erase(w);
       } else {
-        sends_[k] = std::move(whole);
+        note(comm, posted, true);
+        sends_[k] = std::move(posted);
       }
       return "";
     }
     auto s = sends_.find(k);
     if (s != sends_.end()) {
-      Outgoing o;
-      o.rank = from;
-      AppendResult(h, 0, s->second, &o.frames);
-      out->push_back(std::move(o));
+      match(s->second, posted);
+      note(comm, s->second, false);
       sends_.erase(s);
     } else {
-      recv_waits_[k] = h;
+      note(comm, posted, true);
+      recv_waits_[k] = std::move(posted);
     }
     return "";
   }
@@ -116,8 +235,14 @@ std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::
                         h.key, h.comm_id, c.first.op, h.op, c.first.count, h.count, c.first.dtype, h.dtype,
                         c.first.peer, h.peer);
   }
-  c.inputs[h.rank] = std::move(whole);
-  if (static_cast<int>(c.inputs.size()) < comm.real_count) return "";
+  c.inputs[h.rank] = std::move(posted);
+  if (static_cast<int>(c.inputs.size()) < comm.real_count) {
+    note(comm, c.inputs[h.rank], true);
+    return "";
+  }
+  for (const auto& [r, p] : c.inputs) {
+    if (r != h.rank) note(comm, p, false);  // the last member to post never waited
+  }
   std::string why = c.why;
   FinishCollective(h.comm_id, h.key, c, out);
   colls_.erase({h.comm_id, h.key});
@@ -138,16 +263,18 @@ void ExchangeHub::FinishCollective(uint32_t comm_id, uint64_t key, Coll& c, std:
   bool sizes_ok = !c.mismatch;
   std::vector<const uint8_t*> inputs(static_cast<size_t>(op.nranks), nullptr);
   static const uint8_t kEmpty = 0;
-  for (auto& [r, bytes] : c.inputs) {
+  for (auto& [r, p] : c.inputs) {
+    const std::string& bytes = p.bytes;
     if (bytes.size() != payload::ExchangeInputBytes(op, r)) sizes_ok = false;
     inputs[static_cast<size_t>(r)] = bytes.empty() ? &kEmpty : reinterpret_cast<const uint8_t*>(bytes.data());
   }
   std::vector<uint8_t> result;
-  for (auto& [r, bytes] : c.inputs) {
+  for (auto& [r, p] : c.inputs) {
     ipc::ExchangeHeader h = first;
     h.comm_id = comm_id;
     h.key = key;
     h.rank = r;
+    h.seq = p.h.seq;
     Outgoing o;
     o.rank = comm.members[static_cast<size_t>(r)];
     if (!sizes_ok) {

@@ -1,6 +1,8 @@
 // The coordinator's side of real data between real members (ipc.h kOpData/kOpResult, semantics in
 // src/nccl_patch/exchange.h): assembles each real member's input, computes every real member's output once all
-// real members of a collective sent theirs, and hands p2p bytes from a real sender to a real receiver.
+// real members of a collective sent theirs, and hands p2p bytes from a real sender to a real receiver. A send is
+// acknowledged (kExchangeSendDone) only once its receive was posted, so a real send waits for its receiver as in
+// NCCL. It also says who waits on what (Wait), which the coordinator feeds into the hang diagnosis.
 // Pure logic on bytes (no sockets): the coordinator feeds frames in and sends the frames it gets back.
 #pragma once
 
@@ -23,17 +25,37 @@ class ExchangeHub {
     std::string frames;
   };
 
+  // A real rank that starts (begin) or stops waiting in an exchange: a send whose receive was not posted yet, a
+  // receive whose send was not posted yet, a collective whose other real members have not sent their input yet.
+  // What the hang diagnosis needs to see that rank as waiting at (comm_id, seq) for `peer` (p2p) or for the real
+  // members that have not arrived at that sequence (collectives).
+  struct Wait {
+    bool begin = true;   // false: the wait ended (the answer went out)
+    int rank = -1;       // global rank that waits
+    uint32_t comm_id = 0;
+    uint64_t seq = 0;    // the operation's per-communicator sequence on that rank (ExchangeHeader::seq, widened)
+    uint32_t op = 0;     // ipc.h OpArrive op code: prism::trace::CollOp, 103 send, 104 recv (0 unknown)
+    uint64_t bytes = 0;  // as kOpArrive counts them (count x element size, x members for gathers/scatters)
+    int peer = -1;       // p2p: the peer's global rank; -1 for collectives
+  };
+
   // `members`: global ranks in communicator-rank order; `real`: which of them run for real.
   void AddComm(uint32_t comm_id, std::vector<int> members, std::vector<bool> real);
 
-  // One kOpData frame from real global rank `from`. Appends what must be sent to `out`. Returns "" or a reason the
-  // frame was refused (logged by the caller; the sender is then answered with kExchangeError where possible).
-  std::string OnData(int from, const ipc::ExchangeHeader& h, std::string_view bytes, std::vector<Outgoing>* out);
+  // One kOpData frame from real global rank `from`. Appends what must be sent to `out` and, when `waits` is given,
+  // the waits that began or ended. Returns "" or a reason: the frame was refused (its sender is answered with
+  // kExchangeError, and kExchangeSendDone for a send, so it does not wait forever), or the members of a collective
+  // disagreed (each got kExchangeError). The caller logs the reason.
+  std::string OnData(int from, const ipc::ExchangeHeader& h, std::string_view bytes, std::vector<Outgoing>* out,
+                     std::vector<Wait>* waits = nullptr);
 
-  // Operations waiting for real members (collectives) or for a send (p2p receives); for status and tests.
+  // Operations waiting for real members (collectives), for a send (p2p receives), for a receive (sends, buffered
+  // and not acknowledged yet); for status and tests.
   size_t PendingCollectives() const { return colls_.size(); }
   size_t PendingReceives() const { return recv_waits_.size(); }
   size_t BufferedSends() const { return sends_.size(); }
+  // Every wait in progress (begin = true), by communicator: collectives, then sends, then receives.
+  std::vector<Wait> Waits() const;
   uint64_t BytesIn() const { return bytes_in_; }
 
  private:
@@ -42,9 +64,15 @@ class ExchangeHub {
     std::vector<bool> real;
     int real_count = 0;
   };
+  // A complete kOpData as posted: its header, the sender's sequence widened to 64 bits, its bytes.
+  struct Posted {
+    ipc::ExchangeHeader h{};
+    uint64_t seq = 0;
+    std::string bytes;
+  };
   struct Coll {
     ipc::ExchangeHeader first{};
-    std::map<int32_t, std::string> inputs;  // comm rank -> complete input
+    std::map<int32_t, Posted> inputs;  // comm rank -> complete input
     bool mismatch = false;
     std::string why;
   };
@@ -53,12 +81,16 @@ class ExchangeHub {
 
   void FinishCollective(uint32_t comm_id, uint64_t key, Coll& c, std::vector<Outgoing>* out);
   static void AppendResult(const ipc::ExchangeHeader& base, uint32_t flags, std::string_view bytes, std::string* to);
+  // The wait of the rank that posted `p`: a send's source, a receive's destination, a collective's member.
+  Wait WaitOf(const CommInfo& comm, const Posted& p, bool begin) const;
+  uint64_t WidenSeq(int from, uint32_t comm_id, uint32_t low);
 
   std::map<uint32_t, CommInfo> comms_;
   std::map<PartKey, std::string> partial_;
   std::map<std::pair<uint32_t, uint64_t>, Coll> colls_;
-  std::map<P2pKey, std::string> sends_;
-  std::map<P2pKey, ipc::ExchangeHeader> recv_waits_;
+  std::map<P2pKey, Posted> sends_;       // buffered sends: not acknowledged until their receive is posted
+  std::map<P2pKey, Posted> recv_waits_;  // receive requests (no bytes) waiting for their send
+  std::map<std::pair<int, uint32_t>, uint64_t> last_seq_;  // (global rank, comm) -> highest widened sequence
   uint64_t bytes_in_ = 0;
 };
 

@@ -178,6 +178,82 @@ TEST_F(HangE2E, P2pSendSendIsACycle) {
   fs::remove_all(out);
 }
 
+// The same bug through libprism's exchange (FAKE_EXCHANGE=1, what a real send to a real peer does): each send posts
+// its bytes and waits for the coordinator's acknowledgement, which needs the receive the other rank never posts.
+// No kOpArrive is sent (an exchanged p2p unit is not released by the coordinator): the coordinator learns that
+// both ranks wait from the exchange itself, and finds the cycle 0 -> 5 -> 0.
+TEST_F(HangE2E, ExchangedSendSendIsACycle) {
+  fs::path out = FreshDir("xp2p");
+  std::string log;
+  int rc = RunPrism("FAKE_COMM=p2p:0,5 FAKE_OPS=send:4096,recv:4096 FAKE_EXCHANGE=1 FAKE_WAIT_S=30",
+                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --no-preload --hang-timeout 1 torchrun "
+                    "--nnodes 2 --nproc-per-node 4 " + Shim(),
+                    &log);
+  EXPECT_EQ(rc, 4) << log;
+  EXPECT_NE(log.find("wait-for cycle: 0 -> 5 -> 0"), std::string::npos) << log;
+  json h = ReadJson(out / "hang.json");
+  ASSERT_FALSE(h.is_discarded()) << log;
+  ASSERT_EQ(h["cycles"].size(), 1u) << h.dump(2);
+  EXPECT_EQ(h["cycles"][0], json::array({0, 5}));
+  ASSERT_EQ(h["waiting"].size(), 2u) << h.dump(2);
+  for (const json& w : h["waiting"]) {
+    EXPECT_EQ(w["op"]["op"], "send") << w.dump();
+    EXPECT_EQ(w["op"]["seq"], 0) << w.dump();
+    EXPECT_EQ(w["op"]["bytes"], 4096) << w.dump();
+    EXPECT_EQ(w["op"]["peer"], w["rank"] == 0 ? 5 : 0) << w.dump();
+    EXPECT_EQ(w["waiting_for"], json::array({w["rank"] == 0 ? 5 : 0})) << w.dump();
+  }
+  ASSERT_EQ(h["mismatches"].size(), 1u) << h.dump(2);
+  EXPECT_EQ(h["mismatches"][0]["differs"], "p2p direction");
+  ExpectNoWorkerLeft(out);
+  fs::remove_all(out);
+}
+
+// The control: rank 5 receives before it sends, so every send finds its receive. No hang; the fake shim checks that
+// each receive got the peer's bytes (exit 3 otherwise).
+TEST_F(HangE2E, ExchangedSendAndReceiveInOrderDoNotHang) {
+  fs::path out = FreshDir("xp2p-ok");
+  std::string log;
+  int rc = RunPrism("FAKE_COMM=p2p:0,5 FAKE_OPS=send:4096,recv:4096 FAKE_EXCHANGE=1 FAKE_RECV_FIRST_RANK=5 "
+                    "FAKE_ITERS=3 FAKE_WAIT_S=30",
+                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --no-preload --hang-timeout 1 torchrun "
+                    "--nnodes 2 --nproc-per-node 4 " + Shim(),
+                    &log);
+  EXPECT_EQ(rc, 0) << log;
+  EXPECT_FALSE(fs::exists(out / "hang.json")) << log;
+  EXPECT_NE(log.find("fake_shim rank 5: iteration 2 done"), std::string::npos) << log;
+  EXPECT_NE(log.find("fake_shim rank 0: iteration 2 done"), std::string::npos) << log;
+  fs::remove_all(out);
+}
+
+// An exchanged collective: rank 5 leaves before iteration 2, so rank 0 waits in the exchange of that iteration's
+// all_reduce (its input posted, rank 5's never comes). The diagnosis names the member that never arrived.
+TEST_F(HangE2E, ExchangedCollectiveWaitsForAMemberThatLeft) {
+  fs::path out = FreshDir("xcoll");
+  std::string log;
+  int rc = RunPrism("FAKE_EXCHANGE=1 FAKE_ITERS=50 FAKE_STOP_RANK=5 FAKE_STOP_ITER=2 FAKE_WAIT_S=30",
+                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --no-preload --hang-timeout 1 torchrun "
+                    "--nnodes 2 --nproc-per-node 4 " + Shim(),
+                    &log);
+  EXPECT_EQ(rc, 4) << log;
+  json h = ReadJson(out / "hang.json");
+  ASSERT_FALSE(h.is_discarded()) << log;
+  ASSERT_EQ(h["waiting"].size(), 1u) << h.dump(2);
+  const json& w = h["waiting"][0];
+  EXPECT_EQ(w["rank"], 0);
+  EXPECT_EQ(w["op"]["op"], "all_reduce");
+  EXPECT_EQ(w["op"]["seq"], 4);
+  EXPECT_EQ(w["op"]["bytes"], 1048576);
+  EXPECT_EQ(w["waiting_for"], json::array({5}));
+  EXPECT_EQ(w["held_up_by"], 5);
+  ASSERT_EQ(h["never_arrived"].size(), 1u) << h.dump(2);
+  EXPECT_EQ(h["never_arrived"][0]["never_arrived"][0]["rank"], 5);
+  EXPECT_EQ(h["never_arrived"][0]["never_arrived"][0]["reached_seq"], 3);
+  EXPECT_TRUE(h["mismatches"].empty()) << h.dump(2);
+  ExpectNoWorkerLeft(out);
+  fs::remove_all(out);
+}
+
 // --on-hang wait: the diagnosis is written and printed, the job keeps running until Ctrl-C (exit 130), and the
 // report records the hang.
 TEST_F(HangE2E, WaitKeepsTheJobRunning) {

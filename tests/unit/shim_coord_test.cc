@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -126,7 +127,8 @@ TEST(ShimCoord, TwoRealMembersAreReleasedByTheCoordinator) {
 }
 
 // Real data between real members: the shim sends its input (kOpData), writes the coordinator's result (kOpResult)
-// into the receive buffer instead of the mirror rule; a send to a real peer posts its bytes, a receive from it asks.
+// into the receive buffer instead of the mirror rule; a send to a real peer posts its bytes and waits for the
+// acknowledgement, a receive from it asks. In a group every operation is posted before any waits.
 TEST(ShimCoord, ExchangeWritesTheCoordinatorsResult) {
   std::string path = "/tmp/prism_coord_xtest_" + std::to_string(getpid()) + ".sock";
   int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -143,6 +145,7 @@ TEST(ShimCoord, ExchangeWritesTheCoordinatorsResult) {
     int fd = accept(lfd, nullptr, nullptr);
     std::string err;
     int answered = 0;
+    ipc::ExchangeHeader send_h{};
     for (;;) {
       ipc::Frame f;
       if (ipc::RecvFrame(fd, &f, 10000, &err) != ipc::IoStatus::kOk) break;
@@ -156,7 +159,10 @@ TEST(ShimCoord, ExchangeWritesTheCoordinatorsResult) {
         std::memcpy(&h, f.payload.data(), sizeof(h));
         data_headers.push_back(h);
         data_bytes.push_back(f.payload.substr(sizeof(h)));
-        if (h.op == static_cast<uint16_t>(payload::OpKind::kSend)) continue;  // a send wants no answer
+        if (h.op == static_cast<uint16_t>(payload::OpKind::kSend)) {
+          send_h = h;  // acknowledged once the receive is posted (below), as the coordinator does
+          continue;
+        }
         // Answer: a collective gets 4 floats of 7.0; a receive gets 4 floats of 9.0.
         const float v = h.op == static_cast<uint16_t>(payload::OpKind::kRecv) ? 9.0f : 7.0f;
         std::vector<float> out(4, v);
@@ -167,6 +173,12 @@ TEST(ShimCoord, ExchangeWritesTheCoordinatorsResult) {
         std::string payload(reinterpret_cast<const char*>(&r), sizeof(r));
         payload.append(reinterpret_cast<const char*>(out.data()), 16);
         ipc::SendFrame(fd, ipc::MsgType::kOpResult, payload.data(), payload.size(), &err);
+        if (h.op == static_cast<uint16_t>(payload::OpKind::kRecv)) {
+          ipc::ExchangeHeader ack = send_h;
+          ack.flags = ipc::kExchangeSendDone;
+          ack.total_bytes = 0;
+          ipc::SendFrame(fd, ipc::MsgType::kOpResult, &ack, sizeof(ack), &err);
+        }
         if (++answered == 2) break;
       } else if (f.type == ipc::MsgType::kOpArrive) {
         ipc::OpArrive a{};
@@ -179,7 +191,6 @@ TEST(ShimCoord, ExchangeWritesTheCoordinatorsResult) {
         ipc::SendFrame(fd, ipc::MsgType::kOpRelease, &rel, sizeof(rel), &err);
       }
     }
-    usleep(300000);
     close(fd);
   });
 
@@ -250,6 +261,216 @@ TEST(ShimCoord, ExchangeWritesTheCoordinatorsResult) {
   EXPECT_EQ(data_headers[2].flags, ipc::kExchangeRecvRequest);
   EXPECT_EQ(data_headers[2].rank, 1);  // the source
   EXPECT_EQ(data_headers[2].peer, 0);
+  // Each carries its operation's sequence on the communicator (the hang diagnosis names where a rank waits).
+  EXPECT_EQ(data_headers[0].seq, 0u);
+  EXPECT_EQ(data_headers[1].seq, 1u);
+  EXPECT_EQ(data_headers[2].seq, 2u);
+  SetGpuForTest(nullptr);
+}
+
+// A send to a real peer outside a group returns only once the coordinator acknowledged it (kExchangeSendDone: the
+// receive was posted), as NCCL's send waits for its receiver; the acknowledgement is matched by destination.
+// The completed send's kOpRecord names the coordinator's communicator id (not the process-local one).
+TEST(ShimCoord, ExchangedSendWaitsForTheAcknowledgement) {
+  std::string path = "/tmp/prism_coord_stest_" + std::to_string(getpid()) + ".sock";
+  int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  unlink(path.c_str());
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(lfd, 1), 0);
+
+  std::atomic<bool> acked{false};
+  std::atomic<int> sends{0};
+  std::atomic<int64_t> record_comm{-1}, record_op{-1};
+  std::thread server([&] {
+    int fd = accept(lfd, nullptr, nullptr);
+    std::string err;
+    for (;;) {
+      ipc::Frame f;
+      if (ipc::RecvFrame(fd, &f, 5000, &err) != ipc::IoStatus::kOk) break;
+      if (f.type == ipc::MsgType::kOpRecord) {
+        ipc::OpRecord rec{};
+        ASSERT_TRUE(ipc::DecodePod(f, &rec));
+        record_comm = rec.comm_id;
+        record_op = rec.op;
+        break;
+      }
+      if (f.type == ipc::MsgType::kCommInit) {
+        nlohmann::json j = nlohmann::json::parse(f.payload);
+        nlohmann::json r = {{"key", j.at("key")}, {"comm_id", 6}, {"members", {0, 1, 2}}, {"real", {true, true, true}}};
+        std::string s = r.dump();
+        ipc::SendFrame(fd, ipc::MsgType::kCommInfo, s.data(), s.size(), &err);
+      } else if (f.type == ipc::MsgType::kOpData) {
+        ipc::ExchangeHeader h{};
+        std::memcpy(&h, f.payload.data(), sizeof(h));
+        if (h.op != static_cast<uint16_t>(payload::OpKind::kSend)) continue;
+        ++sends;
+        // The receiver posts its receive 300 ms later. First an acknowledgement for the same key to another
+        // destination, which must not complete this send.
+        usleep(150000);
+        ipc::ExchangeHeader other = h;
+        other.peer = 2;
+        other.flags = ipc::kExchangeSendDone;
+        other.total_bytes = 0;
+        ipc::SendFrame(fd, ipc::MsgType::kOpResult, &other, sizeof(other), &err);
+        usleep(150000);
+        ipc::ExchangeHeader ack = h;
+        ack.flags = ipc::kExchangeSendDone;
+        ack.total_bytes = 0;
+        acked = true;
+        ipc::SendFrame(fd, ipc::MsgType::kOpResult, &ack, sizeof(ack), &err);
+      }
+    }
+    usleep(300000);
+    close(fd);
+  });
+
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  auto dir = std::filesystem::temp_directory_path() / ("prism_coord_stest_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  Config c;
+  c.rank = 0;
+  c.world_size = 3;
+  c.real_ranks = {0, 1, 2};
+  c.fixed_dur_us = 10;
+  c.coord_socket = path;
+  c.out_dir = dir.string();  // the event writer sends kOpRecord
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  CoordResetForTest();
+  ncclUniqueId id;
+  GetUniqueId(&id);
+  InitArgs a;
+  a.nranks = 3;
+  a.rank = 0;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  ASSERT_TRUE(comm->use_coordinator);
+
+  std::vector<float> sendbuf{5, 6, 7, 8};
+  OpCall snd;
+  snd.op = payload::OpKind::kSend;
+  snd.comm = comm;
+  snd.count = 4;
+  snd.peer = 1;
+  snd.send = sendbuf.data();
+  const uint64_t t0 = HostNowNs();
+  ASSERT_EQ(Submit(snd), ncclSuccess);
+  const uint64_t took = HostNowNs() - t0;
+  EXPECT_TRUE(acked) << "the send returned before the coordinator acknowledged it";
+  EXPECT_GE(took, 250000000u) << "the send did not wait for its receive";
+  EXPECT_EQ(sends, 1);
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  server.join();
+  EXPECT_EQ(record_comm, 6) << "kOpRecord must carry the coordinator's communicator id (local id " << comm->id << ")";
+  EXPECT_EQ(record_op, 103);  // send
+  close(lfd);
+  unlink(path.c_str());
+  SetGpuForTest(nullptr);
+  std::filesystem::remove_all(dir);
+}
+
+// A group whose operations lie on two streams runs as two units; the sends of the first must not wait for their
+// acknowledgement before the second unit's receive is posted (NCCL posts a whole group at once). The scripted
+// coordinator acknowledges the send only after the receive request came.
+TEST(ShimCoord, GroupAcrossStreamsPostsEveryUnitBeforeWaitingForItsSends) {
+  std::string path = "/tmp/prism_coord_gtest_" + std::to_string(getpid()) + ".sock";
+  int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  unlink(path.c_str());
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(lfd, 1), 0);
+
+  std::atomic<bool> recv_request{false};
+  std::thread server([&] {
+    int fd = accept(lfd, nullptr, nullptr);
+    std::string err;
+    ipc::ExchangeHeader send_h{};
+    for (;;) {
+      ipc::Frame f;
+      // Why 3 s: a shim that waits for the acknowledgement first never sends the request; the test then ends.
+      if (ipc::RecvFrame(fd, &f, 3000, &err) != ipc::IoStatus::kOk) break;
+      if (f.type == ipc::MsgType::kCommInit) {
+        nlohmann::json j = nlohmann::json::parse(f.payload);
+        nlohmann::json r = {{"key", j.at("key")}, {"comm_id", 4}, {"members", {0, 1}}, {"real", {true, true}}};
+        std::string s = r.dump();
+        ipc::SendFrame(fd, ipc::MsgType::kCommInfo, s.data(), s.size(), &err);
+      } else if (f.type == ipc::MsgType::kOpData) {
+        ipc::ExchangeHeader h{};
+        std::memcpy(&h, f.payload.data(), sizeof(h));
+        if (h.op == static_cast<uint16_t>(payload::OpKind::kSend)) {
+          send_h = h;
+          continue;
+        }
+        recv_request = true;
+        std::vector<float> out(4, 9.0f);
+        ipc::ExchangeHeader r = h;
+        r.flags = 0;
+        r.total_bytes = 16;
+        std::string payload(reinterpret_cast<const char*>(&r), sizeof(r));
+        payload.append(reinterpret_cast<const char*>(out.data()), 16);
+        ipc::SendFrame(fd, ipc::MsgType::kOpResult, payload.data(), payload.size(), &err);
+        ipc::ExchangeHeader ack = send_h;
+        ack.flags = ipc::kExchangeSendDone;
+        ack.total_bytes = 0;
+        ipc::SendFrame(fd, ipc::MsgType::kOpResult, &ack, sizeof(ack), &err);
+        break;
+      }
+    }
+    usleep(300000);
+    close(fd);
+  });
+
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  Config c;
+  c.rank = 0;
+  c.world_size = 2;
+  c.real_ranks = {0, 1};
+  c.fixed_dur_us = 10;
+  c.coord_socket = path;
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  CoordResetForTest();
+  ncclUniqueId id;
+  GetUniqueId(&id);
+  InitArgs a;
+  a.nranks = 2;
+  a.rank = 0;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  ASSERT_TRUE(comm->use_coordinator);
+
+  std::vector<float> sendbuf{5, 6, 7, 8}, recvbuf(4, 0);
+  OpCall snd;
+  snd.op = payload::OpKind::kSend;
+  snd.comm = comm;
+  snd.count = 4;
+  snd.peer = 1;
+  snd.send = sendbuf.data();
+  snd.stream = reinterpret_cast<cudaStream_t>(uintptr_t{0x10});
+  OpCall rcv = snd;
+  rcv.op = payload::OpKind::kRecv;
+  rcv.send = nullptr;
+  rcv.recv = recvbuf.data();
+  rcv.stream = reinterpret_cast<cudaStream_t>(uintptr_t{0x20});
+  ASSERT_EQ(GroupStart(), ncclSuccess);
+  ASSERT_EQ(Submit(snd), ncclSuccess);
+  ASSERT_EQ(Submit(rcv), ncclSuccess);
+  ASSERT_EQ(GroupEnd(), ncclSuccess);
+  EXPECT_TRUE(recv_request) << "the receive of the second stream was not posted";
+  EXPECT_EQ(recvbuf, (std::vector<float>(4, 9.0f)));
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  server.join();
+  close(lfd);
+  unlink(path.c_str());
   SetGpuForTest(nullptr);
 }
 

@@ -49,6 +49,8 @@ struct Conn {
   std::mutex result_mu;
   std::condition_variable result_cv;
   std::map<std::tuple<uint32_t, uint64_t, int32_t>, Result> results;
+  // kExchangeSendDone: (comm, key, destination) -> the acknowledgement's flags.
+  std::map<std::tuple<uint32_t, uint64_t, int32_t>, uint32_t> send_done;
 };
 
 Conn& C() {
@@ -78,6 +80,13 @@ void ReaderLoop() {
                        h.op == static_cast<uint16_t>(payload::OpKind::kSend);
       {
         std::lock_guard<std::mutex> lock(c.result_mu);
+        if (h.flags & ipc::kExchangeSendDone) {
+          // Why keyed by the destination: this rank is the source of every send it waits for, and keys count per
+          // destination (ipc.h), so (comm, key, source) would not tell two sends apart.
+          c.send_done[{h.comm_id, h.key, h.peer}] = h.flags;
+          c.result_cv.notify_all();
+          continue;
+        }
         Conn::Result& r = c.results[{h.comm_id, h.key, p2p ? h.rank : -1}];
         r.flags = h.flags;
         r.total = h.total_bytes;
@@ -307,7 +316,9 @@ void SendPod(ipc::MsgType type, const void* pod, size_t len) {
 
 void CoordSendRecord(const OpEvent& e) {
   ipc::OpRecord r{};
-  r.comm_id = e.comm_id;
+  // Why the coordinator's id: the coordinator (status, hang diagnosis, FR dumps) keys communicators by its own ids,
+  // which differ from this process's (a rank's first communicator is local 0).
+  r.comm_id = e.coord_comm_id;
   r.op = IpcOp(e.op);
   r.seq = e.seq;
   r.bytes = e.bytes;
@@ -398,6 +409,22 @@ bool CoordWaitResult(uint32_t comm_id, uint64_t key, int32_t p2p_src, uint32_t* 
   }
 }
 
+bool CoordWaitSendDone(uint32_t comm_id, uint64_t key, int32_t dst, uint32_t* flags) {
+  Conn& c = C();
+  std::unique_lock<std::mutex> lock(c.result_mu);
+  const auto k = std::make_tuple(comm_id, key, dst);
+  for (;;) {
+    auto it = c.send_done.find(k);
+    if (it != c.send_done.end()) {
+      *flags = it->second;
+      c.send_done.erase(it);
+      return true;
+    }
+    if (!c.active.load()) return false;
+    c.result_cv.wait_for(lock, std::chrono::milliseconds(200));
+  }
+}
+
 void CoordResetForTest() {
   Conn& c = C();
   std::lock_guard<std::mutex> lock(c.mu);
@@ -408,6 +435,7 @@ void CoordResetForTest() {
   c.replies.clear();
   std::lock_guard<std::mutex> rl(c.result_mu);
   c.results.clear();
+  c.send_done.clear();
 }
 
 }  // namespace prism::interpose

@@ -48,6 +48,9 @@ bool CoordSendData(const ipc::ExchangeHeader& h, const void* bytes, uint64_t len
 // of a collective (`p2p_src` = -1) or of a p2p receive from communicator rank `p2p_src`. False when the connection
 // is lost. `flags` gets the result's flags, `bytes` its assembled payload.
 bool CoordWaitResult(uint32_t comm_id, uint64_t key, int32_t p2p_src, uint32_t* flags, std::string* bytes);
+// Waits (no timeout, as above) for the acknowledgement of this rank's send `key` to communicator rank `dst`
+// (kExchangeSendDone: the receiver posted the matching receive). False when the connection is lost.
+bool CoordWaitSendDone(uint32_t comm_id, uint64_t key, int32_t dst, uint32_t* flags);
 
 // Test hook: forgets a lost connection so the next CoordConnect dials again (the old reader thread has ended).
 void CoordResetForTest();

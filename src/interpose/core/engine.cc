@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "common/log.h"
@@ -83,6 +84,10 @@ struct Tls {
   std::vector<OpCall> scratch;
   std::vector<UnitSend> sends;
   std::vector<uint8_t> done;
+  // Sends of a group's units waiting for the coordinator's acknowledgement (comm id, key, destination): GroupEnd
+  // waits for them after every unit was posted, so a group spanning streams does not wait on its own receives.
+  bool defer_send_done = false;
+  std::vector<std::tuple<uint32_t, uint64_t, int32_t>> send_done;
   Tls() {
     group.reserve(4096);
     prepared.reserve(4096);
@@ -249,6 +254,24 @@ payload::ExchangeOp ExchangeOpOf(const Prepared& p) {
   return x;
 }
 
+// Waits for the coordinator's acknowledgement of every exchanged send posted so far (tls.send_done): NCCL's
+// rendezvous, a send completes once its receive is posted.
+void WaitSendsDone() {
+  static std::atomic<bool> warned_lost{false}, warned_refused{false};
+  for (const auto& [comm_id, key, dst] : tls.send_done) {
+    uint32_t flags = 0;
+    if (!CoordWaitSendDone(comm_id, key, dst, &flags)) {
+      LogOnce(&warned_lost, "the coordinator is gone: real data between real ranks falls back to the local policy");
+      break;
+    }
+    if (flags & ipc::kExchangeError) {
+      LogOnce(&warned_refused, "the coordinator refused a send to a real rank (see its log): the receiver gets the "
+                               "local policy");
+    }
+  }
+  tls.send_done.clear();
+}
+
 // The exchange part of a unit (host-synchronous): inputs to the host, to the coordinator, outputs back into the
 // receive buffers. The arrival stamp is already on the stream. Returns the first CUDA error, CUDA_SUCCESS else;
 // an operation whose output no real data defines keeps `local` (its planned steps run afterwards).
@@ -290,7 +313,10 @@ CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
   }
   if (r == CUDA_SUCCESS) r = gpu.Synchronize(stream);
   if (r != CUDA_SUCCESS) return r;
-  // Post every input and send first, then wait: a group's send/recv pairs must not wait on each other.
+  // Post every input and send first, then wait: a group's send/recv pairs must not wait on each other. A send
+  // completes when the coordinator acknowledges it (its receive was posted, as NCCL's rendezvous), so two real
+  // ranks that both send first outside a group deadlock here as they would in NCCL, and the coordinator's hang
+  // diagnosis sees both waiting.
   std::vector<uint64_t> keys(prep.size(), 0);
   for (size_t i = 0; i < prep.size(); ++i) {
     Prepared& p = prep[i];
@@ -310,6 +336,7 @@ CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
       else keys[i] = c->xrecv[p.call.peer]++;
     }
     h.key = keys[i];
+    h.seq = static_cast<uint32_t>(p.seq);  // low bits (ipc.h): the hang diagnosis names where this rank waits
     if (p.xkind == XKind::kColl) {
       h.rank = c->rank;
       h.peer = p.call.root;
@@ -359,6 +386,12 @@ CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
     RecordPayload(p.call.comm->id, p.seq, static_cast<uint16_t>(p.call.op), static_cast<uint8_t>(p.desc.dtype),
                   results[i].data(), want);
   }
+  for (size_t i = 0; i < prep.size(); ++i) {
+    const Prepared& p = prep[i];
+    if (p.xkind != XKind::kSend) continue;
+    tls.send_done.emplace_back(p.call.comm->coord_comm_id, keys[i], p.call.peer);
+  }
+  if (!tls.defer_send_done) WaitSendsDone();
   // Why wait: the results live in host strings freed on return.
   return gpu.Synchronize(stream);
 }
@@ -548,6 +581,7 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   u.via_coordinator = c0->use_coordinator && !p2p_only_exchange;
   u.coord_comm_id = c0->coord_comm_id;
   u.event.comm_id = c0->id;
+  u.event.coord_comm_id = c0->coord_comm_id;
   u.event.seq = prep[0].seq;
   u.event.op = mixed ? 0xff : static_cast<uint8_t>(prep[0].call.op);
   u.event.dtype = static_cast<uint8_t>(prep[0].call.dtype);
@@ -620,6 +654,7 @@ ncclResult_t GroupEnd() {
   std::vector<OpCall>& one = tls.scratch;
   std::vector<uint8_t>& done = tls.done;
   done.assign(ops.size(), 0);
+  tls.defer_send_done = true;
   for (size_t i = 0; i < ops.size(); ++i) {
     if (done[i]) continue;
     one.clear();
@@ -632,6 +667,8 @@ ncclResult_t GroupEnd() {
     ncclResult_t r = RunUnit(one.data(), one.size());
     if (r != ncclSuccess && result == ncclSuccess) result = r;
   }
+  tls.defer_send_done = false;
+  WaitSendsDone();
   ops.clear();
   if (sample) RecordOverhead(MonoNs() - t0);
   return result;

@@ -13,7 +13,8 @@
 namespace prism::interpose {
 
 struct OpEvent {
-  uint32_t comm_id = 0;
+  uint32_t comm_id = 0;       // process-local communicator id (the event file's)
+  uint32_t coord_comm_id = 0; // the coordinator's id of that communicator (kOpRecord's comm_id), 0 when none
   uint64_t seq = 0;
   uint8_t op = 0;       // payload::OpKind; 0xff = a group of several kinds
   uint8_t dtype = 0;    // payload::DataType

@@ -19,6 +19,15 @@ Settings (environment):
   FAKE_SKIP_RANK, FAKE_SKIP_ITER, FAKE_SKIP_OP: that rank leaves out op number FAKE_SKIP_OP (0-based) of
                   iteration FAKE_SKIP_ITER (a planted bug)
   FAKE_SIZE_RANK, FAKE_SIZE_ITER: that rank halves the bytes of every op of that iteration
+  FAKE_EXCHANGE   1: every op moves real data through the coordinator as libprism's exchange does (kOpData ->
+                  kOpResult; docs/payload.md "Exchange"): a collective posts its input (uint8, the op's bytes; an
+                  all_gather's shard) and waits for its output, then kOpArrive/kOpRelease; a send posts its bytes and
+                  waits for the acknowledgement that its receive was posted (kExchangeSendDone); a receive asks for
+                  the send and checks the bytes (exit 3 when they are not the peer's). p2p ops send no kOpArrive.
+                  Results are read as one frame (sizes up to 8 MiB).
+  FAKE_RECV_FIRST_RANK: that rank issues each iteration's p2p ops in reverse order (a receive before its send)
+  FAKE_STOP_RANK, FAKE_STOP_ITER: that rank says goodbye and exits 0 before iteration FAKE_STOP_ITER
+  FAKE_WAIT_S     give up (exit 3) after waiting this long for any answer from the coordinator (default: never)
 """
 import json
 import os
@@ -41,10 +50,16 @@ def _ipc_version():
 
 
 VERSION = _ipc_version()
-HELLO, COMM_INIT, OP_ARRIVE, OP_RECORD, MEMORY, ITERATION, BYE = 1, 2, 3, 4, 5, 6, 7
-HELLO_ACK, COMM_INFO, OP_RELEASE, ERROR = 64, 65, 66, 67
+HELLO, COMM_INIT, OP_ARRIVE, OP_RECORD, MEMORY, ITERATION, BYE, OP_DATA = 1, 2, 3, 4, 5, 6, 7, 8
+HELLO_ACK, COMM_INFO, OP_RELEASE, ERROR, OP_RESULT = 64, 65, 66, 67, 68
 OPS = {"all_reduce": 1, "all_gather": 2, "reduce_scatter": 3, "broadcast": 4, "reduce": 5, "all_to_all": 6,
        "send": 103, "recv": 104}
+# ipc.h ExchangeHeader: comm_id, op (payload::OpKind), dtype, redop, key, rank, peer, count, scalar_bits,
+# total_bytes, offset, flags, seq (low 32 bits).
+XHEADER = struct.Struct("<IHBBQiiQQQQII")
+KIND = {1: 1, 2: 4, 103: 9, 104: 10}  # OPS code -> payload::OpKind (exchange supports these)
+UINT8 = 1
+RECV_REQUEST, X_ERROR, SEND_DONE = 1, 8, 16
 
 
 def log(msg):
@@ -92,8 +107,12 @@ class Bus:
             self.s = socket.create_connection((host, int(port)), timeout=None)
         else:
             raise SystemExit("fake_shim: neither PRISM_COORD_SOCKET nor PRISM_COORD_ADDR is set")
+        wait_s = os.environ.get("FAKE_WAIT_S", "")
+        if wait_s:
+            self.s.settimeout(float(wait_s))
         self.releases = {}
         self.replies = []
+        self.results = []  # kOpResult frames not taken yet: (header tuple, bytes)
 
     def send(self, typ, payload):
         self.s.sendall(struct.pack("<IHHI", MAGIC, VERSION, typ, len(payload)) + payload)
@@ -111,14 +130,24 @@ class Bus:
         return out
 
     def next_frame(self):
-        magic, ver, typ, length = struct.unpack("<IHHI", self._recv(12))
-        if magic != MAGIC or ver != VERSION:
-            raise SystemExit("fake_shim: bad frame from the coordinator")
-        return typ, self._recv(length)
+        try:
+            magic, ver, typ, length = struct.unpack("<IHHI", self._recv(12))
+            if magic != MAGIC or ver != VERSION:
+                raise SystemExit("fake_shim: bad frame from the coordinator")
+            payload = self._recv(length)
+        except socket.timeout:
+            log("no answer from the coordinator within FAKE_WAIT_S")
+            sys.exit(3)
+        if typ == OP_RESULT:
+            self.results.append((XHEADER.unpack(payload[:XHEADER.size]), payload[XHEADER.size:]))
+            return None, None
+        return typ, payload
 
     def reply(self):
         while not self.replies:
             typ, payload = self.next_frame()
+            if typ is None:
+                continue
             if typ == OP_RELEASE:
                 comm, _, seq, rel, last, _ = struct.unpack("<IIQQiI", payload)
                 self.releases[(comm, seq)] = (rel, last)
@@ -126,9 +155,26 @@ class Bus:
                 self.replies.append((typ, payload))
         return self.replies.pop(0)
 
+    def result(self, match):
+        """The first kOpResult whose header satisfies match(header tuple): (header, bytes)."""
+        while True:
+            for i, (h, b) in enumerate(self.results):
+                if match(h):
+                    return self.results.pop(i)
+            typ, payload = self.next_frame()
+            if typ == OP_RELEASE:
+                c, _, s, rel, last, _ = struct.unpack("<IIQQiI", payload)
+                self.releases[(c, s)] = (rel, last)
+            elif typ == ERROR:
+                raise SystemExit("fake_shim: coordinator error: %s" % payload.decode())
+            elif typ is not None:
+                self.replies.append((typ, payload))
+
     def release(self, comm, seq):
         while (comm, seq) not in self.releases:
             typ, payload = self.next_frame()
+            if typ is None:
+                continue
             if typ == OP_RELEASE:
                 c, _, s, rel, last, _ = struct.unpack("<IIQQiI", payload)
                 self.releases[(c, s)] = (rel, last)
@@ -186,11 +232,53 @@ def main():
     skip = (int(os.environ.get("FAKE_SKIP_RANK", "-1")), int(os.environ.get("FAKE_SKIP_ITER", "-1")),
             int(os.environ.get("FAKE_SKIP_OP", "0")))
     halve = (int(os.environ.get("FAKE_SIZE_RANK", "-1")), int(os.environ.get("FAKE_SIZE_ITER", "-1")))
+    exchange = os.environ.get("FAKE_EXCHANGE", "") == "1"
+    recv_first = int(os.environ.get("FAKE_RECV_FIRST_RANK", "-1")) == rank
+    stop = (int(os.environ.get("FAKE_STOP_RANK", "-1")), int(os.environ.get("FAKE_STOP_ITER", "-1")))
     peer = 1 - my if len(members) == 2 else -1
+    xkeys = {"coll": 0, "send": 0, "recv": 0}  # exchange keys (ipc.h): per communicator, per peer for p2p
     seq = 0
     last = time.time_ns()
+
+    def exchange_op(op, size, seq):
+        """libprism's RunExchange for one operation; True when the op still needs kOpArrive (collectives)."""
+        kind = KIND.get(op)
+        if kind is None:
+            raise SystemExit("fake_shim: FAKE_EXCHANGE supports all_reduce, all_gather, send, recv")
+        if op == OPS["send"]:
+            key = xkeys["send"]
+            xkeys["send"] += 1
+            data = bytes([(rank + key) % 256]) * size
+            bus.send(OP_DATA, XHEADER.pack(comm, kind, UINT8, 0, key, my, peer, size, 0, size, 0, 0, seq) + data)
+            bus.result(lambda h: h[11] & SEND_DONE and (h[0], h[4], h[6]) == (comm, key, peer))
+            return False
+        if op == OPS["recv"]:
+            key = xkeys["recv"]
+            xkeys["recv"] += 1
+            bus.send(OP_DATA, XHEADER.pack(comm, kind, UINT8, 0, key, peer, my, size, 0, 0, 0, RECV_REQUEST, seq))
+            h, data = bus.result(
+                lambda h: h[1] == kind and not h[11] & SEND_DONE and (h[0], h[4], h[5]) == (comm, key, peer))
+            want = bytes([(members[peer] + key) % 256]) * size
+            if h[11] & X_ERROR or data != want:
+                log("received %d bytes (flags %d) that are not rank %d's send %d"
+                    % (len(data), h[11], members[peer], key))
+                sys.exit(3)
+            return False
+        key = xkeys["coll"]
+        xkeys["coll"] += 1
+        count = size // len(members) if op == OPS["all_gather"] else size
+        bus.send(OP_DATA, XHEADER.pack(comm, kind, UINT8, 0, key, my, -1, count, 0, count, 0, 0, seq) + bytes(count))
+        bus.result(lambda h: (h[0], h[4]) == (comm, key) and h[1] not in (KIND[103], KIND[104]))
+        return True
+
     for it in range(iters):
-        for k, (op, size) in enumerate(ops):
+        if (rank, it) == stop:
+            log("stops before iteration %d (planted bug)" % it)
+            break
+        order = list(enumerate(ops))
+        if recv_first:
+            order.reverse()
+        for k, (op, size) in order:
             if (rank, it, k) == skip:
                 log("skips op %d of iteration %d (planted bug)" % (k, it))
                 continue
@@ -198,8 +286,11 @@ def main():
                 size //= 2
             now = time.time_ns()
             p = peer if op >= 100 else -1
-            bus.send(OP_ARRIVE, struct.pack("<IIQQQQiI", comm, op, seq, size, now, 100000, p, 0))
-            rel, last_rank = bus.release(comm, seq)
+            if exchange and not exchange_op(op, size, seq):
+                rel, last_rank = time.time_ns(), -1
+            else:
+                bus.send(OP_ARRIVE, struct.pack("<IIQQQQiI", comm, op, seq, size, now, 100000, p, 0))
+                rel, last_rank = bus.release(comm, seq)
             bus.send(OP_RECORD, struct.pack("<IIQQQQQiBBBBI", comm, op, seq, size, now, rel, 100000, last_rank,
                                             1, 0, 0, 0, 0))
             seq += 1
