@@ -28,6 +28,9 @@ const Setting kSettings[] = {
     {"PRISM_EXCHANGE", "1",
      "1: communicators with several real members move real data between them through the coordinator; 0: each "
      "real rank applies the payload policy on its own."},
+    {"PRISM_SEND_RENDEZVOUS", "1",
+     "1: a send to a real peer completes once the peer posted the receive (NCCL's rendezvous, on the host thread); "
+     "0: it completes when posted (the behaviour before 2026-11-29 afternoon, if a job deadlocks only under prism)."},
     {"PRISM_GRAPH", "",
      "Set by prism-run --graph: every communicator takes its release times from the coordinator, which replays the "
      "virtual ranks from that graph."},
@@ -171,6 +174,11 @@ void LoadConfig(EnvLookup lookup, Config* c) {
   }
   if (const char* v = lookup("PRISM_PAYLOAD_FILE")) c->payload_file = v;
   if (const char* v = lookup("PRISM_GRAPH")) c->graph = v;
+  if (const char* v = lookup("PRISM_SEND_RENDEZVOUS"); v && *v) {
+    if (std::string(v) == "0") c->send_rendezvous = false;
+    else if (std::string(v) == "1") c->send_rendezvous = true;
+    else c->errors.push_back(std::string("PRISM_SEND_RENDEZVOUS='") + v + "' is not 0 or 1");
+  }
   if (const char* v = lookup("PRISM_RECORD_PAYLOADS")) c->record_payloads = v;
 }
 

@@ -80,6 +80,7 @@ void ReaderLoop() {
                        h.op == static_cast<uint16_t>(payload::OpKind::kSend);
       {
         std::lock_guard<std::mutex> lock(c.result_mu);
+        if ((h.flags & ipc::kExchangeSendDone) && !Cfg().send_rendezvous) continue;  // nobody waits for it
         if (h.flags & ipc::kExchangeSendDone) {
           // Why keyed by the destination: this rank is the source of every send it waits for, and keys count per
           // destination (ipc.h), so (comm, key, source) would not tell two sends apart.

@@ -258,6 +258,11 @@ payload::ExchangeOp ExchangeOpOf(const Prepared& p) {
 // rendezvous, a send completes once its receive is posted.
 void WaitSendsDone() {
   static std::atomic<bool> warned_lost{false}, warned_refused{false};
+  if (!Cfg().send_rendezvous) {
+    // PRISM_SEND_RENDEZVOUS=0: sends complete when posted (the acknowledgements are dropped by the reader).
+    tls.send_done.clear();
+    return;
+  }
   for (const auto& [comm_id, key, dst] : tls.send_done) {
     uint32_t flags = 0;
     if (!CoordWaitSendDone(comm_id, key, dst, &flags)) {
