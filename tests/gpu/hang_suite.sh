@@ -82,7 +82,7 @@ hang_fr_torch() {
 
 hang_p2p() {
   local name=hang_p2p_cycle dir=$out/hang_p2p_cycle
-  hang_run $name p2p
+  PRISM_SEND_RENDEZVOUS=1 hang_run $name p2p  # NCCL's send rendezvous (opt-in in libprism)
   local rc; rc=$(cat "$out/$name.rc")
   echo "rc=$rc" > "$out/$name.detail"
   [ -f "$dir/hang.json" ] || { echo "no hang.json"; tail -30 "$out/$name.out"; return 1; }

@@ -202,6 +202,7 @@ TEST(ShimCoord, ExchangeWritesTheCoordinatorsResult) {
   c.real_ranks = {0, 1};
   c.fixed_dur_us = 10;
   c.coord_socket = path;
+  c.send_rendezvous = true;  // PRISM_SEND_RENDEZVOUS=1 (opt-in)
   SetConfigForTest(c);
   ResetCommsForTest();
   CoordResetForTest();
@@ -337,6 +338,7 @@ TEST(ShimCoord, ExchangedSendWaitsForTheAcknowledgement) {
   c.real_ranks = {0, 1, 2};
   c.fixed_dur_us = 10;
   c.coord_socket = path;
+  c.send_rendezvous = true;  // PRISM_SEND_RENDEZVOUS=1 (opt-in)
   c.out_dir = dir.string();  // the event writer sends kOpRecord
   SetConfigForTest(c);
   ResetCommsForTest();
@@ -435,6 +437,7 @@ TEST(ShimCoord, GroupAcrossStreamsPostsEveryUnitBeforeWaitingForItsSends) {
   c.real_ranks = {0, 1};
   c.fixed_dur_us = 10;
   c.coord_socket = path;
+  c.send_rendezvous = true;  // PRISM_SEND_RENDEZVOUS=1 (opt-in)
   SetConfigForTest(c);
   ResetCommsForTest();
   CoordResetForTest();

@@ -28,9 +28,9 @@ const Setting kSettings[] = {
     {"PRISM_EXCHANGE", "1",
      "1: communicators with several real members move real data between them through the coordinator; 0: each "
      "real rank applies the payload policy on its own."},
-    {"PRISM_SEND_RENDEZVOUS", "1",
-     "1: a send to a real peer completes once the peer posted the receive (NCCL's rendezvous, on the host thread); "
-     "0: it completes when posted (the behaviour before 2026-11-29 afternoon, if a job deadlocks only under prism)."},
+    {"PRISM_SEND_RENDEZVOUS", "0",
+     "1: a send to a real peer completes once the peer posted the receive (NCCL's rendezvous, on the host thread; "
+     "needed to reproduce p2p deadlocks); 0: it completes when posted (the behaviour the GPU runs validated)."},
     {"PRISM_GRAPH", "",
      "Set by prism-run --graph: every communicator takes its release times from the coordinator, which replays the "
      "virtual ranks from that graph."},

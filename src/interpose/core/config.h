@@ -37,7 +37,7 @@ struct Config {
   int spin_ctas = 0;            // CTAs of the spinning gate; 0 = the cost model's channel count (else 16)
   std::vector<int> real_ranks;  // global ranks run for real in this emulation (default: {rank})
   bool exchange = true;         // move real data between real members of a communicator (PRISM_EXCHANGE)
-  bool send_rendezvous = true;  // an exchanged send waits until its receive is posted (PRISM_SEND_RENDEZVOUS)
+  bool send_rendezvous = false;  // an exchanged send waits until its receive is posted (PRISM_SEND_RENDEZVOUS)
   std::string graph;            // PRISM_GRAPH: the coordinator replays virtual ranks from a graph, so every
                                 // communicator asks it for release times (not only those with several real members)
   std::string payload_file;     // recorded payloads this rank replays (PRISM_PAYLOAD_FILE, policy recorded)

@@ -1,5 +1,6 @@
 #include "interpose/core/coord_client.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -428,8 +429,14 @@ bool CoordWaitSendDone(uint32_t comm_id, uint64_t key, int32_t dst, uint32_t* fl
 
 void CoordResetForTest() {
   Conn& c = C();
+  // Why shut the old connection down first: its peer (a test's scripted server) may be gone while the reader
+  // thread has not noticed yet; the next test must not inherit a dead socket.
+  if (c.active.load() && c.fd >= 0) {
+    ::shutdown(c.fd, SHUT_RDWR);
+    for (int i = 0; i < 200 && c.active.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   std::lock_guard<std::mutex> lock(c.mu);
-  if (c.active.load()) return;  // still connected: nothing to reset
+  if (c.active.load()) return;  // the reader did not stop: leave it
   if (c.fd >= 0) close(c.fd);
   c.fd = -1;
   c.tried = false;

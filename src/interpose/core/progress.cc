@@ -156,6 +156,10 @@ void Loop() {
             p.u.event.release_ns = rel;
             p.u.event.wait_on_rank = last;
             p.has_release = true;
+          } else if (!CoordActive()) {
+            // The coordinator went away after the arrival was sent: the local rule, as for units sent after.
+            p.u.event.release_ns = p.u.event.arrival_ns + p.u.dur_ns;
+            p.has_release = true;
           }
         }
       }
