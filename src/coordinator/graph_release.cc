@@ -313,6 +313,23 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
                        comm.comm_id, seq);
     std::vector<Inst> parts;
     Partners(insts[0], &parts);
+    if (stats_.blocked <= 20) {
+      // Where each blocked virtual partner stands (docs/fill.md: the early releases that lose the pipeline wait).
+      for (const Inst& p : parts) {
+        if (IsReal(p.rank) || arrival_.count(p)) continue;
+        const trace::RoleClass& rc = trace_.classes[trace_.ranks[p.rank].cls];
+        for (uint32_t st = 0; st < rc.streams.size(); ++st) {
+          const auto& nodes = rc.streams[st].nodes;
+          if (std::none_of(nodes.begin(), nodes.end(), [&](const trace::Node& n) { return n.id == p.node; })) continue;
+          const auto& [rep, idx] = cursor_[p.rank][st];
+          const trace::Node& at = nodes[idx < nodes.size() ? idx : 0];
+          Log("coord")->info("graph: blocked partner: virtual rank {} needs node {} (rep {}) on stream '{}' but stands at "
+                             "node {} (rep {}, {} '{}')",
+                             p.rank, p.node, p.rep, rc.streams[st].name, at.id, rep, trace::ToString(at.kind),
+                             at.comm_slot < rc.comm_slots.size() ? rc.comm_slots[at.comm_slot] : std::string("-"));
+        }
+      }
+    }
     int64_t latest = 0;
     for (const Inst& p : parts) {
       auto it = arrival_.find(p);
