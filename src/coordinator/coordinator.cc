@@ -235,6 +235,7 @@ class Coordinator::Impl {
   std::map<int, RankState> ranks_;  // real ranks
   std::vector<CommView> comms_;     // comm_id - 1 -> view
   std::unordered_map<std::string, uint32_t> comm_by_key_;
+  std::unordered_map<std::string, uint32_t> comm_by_id_;  // unique-id hex (kCommInit "key") -> comm id
   std::map<std::pair<uint32_t, uint64_t>, std::vector<Arrival>> pending_;
   struct Parked {
     BusId id;
@@ -882,7 +883,10 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
     comm_key = "world:" + key;
     how = "world size";
   }
-  if (members.empty() && !final && id_bytes.size() == ipc::kNcclIdBytes) return false;
+  // Park (the leader's SET of the id may still be on its way) when nothing matched, or when only a name, a
+  // description or the world size matched with the wrong size (a p2p communicator named after its parent group).
+  const bool wrong_size = how != "unique id" && nranks != 0 && static_cast<int>(members.size()) != nranks;
+  if ((members.empty() || wrong_size) && !final && id_bytes.size() == ipc::kNcclIdBytes) return false;
   json reply = {{"key", key}};
   std::string problem;
   if (members.empty()) {
@@ -904,6 +908,10 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
   }
   uint32_t comm_id;
   auto it = comm_by_key_.find(comm_key);
+  // Why also by the unique id: a leader's kCommInit can beat its own SET of the id to the store and resolve by group
+  // name, while its peers resolve by the id; both must land on one communicator (seen as two comm ids in a test).
+  auto by_id = key.empty() ? comm_by_id_.end() : comm_by_id_.find(key);
+  if (it == comm_by_key_.end() && by_id != comm_by_id_.end()) it = comm_by_key_.find(comms_[by_id->second - 1].key);
   if (it != comm_by_key_.end()) {
     comm_id = it->second;
   } else {
@@ -931,6 +939,7 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
     }
     hang_.AddComm(comm_id, std::move(hc));
   }
+  if (!key.empty()) comm_by_id_.emplace(key, comm_id);
   std::vector<bool> real;
   for (int m : members) real.push_back(vr_->IsReal(m));
   reply["comm_id"] = comm_id;
