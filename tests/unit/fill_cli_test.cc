@@ -11,28 +11,14 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_runner.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int rc = -1;
-  std::string out;
-};
-
-Result PrismRun(const std::string& args) {
-  const char* bin = std::getenv("PRISM_RUN");
-  Result r;
-  if (bin == nullptr) return r;
-  std::string cmd = std::string(bin) + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
-  int st = pclose(f);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using Result = prism::test_util::CliRun;
+Result PrismRun(const std::string& args) { return prism::test_util::RunPrism(args); }
 
 TEST(FillCli, BuildsAndSimulatesTheBareGraphThenNamesTheFailingSlice) {
   ASSERT_NE(std::getenv("PRISM_RUN"), nullptr) << "PRISM_RUN is not set (ctest sets it)";

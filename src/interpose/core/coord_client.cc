@@ -22,6 +22,7 @@
 #include "common/ipc_io.h"
 #include "common/log.h"
 #include "interpose/core/config.h"
+#include "interpose/core/cost.h"
 #include "interpose/core/event_log.h"
 #include "interpose/core/progress.h"
 #include "nccl_patch/semantics.h"
@@ -269,24 +270,6 @@ uint32_t IpcOp(uint8_t op) {
 }
 }  // namespace
 
-// payload::DataType (ncclDataType_t order) -> prism::trace::DType (include/prism/trace.h), as ipc.h records it.
-static uint8_t TraceDType(uint8_t d) {
-  switch (static_cast<payload::DataType>(d)) {
-    case payload::DataType::kInt8: return 7;
-    case payload::DataType::kUint8: return 8;
-    case payload::DataType::kInt32: return 9;
-    case payload::DataType::kUint32: return 10;
-    case payload::DataType::kInt64: return 11;
-    case payload::DataType::kUint64: return 12;
-    case payload::DataType::kFloat16: return 2;
-    case payload::DataType::kFloat32: return 1;
-    case payload::DataType::kFloat64: return 4;
-    case payload::DataType::kBfloat16: return 3;
-    case payload::DataType::kFloat8e4m3: return 5;
-    case payload::DataType::kFloat8e5m2: return 6;
-  }
-  return 0;
-}
 
 bool CoordSendArrive(const GateUnit& u) {
   Conn& c = C();
@@ -328,7 +311,7 @@ void CoordSendRecord(const OpEvent& e) {
   r.release_ns = e.release_ns;
   r.model_dur_ns = e.model_dur_ns;
   r.wait_on_rank = e.wait_on_rank;
-  r.dtype = TraceDType(e.dtype);  // ipc.h: OpRecord::dtype is prism::trace::DType
+  r.dtype = static_cast<uint8_t>(TraceDTypeOf(static_cast<payload::DataType>(e.dtype)));  // ipc.h: trace::DType
   r.peer = e.peer;
   r.algo = e.algo;
   r.proto = e.proto;

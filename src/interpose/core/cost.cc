@@ -86,24 +86,6 @@ trace::CollOp ToCollOp(OpKind op) {
   }
 }
 
-trace::DType ToTraceDType(payload::DataType t) {
-  using payload::DataType;
-  switch (t) {
-    case DataType::kInt8: return trace::DType::kI8;
-    case DataType::kUint8: return trace::DType::kU8;
-    case DataType::kInt32: return trace::DType::kI32;
-    case DataType::kUint32: return trace::DType::kU32;
-    case DataType::kInt64: return trace::DType::kI64;
-    case DataType::kUint64: return trace::DType::kU64;
-    case DataType::kFloat16: return trace::DType::kF16;
-    case DataType::kFloat32: return trace::DType::kF32;
-    case DataType::kFloat64: return trace::DType::kF64;
-    case DataType::kBfloat16: return trace::DType::kBF16;
-    case DataType::kFloat8e4m3: return trace::DType::kF8E4M3;
-    case DataType::kFloat8e5m2: return trace::DType::kF8E5M2;
-  }
-  return trace::DType::kInvalid;
-}
 #endif
 
 // Alpha-beta ring model (FALLBACK, used only without the replay cost model): per-step latency and per-rank
@@ -216,7 +198,7 @@ OpCost OperationCost(const CommCostState* state, OpKind op, uint64_t bytes, payl
       const int32_t me = self >= 0 ? self : 0;
       cc = m.model.SendRecv(bytes, me, peer >= 0 ? peer : me + 1);
     } else if (s.tuned) {
-      cc = m.model.Collective(s.tuning, ToCollOp(op), bytes, ToTraceDType(dtype));
+      cc = m.model.Collective(s.tuning, ToCollOp(op), bytes, TraceDTypeOf(dtype));
     } else {
       goto fallback;
     }
@@ -239,5 +221,24 @@ fallback:
 }
 
 const char* CostModelDescription() { return TheModel().description.c_str(); }
+
+trace::DType TraceDTypeOf(payload::DataType t) {
+  using payload::DataType;
+  switch (t) {
+    case DataType::kInt8: return trace::DType::kI8;
+    case DataType::kUint8: return trace::DType::kU8;
+    case DataType::kInt32: return trace::DType::kI32;
+    case DataType::kUint32: return trace::DType::kU32;
+    case DataType::kInt64: return trace::DType::kI64;
+    case DataType::kUint64: return trace::DType::kU64;
+    case DataType::kFloat16: return trace::DType::kF16;
+    case DataType::kFloat32: return trace::DType::kF32;
+    case DataType::kFloat64: return trace::DType::kF64;
+    case DataType::kBfloat16: return trace::DType::kBF16;
+    case DataType::kFloat8e4m3: return trace::DType::kF8E4M3;
+    case DataType::kFloat8e5m2: return trace::DType::kF8E5M2;
+  }
+  return trace::DType::kInvalid;
+}
 
 }  // namespace prism::interpose

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "nccl_patch/semantics.h"
+#include "prism/trace.h"
 
 namespace prism::interpose {
 
@@ -37,6 +38,9 @@ OpCost OperationCost(const CommCostState* state, payload::OpKind op, uint64_t by
 
 // nccl-tests' S of an operation given NCCL's count argument.
 uint64_t OperationBytes(payload::OpKind op, uint64_t count, payload::DataType dtype, int nranks);
+
+// The PrismTrace dtype of an NCCL/payload dtype (ipc.h's OpRecord carries trace::DType).
+trace::DType TraceDTypeOf(payload::DataType t);
 
 // Human-readable description of the model in use (logged once).
 const char* CostModelDescription();

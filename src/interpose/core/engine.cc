@@ -510,11 +510,12 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
     }
   }
   for (const Prepared& p : prep) {
+    static std::atomic<bool> warned_root{false};
     if (p.local && p.call.op == OpKind::kBroadcast && p.call.root != p.call.comm->rank && p.call.count > 0 &&
-        PolicyOf() == payload::Policy::kMirror) {
+        PolicyOf() == payload::Policy::kMirror && !warned_root.load(std::memory_order_relaxed)) {
       // Why say it: a receiver of a virtual root keeps its own bytes under mirror, which is wrong whenever the
       // program needs the root's data (Megatron's batch and train flags); recorded payloads fix that.
-      static std::atomic<bool> warned_root{false};
+      // (The flag is checked first so the message is built once, not on every such broadcast.)
       LogOnce(&warned_root,
               "a broadcast from a virtual root (communicator " + std::to_string(p.call.comm->id) + ", root " +
                   std::to_string(p.call.root) + ") leaves this rank's buffer as it was under mirror; if the job needs "
