@@ -25,6 +25,7 @@ for s in "${suites[@]}"; do
     shim) [ -x tests/gpu/shim_suite.sh ] && source tests/gpu/shim_suite.sh ;;
     megatron) source tests/gpu/megatron_suite.sh ;;
     hang) source tests/gpu/hang_suite.sh ;;
+    fidelity) source tests/gpu/fidelity_suite.sh ;;
     *) echo "unknown suite $s" >&2 ;;
   esac
 done
