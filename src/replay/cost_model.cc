@@ -581,6 +581,8 @@ CommCost CostModel::Collective(const CommTuning& tuning, CollOp op, uint64_t byt
     best = std::max(0.0, NcclTime(t2, static_cast<NcclFunc>(func), NcclAlgo::kRing, NcclProto::kSimple, bytes,
                                   DType::kBF16));
   }
+  // Calibrated per-call term of one-node communicators (prism-run calibrate); the choice above is unchanged by it.
+  if (sh.nnodes == 1) best = std::max(0.0, best + topo_.nccl_intra_latency_offset_us);
   cost.time_us = best;
   return cost;
 }

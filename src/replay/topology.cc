@@ -81,7 +81,7 @@ LinkParams Link(const json& obj, const char* key, LinkParams dflt, const std::st
 void Parse(const json& j, Topology* t) {
   const std::string w = "topology";
   CheckKeys(j, w, {"name", "description", "model", "gpu", "node", "network", "nccl", "p2p", "alpha_beta",
-                   "placement"});
+                   "placement", "calibration"});
   t->name = Str(j, "name", "custom", w);
   t->description = Str(j, "description", "", w);
   std::string model = Str(j, "model", "nccl", w);
@@ -124,9 +124,17 @@ void Parse(const json& j, Topology* t) {
     t->net_latency_us = Num(*it, "latency_us", t->net_latency_us, wn);
   }
   if (auto it = j.find("nccl"); it != j.end()) {
-    CheckKeys(*it, w + ".nccl", {"nvls", "collnet"});
+    CheckKeys(*it, w + ".nccl", {"nvls", "collnet", "intra_latency_offset_us"});
     t->nvls = Bool(*it, "nvls", t->nvls, w + ".nccl");
     t->collnet = Bool(*it, "collnet", t->collnet, w + ".nccl");
+    if (auto o = it->find("intra_latency_offset_us"); o != it->end()) {
+      // Why signed: a calibration may find NCCL faster than its own latency tables say.
+      std::string wo = w + ".nccl.intra_latency_offset_us";
+      if (!o->is_number()) Fail(wo, std::string("must be a number, not ") + o->type_name());
+      double v = o->get<double>();
+      if (!std::isfinite(v) || v < -1000.0 || v > 1e6) Fail(wo, "out of range (got " + o->dump() + ")");
+      t->nccl_intra_latency_offset_us = v;
+    }
   }
   if (!t->nvswitch || t->compute_capability < 90) t->nvls = false;  // NVLS needs NVSwitch and Hopper+
   if (auto it = j.find("p2p"); it != j.end()) {
@@ -138,6 +146,10 @@ void Parse(const json& j, Topology* t) {
     CheckKeys(*it, w + ".alpha_beta", {"intra", "inter"});
     t->ab_intra = Link(*it, "intra", t->ab_intra, w + ".alpha_beta");
     t->ab_inter = Link(*it, "inter", t->ab_inter, w + ".alpha_beta");
+  }
+  if (auto it = j.find("calibration"); it != j.end()) {
+    if (!it->is_object()) Fail(w + ".calibration", "must be an object (written by prism-run calibrate)");
+    t->calibration = *it;
   }
   if (auto it = j.find("placement"); it != j.end()) {
     if (!it->is_array()) Fail(w + ".placement", "must be an array: the node of each global rank");
@@ -193,10 +205,12 @@ json TopologyToJson(const Topology& t) {
                   {"rails", t.rails},
                   {"latency_us", t.net_latency_us}};
   j["nccl"] = {{"nvls", t.nvls}, {"collnet", t.collnet}};
+  if (t.nccl_intra_latency_offset_us != 0.0) j["nccl"]["intra_latency_offset_us"] = t.nccl_intra_latency_offset_us;
   auto link = [](const LinkParams& p) { return json{{"latency_us", p.latency_us}, {"bandwidth_GBps", p.bandwidth_GBps}}; };
   j["p2p"] = {{"intra", link(t.p2p_intra)}, {"inter", link(t.p2p_inter)}};
   j["alpha_beta"] = {{"intra", link(t.ab_intra)}, {"inter", link(t.ab_inter)}};
   if (!t.rank_node.empty()) j["placement"] = t.rank_node;
+  if (t.calibration.is_object()) j["calibration"] = t.calibration;
   return j;
 }
 

@@ -39,6 +39,9 @@ struct Topology {
   std::string cpu_vendor = "intel";  // intel | amd: picks NCCL's multi-node LL bandwidth row
   bool nvls = true;                // NVLink SHARP available (NVSwitch + fabric manager, Hopper or later)
   bool collnet = false;            // in-network reduction (SHARP) available to NCCL's CollNet
+  // Added to the NCCL model's time of every collective on a one-node communicator (`prism-run calibrate` fits
+  // it from measured small messages; may be negative; docs/calibrate.md). 0 in every preset.
+  double nccl_intra_latency_offset_us = 0.0;
 
   // Send/receive (NCCL's tuner has no model for p2p; these are Prism's, see docs/cost-model.md).
   LinkParams p2p_intra{6.0, 300.0};
@@ -47,6 +50,9 @@ struct Topology {
   // Plain alpha-beta model (model "alpha-beta"): per step latency and link bandwidth.
   LinkParams ab_intra{2.0, 360.0};
   LinkParams ab_inter{5.0, 48.0};
+
+  // Where a calibrated topology came from (`prism-run calibrate`): kept as given, never read by the model.
+  nlohmann::json calibration;  // null when absent
 
   // Placement: node of each global rank. Empty: rank r sits on node r / gpus_per_node.
   std::vector<int32_t> rank_node;

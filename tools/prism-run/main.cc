@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   AddImportChakra(app, &rc);
   AddExportChakra(app, &rc);
   AddGraph(app, &rc);
+  AddCalibrate(app, &rc);
 
   try {
     app.parse(argc, argv);

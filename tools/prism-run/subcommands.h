@@ -27,6 +27,7 @@ void AddCoordinator(CLI::App& app, int* rc);
 void AddImportChakra(CLI::App& app, int* rc);
 void AddExportChakra(CLI::App& app, int* rc);
 void AddGraph(CLI::App& app, int* rc);
+void AddCalibrate(CLI::App& app, int* rc);
 
 // Emulate is the default mode (`prism-run [OPTIONS] torchrun ...`): its options live on the top-level app.
 struct EmulateOptions;
