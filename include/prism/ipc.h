@@ -1,5 +1,7 @@
-// Messages between libprism.so (inside each real rank) and the coordinator (schema version 2: version 1 plus
-// kOpData/kOpResult, the real data between real members).
+// Messages between libprism.so (inside each real rank) and the coordinator (schema version 3: version 2 plus
+// passthrough, real NCCL among the members of a communicator that are all real and on distinct GPUs: kHello's
+// gpu_id/passthrough, kCommInfo's passthrough, kRealNcclId/kRealNcclIdInfo; version 2 added kOpData/kOpResult, the
+// real data between real members).
 //
 // Transport: a Unix stream socket (PRISM_COORD_SOCKET) on one host, TCP (PRISM_COORD_ADDR=host:port) across
 // hosts. Every message is one frame: FrameHeader then `length` payload bytes. Hot-path messages (arrivals,
@@ -14,13 +16,15 @@
 namespace prism::ipc {
 
 inline constexpr uint32_t kFrameMagic = 0x4D535250;  // "PRSM" little-endian
-inline constexpr uint16_t kVersion = 2;
+inline constexpr uint16_t kVersion = 3;
 inline constexpr uint32_t kMaxFrameBytes = 16u << 20;
 
 enum class MsgType : uint16_t {
   kInvalid = 0,
   // shim -> coordinator
-  kHello = 1,        // JSON: {rank, world_size, local_rank, pid, host, gpu, version}
+  kHello = 1,        // JSON: {rank, world_size, local_rank, pid, host, gpu, gpu_id, passthrough, version}: gpu_id
+                     // names the physical GPU ("host/CUDA_VISIBLE_DEVICES entry"), passthrough whether this rank
+                     // can run real NCCL (PRISM_PASSTHROUGH and a real libnccl found)
   kCommInit = 2,     // JSON: {key, nranks, rank, desc, parent?, color?} ; answered by kCommInfo
   kOpArrive = 3,     // OpArrive: the GPU reached an operation that needs the coordinator's release time
   kOpRecord = 4,     // OpRecord: one completed operation, for reports and status
@@ -29,13 +33,18 @@ enum class MsgType : uint16_t {
   kBye = 7,          // JSON: {reason}
   kOpData = 8,       // ExchangeHeader + bytes: a real member's input to a collective with other real members, a
                      // p2p send to a real peer, or (flags kExchangeRecvRequest, no bytes) a p2p receive from one
+  kRealNcclId = 9,   // JSON {comm_id, id?}: communicator rank 0 of a passthrough communicator posts the real NCCL
+                     // unique id (hex of 128 bytes); without id, a member asks for it. Answered by kRealNcclIdInfo
   // coordinator -> shim
   kHelloAck = 64,    // JSON: {run_id, payload, topology, out_dir, ...}
-  kCommInfo = 65,    // JSON: {key, comm_id, members: [global ranks], real: [bool]}
+  kCommInfo = 65,    // JSON: {key, comm_id, members: [global ranks], real: [bool], passthrough: bool}: passthrough
+                     // when every member is real, on its own GPU and able to run real NCCL: the members then build a
+                     // real NCCL communicator (kRealNcclId) and call real NCCL for its operations
   kOpRelease = 66,   // OpRelease
   kError = 67,       // JSON: {what}
   kOpResult = 68,    // ExchangeHeader + bytes: this member's output (or flags kExchangeLocal / kExchangeNothing), or
                      // (flags kExchangeSendDone, no bytes) the acknowledgement that a p2p send's receive was posted
+  kRealNcclIdInfo = 69,  // JSON {comm_id, id} once rank 0 posted it, or {comm_id, error}
 };
 
 #pragma pack(push, 1)

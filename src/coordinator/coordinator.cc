@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -183,6 +184,8 @@ class Coordinator::Impl {
     int pid = 0;
     std::string host;
     int gpu = -1;
+    std::string gpu_id;        // physical GPU ("host/CUDA_VISIBLE_DEVICES entry"), kHello
+    bool can_passthrough = false;
     int local_rank = -1;
     BusId conn = 0;
     uint64_t connected_ns = 0, last_seen_ns = 0;
@@ -213,6 +216,10 @@ class Coordinator::Impl {
   // then parked until the store records a new id or the deadline passes.
   bool HandleCommInit(BusId id, BusClient& c, const json& j, bool final);
   void RetryParked(bool timer);
+  // Whether a new communicator with these members runs on the real NCCL; nullopt while a real member has not said
+  // hello yet (its GPU is unknown) and `final` is false.
+  std::optional<bool> DecidePassthrough(const std::vector<int>& members, bool final);
+  void HandleRealNcclId(BusId id, BusClient& c, const json& j);
   void HandleArrive(BusId id, BusClient& c, const ipc::OpArrive& a);
   // True (and the operation is not released) when every real member arrived at (comm, seq) but they issued
   // different operations there (hang_detector.h Disagreement): real NCCL would hang or corrupt, so it is held
@@ -253,6 +260,7 @@ class Coordinator::Impl {
   HangDetector hang_;  // under mu_
   ExchangeHub xhub_;   // real data between real members; under mu_
   std::map<std::pair<uint32_t, uint64_t>, std::string> held_;  // (comm, seq) -> what differs; under mu_
+  std::map<uint32_t, std::vector<BusId>> real_id_waiters_;  // passthrough comm -> members asking for its id
 };
 
 bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error) {
@@ -666,6 +674,12 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
         }
         return;
       }
+      case MsgType::kRealNcclId: {
+        json j;
+        if (!need_hello() || !parse(&j)) return;
+        HandleRealNcclId(id, c, j);
+        return;
+      }
       case MsgType::kOpArrive: {
         ipc::OpArrive a;
         if (!need_hello()) return;
@@ -810,6 +824,8 @@ void Coordinator::Impl::HandleHello(BusId id, BusClient& c, const json& j) {
   s.pid = j.value("pid", 0);
   s.host = j.value("host", std::string());
   s.gpu = j.value("gpu", -1);
+  s.gpu_id = j.value("gpu_id", std::string());
+  s.can_passthrough = j.value("passthrough", false);
   s.local_rank = j.value("local_rank", -1);
   s.connected_ns = s.last_seen_ns = NowNs();
   c.peer = fmt::format("rank {} (pid {})", rank, s.pid);
@@ -908,6 +924,12 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
   }
   uint32_t comm_id;
   auto it = comm_by_key_.find(comm_key);
+  auto by_id0 = key.empty() ? comm_by_id_.end() : comm_by_id_.find(key);
+  std::optional<bool> passthrough = false;
+  if (it == comm_by_key_.end() && by_id0 == comm_by_id_.end()) {
+    passthrough = DecidePassthrough(members, final);
+    if (!passthrough) return false;  // park: a real member's GPU is not known yet
+  }
   // Why also by the unique id: a leader's kCommInit can beat its own SET of the id to the store and resolve by group
   // name, while its peers resolve by the id; both must land on one communicator (seen as two comm ids in a test).
   auto by_id = key.empty() ? comm_by_id_.end() : comm_by_id_.find(key);
@@ -921,6 +943,11 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
     v.members = members;
     for (int m : members) {
       if (vr_->IsReal(m)) v.real_members.push_back(m);
+    }
+    v.passthrough = *passthrough;
+    if (v.passthrough) {
+      Log("coord")->info("comm {} ({} members, '{}'): passthrough (real NCCL among its members)", v.comm_id,
+                         members.size(), !group_desc.empty() ? group_desc : group);
     }
     comms_.push_back(std::move(v));
     comm_id = comms_.back().comm_id;
@@ -948,8 +975,61 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
   reply["group"] = group;
   reply["desc"] = group_desc;
   reply["virtual_leader"] = virtual_leader;
+  reply["passthrough"] = comms_[comm_id - 1].passthrough;
   SendJson(id, ipc::MsgType::kCommInfo, reply);
   return true;
+}
+
+std::optional<bool> Coordinator::Impl::DecidePassthrough(const std::vector<int>& members, bool final) {
+  if (!opts_.passthrough || members.size() < 2) return false;
+  std::set<std::string> gpus;
+  for (int m : members) {
+    if (!vr_->IsReal(m)) return false;
+    auto it = ranks_.find(m);
+    if (it == ranks_.end() || it->second.conn == 0) {
+      if (final) return false;
+      return std::nullopt;
+    }
+    const RankState& s = it->second;
+    if (!s.can_passthrough || s.gpu_id.empty() || !gpus.insert(s.gpu_id).second) return false;
+  }
+  return true;
+}
+
+void Coordinator::Impl::HandleRealNcclId(BusId id, BusClient& c, const json& j) {
+  const uint32_t comm_id = j.value("comm_id", 0u);
+  if (comm_id == 0 || comm_id > comms_.size() || !comms_[comm_id - 1].passthrough) {
+    SendJson(id, ipc::MsgType::kRealNcclIdInfo,
+             {{"comm_id", comm_id}, {"error", fmt::format("comm {} is not a passthrough communicator", comm_id)}});
+    return;
+  }
+  CommView& v = comms_[comm_id - 1];
+  if (j.contains("id")) {
+    std::string hex = j.value("id", std::string());
+    std::string bytes;
+    if (!ipc::HexDecode(hex, &bytes) || bytes.size() != ipc::kNcclIdBytes) {
+      SendJson(id, ipc::MsgType::kRealNcclIdInfo, {{"comm_id", comm_id}, {"error", "malformed unique id"}});
+      return;
+    }
+    if (!v.real_nccl_id.empty() && v.real_nccl_id != hex) {
+      Log("coord")->warn("comm {}: rank {} posted a second real NCCL unique id; the first stays", comm_id, c.rank);
+    } else {
+      v.real_nccl_id = hex;
+    }
+  }
+  if (v.real_nccl_id.empty()) {
+    real_id_waiters_[comm_id].push_back(id);
+    return;
+  }
+  json reply = {{"comm_id", comm_id}, {"id", v.real_nccl_id}};
+  SendJson(id, ipc::MsgType::kRealNcclIdInfo, reply);
+  auto w = real_id_waiters_.find(comm_id);
+  if (w != real_id_waiters_.end()) {
+    for (BusId waiter : w->second) {
+      if (clients_.count(waiter)) SendJson(waiter, ipc::MsgType::kRealNcclIdInfo, reply);
+    }
+    real_id_waiters_.erase(w);
+  }
 }
 
 void Coordinator::Impl::HandleArrive(BusId id, BusClient& c, const ipc::OpArrive& a) {

@@ -39,6 +39,10 @@ struct CommView {
   std::string key;
   std::vector<int> members;       // global ranks, communicator-rank order
   std::vector<int> real_members;  // those that run for real
+  // Every member real, on its own GPU, able to run real NCCL (kHello): the members use a real NCCL communicator,
+  // whose unique id rank 0 posts here (ipc.h kRealNcclId).
+  bool passthrough = false;
+  std::string real_nccl_id;  // hex, once posted
 };
 
 // Decides when an operation completes at target scale once every real member arrived. The default: max(arrivals)
@@ -66,6 +70,9 @@ struct CoordinatorOptions {
   int status_interval_ms = 500;          // status.json refresh
   // A kCommInit whose id the store has not seen yet waits this long for it (a leader's SET races its kCommInit).
   int comm_wait_ms = 5000;
+  // Passthrough (ipc.h): a communicator whose members are all real, each on its own GPU and able to run real NCCL,
+  // runs on the real NCCL. false: never (every communicator goes through libprism's exchange or gate).
+  bool passthrough = true;
   // Hang diagnosis (hang_detector.h): when no real rank made progress for this long while some wait, write
   // <out>/hang.json and print the diagnosis to stderr. <= 0: off.
   double hang_timeout_s = 60.0;

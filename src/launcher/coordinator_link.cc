@@ -54,6 +54,7 @@ class LocalCoordinator : public CoordinatorLink {
     o.ranks_per_root = std::max(plan->world_size, 128);
     o.membership = membership_.get();
     o.hang_timeout_s = plan->hang_timeout_s;
+    o.passthrough = plan->passthrough;
     // Why always a callback: the launcher decides (--on-hang) and records the hang in the report either way.
     o.on_hang = [this](const std::string& path) {
       std::lock_guard<std::mutex> lock(hang_mu_);

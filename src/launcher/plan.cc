@@ -279,6 +279,7 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
   }
   p.hang_timeout_s = req.hang_timeout_s;
   p.stop_on_hang = req.on_hang == "stop";
+  p.passthrough = req.passthrough;
 
   // Real ranks.
   std::vector<int> ranks;
@@ -503,6 +504,7 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
   Set(&env, "PRISM_PAYLOAD", req.payload);
   if (!req.topology.empty()) Set(&env, "PRISM_TOPOLOGY", req.topology);
   if (!req.graph.empty()) Set(&env, "PRISM_GRAPH", req.graph);
+  if (!req.passthrough) Set(&env, "PRISM_PASSTHROUGH", "0");
   Set(&env, "PRISM_LAYOUT", p.layout.ToSpec());
   std::vector<int> real_ranks;
   for (const RealRank& r : p.real) real_ranks.push_back(r.rank);
@@ -641,6 +643,7 @@ nlohmann::ordered_json PlanToJson(const Plan& p) {
                       {"store", p.store_addr + ":" + std::to_string(p.store_port)},
                       {"socket", p.coord_socket}};
   j["hang"] = {{"timeout_s", p.hang_timeout_s}, {"on_hang", p.stop_on_hang ? "stop" : "wait"}};
+  j["passthrough"] = p.passthrough;
   if (!p.listen.empty() || !p.remote_ranks.empty() || p.host_index >= 0) {
     j["hosts"] = {{"listen", p.listen}, {"remote_ranks", p.remote_ranks}, {"host_index", p.host_index}};
   }
@@ -686,6 +689,15 @@ std::string PlanToText(const Plan& p) {
     o << "after " << p.hang_timeout_s << " s without progress, then " << (p.stop_on_hang ? "stop" : "keep running");
   } else {
     o << "off";
+  }
+  o << "\n  passthrough    ";
+  if (!p.passthrough) {
+    o << "off (--no-passthrough)";
+  } else {
+    std::set<std::string> gpus;
+    for (const RealRank& r : p.real) gpus.insert(r.device);
+    o << (gpus.size() > 1 ? "on: communicators of real ranks on distinct GPUs only run on the real NCCL"
+                          : "on, but every real rank here shares one GPU: none runs on the real NCCL");
   }
   o << "\n  output         " << p.out_dir << "\n";
   o << "  each worker runs\n";

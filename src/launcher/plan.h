@@ -68,6 +68,9 @@ struct PlanRequest {
   // some wait (<= 0: off), and whether prism stops the job after the diagnosis ("stop") or lets it run ("wait").
   double hang_timeout_s = 60;
   std::string on_hang = "stop";
+  // Passthrough: a communicator whose members are all real, each on its own GPU, runs on the real NCCL (ipc.h).
+  // false (--no-passthrough): libprism handles it (exchange through the coordinator, or the gate).
+  bool passthrough = true;
   // Several hosts (docs/hang.md, "Two nodes"). On the host that starts the coordinator: `listen`, the address its
   // store and TCP event bus bind ("0.0.0.0" or this host's address; "" = loopback and a Unix socket only), and
   // `remote_ranks`, the real ranks prism-runs on other hosts will run (the coordinator must know every real rank).
@@ -114,6 +117,7 @@ struct Plan {
   std::vector<std::string> notes;  // e.g. which user variables prism replaced
   double hang_timeout_s = 60;      // from PlanRequest
   bool stop_on_hang = true;        // --on-hang stop
+  bool passthrough = true;         // from PlanRequest
   std::string listen;              // PlanRequest::listen
   std::vector<int> remote_ranks;   // real ranks run by prism-runs on other hosts (coordinator started here)
   int host_index = -1;             // --node-rank together with --ranks when joining: this host among the hosts

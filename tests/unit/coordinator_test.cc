@@ -63,9 +63,11 @@ class FakeShim {
     std::string err;
     return ipc::RecvFrame(fd_, f, timeout_ms, &err) == ipc::IoStatus::kOk;
   }
-  json Hello() {
-    EXPECT_TRUE(SendJson(ipc::MsgType::kHello, {{"rank", rank_}, {"world_size", 8}, {"pid", 1000 + rank_},
-                                                {"host", "h"}, {"gpu", 0}, {"local_rank", rank_}}));
+  json Hello(const json& extra = json::object()) {
+    json hello = {{"rank", rank_}, {"world_size", 8}, {"pid", 1000 + rank_}, {"host", "h"}, {"gpu", 0},
+                  {"local_rank", rank_}};
+    hello.update(extra);
+    EXPECT_TRUE(SendJson(ipc::MsgType::kHello, hello));
     ipc::Frame f;
     EXPECT_TRUE(Recv(&f));
     EXPECT_EQ(f.type, ipc::MsgType::kHelloAck);
@@ -189,6 +191,78 @@ TEST_F(CoordinatorTest, CommMembersFromTheStoreAndReleaseWhenAllRealMembersArriv
     EXPECT_EQ(rel.release_ns, 2050u);
     EXPECT_EQ(rel.last_rank, 5);
   }
+}
+
+// Passthrough (ipc.h): a communicator of real members on distinct GPUs runs on the real NCCL; rank 0's real unique
+// id reaches every member through the coordinator, whoever asks first.
+TEST_F(CoordinatorTest, AllRealMembersOnDistinctGpusPassThroughAndShareRankZerosRealId) {
+  auto s0 = Store();
+  ASSERT_TRUE(s0->Set("/default_pg/0//1//__prism_group__", R"({"name":"1","ranks":[0,5],"desc":"TP"})"));
+  std::string id(128, '\x22');
+  ASSERT_TRUE(s0->Set("/default_pg/0//1//cuda//0", id));
+  FakeShim r0(coord_->endpoints().socket_path, 0);
+  FakeShim r5(coord_->endpoints().socket_path, 5);
+  r0.Hello({{"gpu_id", "h/0"}, {"passthrough", true}});
+  r5.Hello({{"gpu_id", "h/1"}, {"passthrough", true}});
+  json c0 = r0.CommInit(id, 2, 0);
+  json c5 = r5.CommInit(id, 2, 1);
+  ASSERT_FALSE(c0.contains("error")) << c0.dump();
+  EXPECT_EQ(c0["members"], json::array({0, 5}));
+  EXPECT_EQ(c0["passthrough"], true);
+  EXPECT_EQ(c5["passthrough"], true);
+  uint32_t comm = c0["comm_id"];
+  // The world (virtual members too) does not pass through.
+  std::string wid(128, '\x33');
+  ASSERT_TRUE(s0->Set("/default_pg/0//cuda//0", wid));
+  EXPECT_EQ(r0.CommInit(wid, 8, 0)["passthrough"], false);
+
+  ASSERT_TRUE(r5.SendJson(ipc::MsgType::kRealNcclId, {{"comm_id", comm}}));
+  ipc::Frame f;
+  EXPECT_FALSE(r5.Recv(&f, 200)) << "rank 0 has not posted its id yet";
+  std::string real_id(128, '\x44');
+  ASSERT_TRUE(r0.SendJson(ipc::MsgType::kRealNcclId, {{"comm_id", comm}, {"id", ipc::HexEncode(real_id)}}));
+  for (FakeShim* s : {&r0, &r5}) {
+    ASSERT_TRUE(s->Recv(&f));
+    ASSERT_EQ(f.type, ipc::MsgType::kRealNcclIdInfo);
+    json j = json::parse(f.payload);
+    EXPECT_EQ(j["comm_id"], comm);
+    EXPECT_EQ(j["id"], ipc::HexEncode(real_id));
+  }
+  // A late asker gets it at once; a malformed post is refused.
+  ASSERT_TRUE(r5.SendJson(ipc::MsgType::kRealNcclId, {{"comm_id", comm}}));
+  ASSERT_TRUE(r5.Recv(&f));
+  EXPECT_EQ(json::parse(f.payload)["id"], ipc::HexEncode(real_id));
+  ASSERT_TRUE(r0.SendJson(ipc::MsgType::kRealNcclId, {{"comm_id", comm}, {"id", "abcd"}}));
+  ASSERT_TRUE(r0.Recv(&f));
+  EXPECT_TRUE(json::parse(f.payload).contains("error"));
+}
+
+TEST_F(CoordinatorTest, RealMembersSharingAGpuOrUnableToRunNcclDoNotPassThrough) {
+  auto s0 = Store();
+  ASSERT_TRUE(s0->Set("/default_pg/0//1//__prism_group__", R"({"name":"1","ranks":[0,5],"desc":"TP"})"));
+  std::string id(128, '\x55');
+  ASSERT_TRUE(s0->Set("/default_pg/0//1//cuda//0", id));
+  FakeShim r0(coord_->endpoints().socket_path, 0);
+  FakeShim r5(coord_->endpoints().socket_path, 5);
+  r0.Hello({{"gpu_id", "h/0"}, {"passthrough", true}});
+  r5.Hello({{"gpu_id", "h/0"}, {"passthrough", true}});  // one GPU for both: NCCL would refuse
+  json c0 = r0.CommInit(id, 2, 0);
+  ASSERT_FALSE(c0.contains("error")) << c0.dump();
+  EXPECT_EQ(c0["passthrough"], false);
+  ASSERT_TRUE(r0.SendJson(ipc::MsgType::kRealNcclId, {{"comm_id", c0["comm_id"]}}));
+  ipc::Frame f;
+  ASSERT_TRUE(r0.Recv(&f));
+  EXPECT_TRUE(json::parse(f.payload).contains("error"));
+
+  // Distinct GPUs, but rank 5 found no real NCCL (or PRISM_PASSTHROUGH=0): no passthrough either.
+  ASSERT_TRUE(s0->Set("/default_pg/0//2//__prism_group__", R"({"name":"2","ranks":[0,5],"desc":"DP"})"));
+  std::string id2(128, '\x66');
+  ASSERT_TRUE(s0->Set("/default_pg/0//2//cuda//0", id2));
+  FakeShim q0(coord_->endpoints().socket_path, 0);
+  FakeShim q5(coord_->endpoints().socket_path, 5);
+  q0.Hello({{"gpu_id", "h/0"}, {"passthrough", true}});
+  q5.Hello({{"gpu_id", "h/1"}, {"passthrough", false}});
+  EXPECT_EQ(q0.CommInit(id2, 2, 0)["passthrough"], false);
 }
 
 TEST_F(CoordinatorTest, VirtualLeaderCommWithOneRealMember) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -21,6 +22,7 @@
 #include "interpose/core/coord_client.h"
 #include "interpose/core/engine.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/real_symbols.h"
 #include "shim_fake_gpu.h"
 
 namespace prism::interpose {
@@ -474,6 +476,176 @@ TEST(ShimCoord, GroupAcrossStreamsPostsEveryUnitBeforeWaitingForItsSends) {
   server.join();
   close(lfd);
   unlink(path.c_str());
+  SetGpuForTest(nullptr);
+}
+
+}  // namespace
+}  // namespace prism::interpose
+
+namespace prism::interpose {
+namespace {
+
+// Passthrough: when the coordinator says every member is real and on its own GPU, communicator rank 0 posts a real
+// unique id, the real NCCL communicator is made from it, and operations, groups and destroy go to the real NCCL
+// (here a recording fake of it), never to libprism's gate.
+namespace fake_nccl {
+std::atomic<int> init_calls{0}, allreduce_calls{0}, group_start{0}, group_end{0}, destroy_calls{0}, send_calls{0};
+int init_nranks = -1, init_rank = -1;
+ncclUniqueId init_id{};
+int dummy_comm = 0;
+ncclResult_t GetUniqueId(ncclUniqueId* id) {
+  std::memset(id->internal, 0x5a, sizeof(id->internal));
+  return ncclSuccess;
+}
+ncclResult_t InitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t*) {
+  ++init_calls;
+  init_nranks = nranks;
+  init_rank = rank;
+  init_id = id;
+  *comm = reinterpret_cast<ncclComm_t>(&dummy_comm);
+  return ncclSuccess;
+}
+ncclResult_t AllReduce(const void*, void*, size_t count, ncclDataType_t, ncclRedOp_t, ncclComm_t comm, cudaStream_t) {
+  if (comm == reinterpret_cast<ncclComm_t>(&dummy_comm) && count == 16) ++allreduce_calls;
+  return ncclSuccess;
+}
+ncclResult_t Send(const void*, size_t, ncclDataType_t, int peer, ncclComm_t, cudaStream_t) {
+  if (peer == 1) ++send_calls;
+  return ncclSuccess;
+}
+ncclResult_t GroupStart() {
+  ++group_start;
+  return ncclSuccess;
+}
+ncclResult_t GroupEnd() {
+  ++group_end;
+  return ncclSuccess;
+}
+ncclResult_t Destroy(ncclComm_t) {
+  ++destroy_calls;
+  return ncclSuccess;
+}
+const char* ErrorString(ncclResult_t) { return "fake"; }
+void Unused() { std::abort(); }
+}  // namespace fake_nccl
+
+TEST(ShimCoord, PassthroughCommunicatorRunsOnTheRealNccl) {
+  std::string path = "/tmp/prism_coord_ptest_" + std::to_string(getpid()) + ".sock";
+  int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  unlink(path.c_str());
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(lfd, 1), 0);
+
+  NcclFns fake;
+#define PRISM_FAKE_UNUSED(name) fake.name = reinterpret_cast<decltype(fake.name)>(&fake_nccl::Unused);
+  PRISM_NCCL_FUNCS(PRISM_FAKE_UNUSED)
+#undef PRISM_FAKE_UNUSED
+  fake.ncclGetUniqueId = &fake_nccl::GetUniqueId;
+  fake.ncclCommInitRankConfig = &fake_nccl::InitRankConfig;
+  fake.ncclAllReduce = &fake_nccl::AllReduce;
+  fake.ncclSend = &fake_nccl::Send;
+  fake.ncclGroupStart = &fake_nccl::GroupStart;
+  fake.ncclGroupEnd = &fake_nccl::GroupEnd;
+  fake.ncclCommDestroy = &fake_nccl::Destroy;
+  fake.ncclGetErrorString = &fake_nccl::ErrorString;
+  SetRealNcclForTest(&fake);
+
+  std::atomic<bool> hello_can{false}, saw_arrive{false};
+  std::string posted;
+  std::thread server([&] {
+    int fd = accept(lfd, nullptr, nullptr);
+    std::string err;
+    for (;;) {
+      ipc::Frame f;
+      if (ipc::RecvFrame(fd, &f, 1500, &err) != ipc::IoStatus::kOk) break;
+      if (f.type == ipc::MsgType::kHello) {
+        nlohmann::json j = nlohmann::json::parse(f.payload);
+        hello_can = j.at("passthrough") == true && !j.at("gpu_id").get<std::string>().empty();
+      } else if (f.type == ipc::MsgType::kCommInit) {
+        nlohmann::json j = nlohmann::json::parse(f.payload);
+        nlohmann::json r = {{"key", j.at("key")}, {"comm_id", 3},          {"members", {0, 1}},
+                            {"real", {true, true}}, {"passthrough", true}};
+        std::string s = r.dump();
+        ipc::SendFrame(fd, ipc::MsgType::kCommInfo, s.data(), s.size(), &err);
+      } else if (f.type == ipc::MsgType::kRealNcclId) {
+        nlohmann::json j = nlohmann::json::parse(f.payload);
+        posted = j.value("id", std::string());
+        nlohmann::json r = {{"comm_id", j.at("comm_id")}, {"id", posted}};
+        std::string s = r.dump();
+        ipc::SendFrame(fd, ipc::MsgType::kRealNcclIdInfo, s.data(), s.size(), &err);
+      } else if (f.type == ipc::MsgType::kOpArrive || f.type == ipc::MsgType::kOpData) {
+        saw_arrive = true;
+      }
+    }
+    close(fd);
+  });
+
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  Config c;
+  c.rank = 0;
+  c.world_size = 2;
+  c.real_ranks = {0, 1};
+  c.fixed_dur_us = 1000;
+  c.coord_socket = path;
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  ncclUniqueId id;
+  GetUniqueId(&id);
+  InitArgs a;
+  a.nranks = 2;
+  a.rank = 0;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  EXPECT_TRUE(hello_can);
+  EXPECT_EQ(fake_nccl::init_calls.load(), 1);
+  EXPECT_EQ(fake_nccl::init_nranks, 2);
+  EXPECT_EQ(fake_nccl::init_rank, 0);
+  EXPECT_EQ(static_cast<unsigned char>(fake_nccl::init_id.internal[7]), 0x5a) << "not rank 0's real id";
+  EXPECT_EQ(posted.size(), 256u);
+  EXPECT_FALSE(comm->use_coordinator);
+  EXPECT_EQ(PassthroughComms(), 1);
+
+  std::vector<float> buf(16);
+  OpCall call;
+  call.op = payload::OpKind::kAllReduce;
+  call.comm = comm;
+  call.count = buf.size();
+  call.send = buf.data();
+  call.recv = buf.data();
+  ASSERT_EQ(Submit(call), ncclSuccess);
+  EXPECT_EQ(fake_nccl::allreduce_calls.load(), 1);
+  ASSERT_EQ(GroupStart(), ncclSuccess);
+  OpCall send;
+  send.op = payload::OpKind::kSend;
+  send.comm = comm;
+  send.count = 4;
+  send.send = buf.data();
+  send.peer = 1;
+  ASSERT_EQ(Submit(send), ncclSuccess);
+  ASSERT_EQ(GroupEnd(), ncclSuccess);
+  EXPECT_EQ(fake_nccl::send_calls.load(), 1);
+  EXPECT_EQ(fake_nccl::group_start.load(), 1);
+  EXPECT_EQ(fake_nccl::group_end.load(), 1);
+  ASSERT_TRUE(ProgressDrain(2000000000ull));
+  EXPECT_EQ(UnitsExecuted(), 0u) << "a passthrough operation went through libprism's gate";
+  EXPECT_EQ(CommDestroy(comm), ncclSuccess);
+  EXPECT_EQ(fake_nccl::destroy_calls.load(), 1);
+  EXPECT_EQ(PassthroughComms(), 0);
+  // With no passthrough communicator left, groups stay libprism's own.
+  ASSERT_EQ(GroupStart(), ncclSuccess);
+  ASSERT_EQ(GroupEnd(), ncclSuccess);
+  EXPECT_EQ(fake_nccl::group_start.load(), 1);
+
+  server.join();
+  close(lfd);
+  unlink(path.c_str());
+  EXPECT_FALSE(saw_arrive) << "a passthrough operation asked the coordinator for a release";
+  SetRealNcclForTest(nullptr);
   SetGpuForTest(nullptr);
 }
 

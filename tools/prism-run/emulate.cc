@@ -57,6 +57,9 @@ EmulateOptions* AddEmulateOptions(CLI::App& app) {
                  "(they join with --coordinator HOST:PORT)");
   app.add_flag("--no-preload", opts.no_preload,
                "do not LD_PRELOAD libprism.so (tests the launch only: the job's NCCL calls are not emulated)");
+  app.add_flag("--no-passthrough", opts.no_passthrough,
+               "never run a communicator on the real NCCL; by default one whose members are all real, each on its "
+               "own GPU, does (real NCCL kernels, links and timing among them)");
   app.add_flag("--quiet", opts.quiet, "do not copy the workers' output to the terminal (it is still in <out>/logs)");
   app.add_option("--hang-timeout", opts.hang_timeout,
                  "seconds without progress of any real rank, while some wait, before the hang diagnosis "
@@ -130,6 +133,7 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   req.preload = !opts.no_preload;
   req.hang_timeout_s = opts.hang_timeout;
   req.on_hang = opts.on_hang;
+  req.passthrough = !opts.no_passthrough;
   req.listen = opts.listen;
   req.remote_ranks = opts.remote_ranks;
   if (!opts.coordinator.empty() && !opts.dry_run) {

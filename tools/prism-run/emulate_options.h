@@ -25,6 +25,7 @@ struct EmulateOptions {
   bool quiet = false;
   double hang_timeout = 60;
   std::string on_hang = "stop";
+  bool no_passthrough = false;  // --no-passthrough
   std::string listen;        // --listen: the coordinator started here also serves other hosts on this address
   std::string remote_ranks;  // --remote-ranks: real ranks that prism-runs on other hosts run
 };

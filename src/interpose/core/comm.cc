@@ -22,6 +22,7 @@ namespace prism::interpose {
 namespace {
 
 constexpr uint32_t kConfigMagic = 0xcafebeef;
+std::atomic<int> g_passthrough{0};  // live communicators with a real NCCL communicator
 constexpr char kRealIdMagic[8] = {'P', 'R', 'I', 'S', 'M', 'R', 'I', 'D'};
 
 struct Group {
@@ -157,8 +158,11 @@ std::vector<int32_t> ResolveMembers(Registry& r, int nranks, int rank, const std
   return {};
 }
 
-void FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key) {
+// Returns whether the coordinator made this a passthrough communicator that still needs its real NCCL communicator
+// (SetupPassthrough, called without the registry lock: it waits for the other members).
+bool FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key) {
   const Config& cfg = Cfg();
+  bool want_passthrough = false;
   c->real_members = CountReal(c->members);
   if ((!cfg.coord_socket.empty() || !cfg.coord_addr.empty()) && !r.coord_comm_init_broken.load()) {
     CoordCommInfo info;
@@ -171,6 +175,7 @@ void FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key
       // peers (virtual leader) learn it from the coordinator; graphs built from both must name it alike.
       if (c->desc.empty()) c->desc = info.desc;
       if (c->name.empty()) c->name = info.group;
+      want_passthrough = info.passthrough;
       if (!info.real.empty()) {
         c->real_members = static_cast<int>(std::count(info.real.begin(), info.real.end(), true));
         if (static_cast<int>(info.real.size()) == c->nranks) c->member_real.assign(info.real.begin(), info.real.end());
@@ -193,7 +198,12 @@ void FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key
   // Why also with a graph: the coordinator then replays the virtual members (GraphRelease) and decides every
   // release, also on communicators where this rank is the only real member.
   c->use_coordinator = (c->real_members > 1 || (!cfg.graph.empty() && c->coord_comm_id != 0)) && CoordActive();
-  if (c->real_members > 1 && !c->use_coordinator) {
+  if (c->real != nullptr || want_passthrough) {
+    // Why no coordinator: the real NCCL synchronises the members and moves the data itself.
+    c->use_coordinator = false;
+    if (c->real == nullptr && !cfg.passthrough) want_passthrough = false;  // the coordinator asked only if we could
+  }
+  if (c->real_members > 1 && !c->use_coordinator && c->real == nullptr && !want_passthrough) {
     Log("nccl")->warn("communicator {} has {} real members but no coordinator: each real rank mirrors the others",
                       c->id, c->real_members);
   }
@@ -206,6 +216,51 @@ void FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key
   LogComm(EventOf(*c));
   Log("nccl")->debug("comm {} {} rank {}/{} name '{}' members {}", c->id, c->origin, c->rank, c->nranks, c->name,
                      c->members.empty() ? "unknown" : std::to_string(c->members.size()));
+  if (c->real != nullptr) g_passthrough.fetch_add(1);
+  return want_passthrough && c->real == nullptr;
+}
+
+// Builds the real NCCL communicator of a passthrough communicator: rank 0 takes a real unique id and posts it through
+// the coordinator, the others fetch it; then every member calls the real ncclCommInitRankConfig (a collective).
+ncclResult_t SetupPassthrough(Comm* c, const ncclConfig_t* config) {
+  const NcclFns& real = RealNccl();
+  const Config& cfg = Cfg();
+  ncclUniqueId id{};
+  std::string hex, error;
+  if (c->rank == 0) {
+    if (ncclResult_t e = real.ncclGetUniqueId(&id); e != ncclSuccess) {
+      error = std::string("real ncclGetUniqueId: ") + real.ncclGetErrorString(e);
+    } else if (!CoordRealNcclId(c->coord_comm_id, ipc::HexEncode(std::string_view(id.internal, sizeof(id.internal))),
+                                cfg.passthrough_timeout_s * 1000, &hex, &error)) {
+      error = "posting the real unique id: " + error;
+    }
+  } else {
+    std::string bytes;
+    if (!CoordRealNcclId(c->coord_comm_id, std::string(), cfg.passthrough_timeout_s * 1000, &hex, &error)) {
+      error = "waiting for the real unique id: " + error;
+    } else if (!ipc::HexDecode(hex, &bytes) || bytes.size() != sizeof(id.internal)) {
+      error = "malformed real unique id from the coordinator";
+    } else {
+      std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
+    }
+  }
+  if (error.empty()) {
+    ncclConfig_t cfg_copy = NCCL_CONFIG_INITIALIZER;
+    if (config != nullptr) cfg_copy = *config;
+    ncclComm_t rc = nullptr;
+    ncclResult_t e = real.ncclCommInitRankConfig(&rc, c->nranks, id, c->rank, &cfg_copy);
+    if (e == ncclSuccess || e == ncclInProgress) {
+      c->real = rc;
+      g_passthrough.fetch_add(1);
+      Log("nccl")->info("comm {} ({} ranks, '{}'): passthrough, real NCCL communicator {}", c->id, c->nranks,
+                        !c->desc.empty() ? c->desc : c->name, static_cast<void*>(rc));
+      return ncclSuccess;
+    }
+    error = std::string("real ncclCommInitRankConfig: ") + real.ncclGetErrorString(e);
+  }
+  SetLastError("passthrough communicator " + std::to_string(c->id) + ": " + error);
+  Log("nccl")->error("{}", LastError());
+  return ncclSystemError;
 }
 
 // Starts what every communicator needs: the event file, the GPU (own kernels loaded and warmed before the first
@@ -326,6 +381,7 @@ ncclResult_t CommInit(const InitArgs& a, Comm** out) {
   auto* c = new (std::nothrow) Comm();
   if (c == nullptr) return ncclSystemError;
   Registry& r = R();
+  bool passthrough = false;
   try {
     std::lock_guard<std::mutex> lock(r.mu);
     c->id = r.next_id++;
@@ -347,9 +403,16 @@ ncclResult_t CommInit(const InitArgs& a, Comm** out) {
                         name.empty() ? "" : " (group " + name + ")");
     }
     // The coordinator keys communicators by the full unique id (it saw the same bytes in its store).
-    FinishComm(r, c, blocking, ipc::HexEncode(std::string_view(a.ids[0].internal, sizeof(a.ids[0].internal))));
+    passthrough =
+        FinishComm(r, c, blocking, ipc::HexEncode(std::string_view(a.ids[0].internal, sizeof(a.ids[0].internal))));
   } catch (...) {
     return ncclSystemError;
+  }
+  if (passthrough) {
+    if (ncclResult_t e = SetupPassthrough(c, a.config); e != ncclSuccess) {
+      c->destroyed.store(true);
+      return e;
+    }
   }
   *out = c;
   return blocking ? ncclSuccess : ncclInProgress;
@@ -377,6 +440,16 @@ ncclResult_t CommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
 ncclResult_t CommSplit(Comm* parent, int color, int key, ncclComm_t* out, const ncclConfig_t* config) {
   if (out == nullptr) return ncclInvalidArgument;
   *out = nullptr;
+  ncclComm_t real_child = nullptr;
+  if (parent->real != nullptr) {
+    // Why first, also for NCCL_SPLIT_NOCOLOR: a real split is a collective over every member of the real parent.
+    // A split of a passthrough communicator is one too (its members are all real, on distinct GPUs).
+    ncclResult_t e = RealNccl().ncclCommSplit(parent->real, color, key, &real_child, const_cast<ncclConfig_t*>(config));
+    if (e != ncclSuccess && e != ncclInProgress) {
+      SetLastError(std::string("real ncclCommSplit: ") + RealNccl().ncclGetErrorString(e));
+      return e;
+    }
+  }
   if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;  // this rank joins no communicator
   if (color < 0) {
     SetLastError("ncclCommSplit: color must be >= 0 or NCCL_SPLIT_NOCOLOR");
@@ -390,6 +463,7 @@ ncclResult_t CommSplit(Comm* parent, int color, int key, ncclComm_t* out, const 
   Registry& r = R();
   auto* c = new (std::nothrow) Comm();
   if (c == nullptr) return ncclSystemError;
+  bool passthrough = false;
   try {
     std::lock_guard<std::mutex> lock(r.mu);
     std::vector<int32_t> members;
@@ -423,9 +497,16 @@ ncclResult_t CommSplit(Comm* parent, int color, int key, ncclComm_t* out, const 
     c->key = "split:" + std::to_string(parent->id) + ":" + std::to_string(color) + ":" + std::to_string(key);
     c->name = comm_name.empty() ? std::string() : GroupNameFromCommName(comm_name);
     c->desc = comm_name;
-    FinishComm(r, c, blocking, std::string());
+    c->real = real_child;
+    passthrough = FinishComm(r, c, blocking, std::string());
   } catch (...) {
     return ncclSystemError;
+  }
+  if (passthrough) {  // a split of a communicator that is not passthrough, whose new members all are real
+    if (ncclResult_t e = SetupPassthrough(c, config); e != ncclSuccess) {
+      c->destroyed.store(true);
+      return e;
+    }
   }
   *out = reinterpret_cast<ncclComm_t>(c);
   return blocking ? ncclSuccess : ncclInProgress;
@@ -472,7 +553,9 @@ ncclResult_t CommShrink(Comm* parent, const int* exclude, int nexclude, ncclComm
     c->key = "shrink:" + std::to_string(parent->id) + ":" + std::to_string(k);
     c->name = parent->name;
     c->desc = comm_name.empty() ? parent->desc : comm_name;
-    FinishComm(r, c, blocking, std::string());
+    // Why no passthrough: shrinking a real communicator would need the real ncclCommShrink on every survivor;
+    // the shrunk communicator is libprism's own (docs/libprism.md, passthrough).
+    if (FinishComm(r, c, blocking, std::string())) c->use_coordinator = c->real_members > 1 && CoordActive();
   } catch (...) {
     return ncclSystemError;
   }
@@ -485,6 +568,7 @@ ncclResult_t CommFinalize(Comm* c) {
     SetLastError("ncclCommFinalize: communicator already finalized");
     return ncclInvalidUsage;
   }
+  if (c->real != nullptr) return RealNccl().ncclCommFinalize(c->real);
   if (!c->blocking) {
     c->async_error.store(ncclInProgress);
     return ncclInProgress;
@@ -492,15 +576,30 @@ ncclResult_t CommFinalize(Comm* c) {
   return ncclSuccess;
 }
 
+namespace {
+ncclResult_t ReleaseReal(Comm* c, bool abort) {
+  ncclComm_t rc = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    std::swap(rc, c->real);
+  }
+  if (rc == nullptr) return ncclSuccess;
+  g_passthrough.fetch_sub(1);
+  return abort ? RealNccl().ncclCommAbort(rc) : RealNccl().ncclCommDestroy(rc);
+}
+}  // namespace
+
 ncclResult_t CommDestroy(Comm* c) {
   c->destroyed.store(true);
-  return ncclSuccess;
+  return ReleaseReal(c, false);
 }
 
 ncclResult_t CommAbort(Comm* c) {
   c->destroyed.store(true);
-  return ncclSuccess;
+  return ReleaseReal(c, true);
 }
+
+int PassthroughComms() { return g_passthrough.load(std::memory_order_relaxed); }
 
 ncclResult_t CommRevoke(Comm* c, int flags) {
   if (flags != NCCL_REVOKE_DEFAULT) return ncclInvalidArgument;
@@ -511,6 +610,7 @@ ncclResult_t CommRevoke(Comm* c, int flags) {
 
 ncclResult_t CommGetAsyncError(Comm* c, ncclResult_t* out) {
   if (out == nullptr) return ncclInvalidArgument;
+  if (c->real != nullptr) return RealNccl().ncclCommGetAsyncError(c->real, out);
   int e = c->async_error.load();
   // Why: nonblocking init/finalize/revoke report ncclInProgress once, then complete (nothing is pending in
   // libprism's communicators), as NCCL documents for a quick completion.

@@ -46,6 +46,9 @@ struct Comm {
   std::vector<uint8_t> member_real;  // per communicator rank: 1 when that member runs for real (members known)
   bool use_coordinator = false;
   uint32_t coord_comm_id = 0;
+  // Passthrough: every member is real and on its own GPU (the coordinator said so, or the parent was real): `real`
+  // is a real NCCL communicator among them and every operation goes to the real NCCL (real_symbols.h).
+  ncclComm_t real = nullptr;
   std::string key;            // store key of the unique id when known, else a hex prefix of the id
   std::string desc;           // torch group description when known
   std::string name;           // torch group name when known
@@ -92,6 +95,9 @@ ncclResult_t CommDestroy(Comm* c);
 ncclResult_t CommAbort(Comm* c);
 ncclResult_t CommRevoke(Comm* c, int flags);
 ncclResult_t CommGetAsyncError(Comm* c, ncclResult_t* out);
+// Live passthrough communicators in this process (engine.cc forwards ncclGroupStart/End to the real NCCL while
+// there are any).
+int PassthroughComms();
 
 // Python hook: the members of a torch process group (global ranks in group-rank order), after new_group /
 // init_process_group returned. Binds communicators created inside the matching scope or named after the group.

@@ -31,6 +31,12 @@ const Setting kSettings[] = {
     {"PRISM_SEND_RENDEZVOUS", "0",
      "1: a send to a real peer completes once the peer posted the receive (NCCL's rendezvous, on the host thread; "
      "needed to reproduce p2p deadlocks); 0: it completes when posted (the behaviour the GPU runs validated)."},
+    {"PRISM_PASSTHROUGH", "1",
+     "1: a communicator whose members are all real and each on its own GPU (the coordinator decides) runs on the "
+     "real NCCL; 0: libprism handles it like any other (exchange or gate)."},
+    {"PRISM_PASSTHROUGH_TIMEOUT_S", "600",
+     "Seconds a member of a passthrough communicator waits for communicator rank 0's real NCCL unique id."},
+    {"PRISM_NCCL_LIBRARY", "", "The real libnccl passthrough uses; empty: the one the job already loaded (PyTorch's)."},
     {"PRISM_GRAPH", "",
      "Set by prism-run --graph: every communicator takes its release times from the coordinator, which replays the "
      "virtual ranks from that graph."},
@@ -180,6 +186,12 @@ void LoadConfig(EnvLookup lookup, Config* c) {
     else c->errors.push_back(std::string("PRISM_SEND_RENDEZVOUS='") + v + "' is not 0 or 1");
   }
   if (const char* v = lookup("PRISM_RECORD_PAYLOADS")) c->record_payloads = v;
+  if (const char* v = lookup("PRISM_PASSTHROUGH"); v && *v) {
+    if (std::string(v) == "0") c->passthrough = false;
+    else if (std::string(v) == "1") c->passthrough = true;
+    else c->errors.push_back(std::string("PRISM_PASSTHROUGH='") + v + "' is not 0 or 1");
+  }
+  IntSetting(lookup, "PRISM_PASSTHROUGH_TIMEOUT_S", nullptr, 1, 86400, &c->passthrough_timeout_s, c);
 }
 
 const Config& Cfg() { return Mutable(); }

@@ -25,6 +25,7 @@
 #include "interpose/core/cost.h"
 #include "interpose/core/event_log.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/real_symbols.h"
 #include "nccl_patch/semantics.h"
 
 namespace prism::interpose {
@@ -158,7 +159,9 @@ bool CoordConnect() {
     nlohmann::json hello = {{"rank", cfg.rank},           {"world_size", cfg.world_size},
                             {"local_rank", cfg.local_rank}, {"pid", static_cast<int>(getpid())},
                             {"host", host},               {"gpu", cfg.phys_device},
-                            {"version", 1}};
+                            {"gpu_id", PhysicalGpuId(host, std::getenv("CUDA_VISIBLE_DEVICES"), cfg.phys_device)},
+                            {"passthrough", cfg.passthrough && RealNccl().Complete()},
+                            {"version", ipc::kVersion}};
     c.active.store(true);
     if (!SendJson(ipc::MsgType::kHello, hello)) {
       c.active.store(false);
@@ -173,6 +176,74 @@ bool CoordConnect() {
 }
 
 bool CoordActive() { return C().active.load(std::memory_order_relaxed); }
+
+std::string PhysicalGpuId(const std::string& host, const char* visible_devices, int phys_device) {
+  std::string entry = std::to_string(phys_device);
+  if (visible_devices != nullptr && visible_devices[0] != '\0') {
+    std::string v(visible_devices);
+    size_t start = 0;
+    for (int i = 0;; ++i) {
+      size_t comma = v.find(',', start);
+      if (i == phys_device) {
+        entry = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        break;
+      }
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  return host + "/" + entry;
+}
+
+bool CoordRealNcclId(uint32_t comm_id, const std::string& post_hex, int timeout_ms, std::string* id_hex,
+                     std::string* error) {
+  if (!CoordConnect()) {
+    *error = "no coordinator";
+    return false;
+  }
+  Conn& c = C();
+  try {
+    nlohmann::json j = {{"comm_id", comm_id}};
+    if (!post_hex.empty()) j["id"] = post_hex;
+    std::unique_lock<std::mutex> lock(c.mu);
+    size_t seen = c.replies.size();
+    lock.unlock();
+    if (!SendJson(ipc::MsgType::kRealNcclId, j)) {
+      *error = "coordinator connection lost";
+      return false;
+    }
+    lock.lock();
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      for (size_t i = seen; i < c.replies.size(); ++i) {
+        ipc::Frame& f = c.replies[i];
+        if (f.type != ipc::MsgType::kRealNcclIdInfo) continue;
+        nlohmann::json r = nlohmann::json::parse(f.payload, nullptr, false);
+        if (r.is_discarded() || r.value("comm_id", 0u) != comm_id) continue;
+        c.replies.erase(c.replies.begin() + static_cast<long>(i));
+        if (r.contains("error")) {
+          *error = "coordinator: " + r.value("error", std::string());
+          return false;
+        }
+        *id_hex = r.value("id", std::string());
+        return true;
+      }
+      if (!c.active.load()) {
+        *error = "coordinator connection lost";
+        return false;
+      }
+      if (c.cv.wait_until(lock, deadline) == std::cv_status::timeout) {
+        *error = "no real NCCL unique id from communicator rank 0 within " + std::to_string(timeout_ms / 1000) + " s";
+        return false;
+      }
+      // Why from the start again: another thread's request may have erased an earlier reply.
+      seen = std::min(seen, c.replies.size());
+    }
+  } catch (...) {
+    *error = "exception";
+    return false;
+  }
+}
 
 bool ParseCommInfo(const std::string& text, CoordCommInfo* out, std::string* error) {
   try {
@@ -193,6 +264,7 @@ bool ParseCommInfo(const std::string& text, CoordCommInfo* out, std::string* err
     if (j.contains("real")) {
       for (const auto& b : j.at("real")) out->real.push_back(b.get<bool>());
     }
+    out->passthrough = j.value("passthrough", false);
     if (!out->real.empty() && out->real.size() != out->members.size()) {
       *error = "kCommInfo: 'real' and 'members' differ in length";
       return false;

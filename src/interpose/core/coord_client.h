@@ -24,12 +24,21 @@ struct CoordCommInfo {
   std::vector<bool> real;
   std::string desc;   // the group's description when the coordinator knows it (Megatron's group name)
   std::string group;  // torch's group name when known
+  bool passthrough = false;  // every member is real, on its own GPU: build a real NCCL communicator (ipc.h)
 };
 enum class CoordReply { kOk, kRefused, kNoAnswer };
 // kCommInit {key, nranks, rank, desc, name, parent?, color?}; waits up to timeout_ms for kCommInfo.
 // kRefused: the coordinator answered but does not know the members (its "error").
 CoordReply CoordCommInit(const std::string& key, int nranks, int rank, const std::string& desc, const std::string& name,
                    int64_t parent_comm_id, int color, int timeout_ms, CoordCommInfo* out);
+
+// Passthrough (ipc.h kRealNcclId): communicator rank 0 posts the real NCCL unique id (`post_hex` not empty), the
+// others ask for it; both wait up to timeout_ms for kRealNcclIdInfo and get the id (hex) in *id_hex.
+bool CoordRealNcclId(uint32_t comm_id, const std::string& post_hex, int timeout_ms, std::string* id_hex,
+                     std::string* error);
+// "host/<entry of CUDA_VISIBLE_DEVICES at phys_device>" (or "host/<phys_device>"): names a physical GPU, so the
+// coordinator can tell whether real members share one.
+std::string PhysicalGpuId(const std::string& host, const char* visible_devices, int phys_device);
 
 // From the progress thread: kOpArrive for a unit; later kOpRelease is matched by (comm_id, seq).
 bool CoordSendArrive(const GateUnit& unit);

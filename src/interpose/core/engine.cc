@@ -15,6 +15,7 @@
 #include "interpose/core/event_log.h"
 #include "interpose/core/gpu.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/real_symbols.h"
 #include "interpose/core/recorded.h"
 #include "nccl_patch/exchange.h"
 #include "prism/ipc.h"
@@ -79,6 +80,7 @@ struct UnitSend {
 
 struct Tls {
   int depth = 0;
+  std::vector<bool> real_level;  // per nesting level: its ncclGroupStart went to the real NCCL too (passthrough)
   std::vector<OpCall> group;
   std::vector<Prepared> prepared;
   std::vector<OpCall> scratch;
@@ -623,7 +625,31 @@ bool SampleThisUnit() {
   return (n++ & 7u) == 0;
 }
 
+// A passthrough communicator's operation: the real NCCL, on its real communicator (comm.h).
+ncclResult_t SubmitReal(const OpCall& c) {
+  const NcclFns& n = RealNccl();
+  ncclComm_t rc = c.comm->real;
+  cudaStream_t st = c.stream;
+  c.comm->seq.fetch_add(1, std::memory_order_relaxed);
+  switch (c.op) {
+    case OpKind::kAllReduce: return n.ncclAllReduce(c.send, c.recv, c.count, c.dtype, c.redop, rc, st);
+    case OpKind::kBroadcast: return n.ncclBroadcast(c.send, c.recv, c.count, c.dtype, c.root, rc, st);
+    case OpKind::kReduce: return n.ncclReduce(c.send, c.recv, c.count, c.dtype, c.redop, c.root, rc, st);
+    case OpKind::kAllGather: return n.ncclAllGather(c.send, c.recv, c.count, c.dtype, rc, st);
+    case OpKind::kReduceScatter: return n.ncclReduceScatter(c.send, c.recv, c.count, c.dtype, c.redop, rc, st);
+    case OpKind::kAllToAll: return n.ncclAlltoAll(c.send, c.recv, c.count, c.dtype, rc, st);
+    case OpKind::kGather: return n.ncclGather(c.send, c.recv, c.count, c.dtype, c.root, rc, st);
+    case OpKind::kScatter: return n.ncclScatter(c.send, c.recv, c.count, c.dtype, c.root, rc, st);
+    case OpKind::kSend: return n.ncclSend(c.send, c.count, c.dtype, c.peer, rc, st);
+    case OpKind::kRecv: return n.ncclRecv(c.recv, c.count, c.dtype, c.peer, rc, st);
+    default: break;
+  }
+  SetLastError("passthrough: operation not supported");
+  return ncclInvalidArgument;
+}
+
 ncclResult_t Submit(const OpCall& call) {
+  if (call.comm != nullptr && call.comm->real != nullptr) return SubmitReal(call);
   const bool sample = tls.depth == 0 && SampleThisUnit();
   const uint64_t t0 = sample ? MonoNs() : 0;
   if (ncclResult_t v = Validate(call); v != ncclSuccess) return v;
@@ -642,7 +668,30 @@ ncclResult_t Submit(const OpCall& call) {
 
 ncclResult_t GroupStart() {
   ++tls.depth;
+  // Why only while passthrough communicators live: their operations inside this group must fuse as NCCL's do.
+  const bool real = PassthroughComms() > 0;
+  if (real) {
+    if (ncclResult_t r = RealNccl().ncclGroupStart(); r != ncclSuccess) {
+      --tls.depth;
+      return r;
+    }
+  }
+  try {
+    tls.real_level.resize(static_cast<size_t>(tls.depth));
+    tls.real_level[static_cast<size_t>(tls.depth) - 1] = real;
+  } catch (...) {
+    return ncclSystemError;
+  }
   return ncclSuccess;
+}
+
+// Closes the real group of the current nesting level if its start was forwarded (the outermost real end launches
+// the real operations).
+ncclResult_t RealGroupEnd() {
+  const size_t level = static_cast<size_t>(tls.depth) - 1;
+  if (level >= tls.real_level.size() || !tls.real_level[level]) return ncclSuccess;
+  tls.real_level[level] = false;
+  return RealNccl().ncclGroupEnd();
 }
 
 ncclResult_t GroupEnd() {
@@ -650,8 +699,9 @@ ncclResult_t GroupEnd() {
     SetLastError("ncclGroupEnd without ncclGroupStart");
     return ncclInvalidUsage;
   }
-  if (--tls.depth > 0) return ncclSuccess;
-  if (tls.group.empty()) return ncclSuccess;
+  ncclResult_t real_result = RealGroupEnd();
+  if (--tls.depth > 0) return real_result;
+  if (tls.group.empty()) return real_result;
   const bool sample = SampleThisUnit();
   const uint64_t t0 = sample ? MonoNs() : 0;
   ncclResult_t result = ncclSuccess;
@@ -677,7 +727,7 @@ ncclResult_t GroupEnd() {
   WaitSendsDone();
   ops.clear();
   if (sample) RecordOverhead(MonoNs() - t0);
-  return result;
+  return result != ncclSuccess ? result : real_result;
 }
 
 ncclResult_t GroupSimulateEnd(ncclSimInfo_t* info) {
@@ -686,6 +736,9 @@ ncclResult_t GroupSimulateEnd(ncclSimInfo_t* info) {
     return ncclInvalidArgument;
   }
   if (tls.depth <= 0) return ncclInvalidUsage;
+  // Why the real end: the real group must close; its passthrough operations then run (NCCL's simulate-end would
+  // only estimate them, and libprism's estimate below covers the group's other operations).
+  RealGroupEnd();
   if (--tls.depth > 0) return ncclSuccess;
   double us = 0;
   for (const OpCall& c : tls.group) {
@@ -701,6 +754,8 @@ int GroupDepth() { return tls.depth; }
 
 ncclResult_t RedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t dtype,
                                   ncclScalarResidence_t residence, Comm* comm) {
+  // Why the real operator as is: it is only ever used with this communicator, whose operations go to the real NCCL.
+  if (comm->real != nullptr) return RealNccl().ncclRedOpCreatePreMulSum(op, scalar, dtype, residence, comm->real);
   if (op == nullptr || scalar == nullptr || dtype < 0 || dtype >= ncclNumTypes) return ncclInvalidArgument;
   if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate) return ncclInvalidArgument;
   PreMulSumOp p;
@@ -726,6 +781,7 @@ ncclResult_t RedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t 
 }
 
 ncclResult_t RedOpDestroy(ncclRedOp_t op, Comm* comm) {
+  if (comm->real != nullptr) return RealNccl().ncclRedOpDestroy(op, comm->real);
   if (static_cast<int>(op) < ncclNumOps) {
     SetLastError("ncclRedOpDestroy: built-in operators cannot be destroyed");
     return ncclInvalidArgument;

@@ -4,6 +4,7 @@
 #include <link.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -95,17 +96,46 @@ const CudartFns& Cudart() {
   return *fns;
 }
 
+bool NcclFns::Complete() const {
+  bool ok = true;
+#define PRISM_CHECK_NCCL(name) ok = ok && name != nullptr;
+  PRISM_NCCL_FUNCS(PRISM_CHECK_NCCL)
+#undef PRISM_CHECK_NCCL
+  return ok;
+}
+
+namespace {
+std::atomic<const NcclFns*> g_nccl_override{nullptr};
+}  // namespace
+
 const NcclFns& RealNccl() {
+  if (const NcclFns* fake = g_nccl_override.load(std::memory_order_acquire)) return *fake;
   static const NcclFns* fns = [] {
-    auto* f = new NcclFns();
-    void* h = LoadedLibraryHandle("libnccl.so");
-    if (h == nullptr) return f;
-    f->ncclGetVersion = reinterpret_cast<decltype(f->ncclGetVersion)>(RealDlsym(h, "ncclGetVersion"));
-    f->ncclGetErrorString = reinterpret_cast<decltype(f->ncclGetErrorString)>(RealDlsym(h, "ncclGetErrorString"));
+    auto* f = new NcclFns();  // Why leaked: used until the very end of the process.
+    void* h = nullptr;
+    const char* forced = std::getenv("PRISM_NCCL_LIBRARY");
+    if (forced != nullptr && forced[0] != '\0') {
+      h = dlopen(forced, RTLD_NOW | RTLD_LOCAL);
+      if (h != nullptr) f->path = forced;
+    } else {
+      // Why only one already loaded: a job that loads no NCCL of its own (a test program linked against libprism)
+      // has none to pass through to.
+      f->path = FindLoadedObject("libnccl.so");
+      h = f->path.empty() ? nullptr : dlopen(f->path.c_str(), RTLD_NOLOAD | RTLD_LAZY);
+    }
+    if (h == nullptr) {
+      f->path.clear();
+      return f;
+    }
+#define PRISM_RESOLVE_NCCL(name) f->name = reinterpret_cast<decltype(f->name)>(RealDlsym(h, #name));
+    PRISM_NCCL_FUNCS(PRISM_RESOLVE_NCCL)
+#undef PRISM_RESOLVE_NCCL
     return f;
   }();
   return *fns;
 }
+
+void SetRealNcclForTest(const NcclFns* fake) { g_nccl_override.store(fake, std::memory_order_release); }
 
 const DriverFns& Driver() {
   if (const DriverFns* fake = g_driver_override.load(std::memory_order_acquire)) return *fake;

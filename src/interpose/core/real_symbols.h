@@ -87,11 +87,45 @@ struct CudartFns {
 // Missing functions stay nullptr; wrappers then return cudaErrorNotSupported.
 const CudartFns& Cudart();
 
+// The real NCCL: version queries, and everything a passthrough communicator (comm.h) forwards.
+#define PRISM_NCCL_FUNCS(X)      \
+  X(ncclGetVersion)              \
+  X(ncclGetErrorString)          \
+  X(ncclGetUniqueId)             \
+  X(ncclCommInitRankConfig)      \
+  X(ncclCommSplit)               \
+  X(ncclCommFinalize)            \
+  X(ncclCommDestroy)             \
+  X(ncclCommAbort)               \
+  X(ncclCommGetAsyncError)       \
+  X(ncclGroupStart)              \
+  X(ncclGroupEnd)                \
+  X(ncclAllReduce)               \
+  X(ncclBroadcast)               \
+  X(ncclReduce)                  \
+  X(ncclAllGather)               \
+  X(ncclReduceScatter)           \
+  X(ncclAlltoAll)                \
+  X(ncclGather)                  \
+  X(ncclScatter)                 \
+  X(ncclSend)                    \
+  X(ncclRecv)                    \
+  X(ncclRedOpCreatePreMulSum)    \
+  X(ncclRedOpDestroy)            \
+  X(ncclCommRegister)            \
+  X(ncclCommDeregister)
+
 struct NcclFns {
-  decltype(&::ncclGetVersion) ncclGetVersion = nullptr;
-  decltype(&::ncclGetErrorString) ncclGetErrorString = nullptr;
+  PRISM_NCCL_FUNCS(PRISM_DECLARE_FN)
+  std::string path;  // the library they came from ("" when none was found)
+  // Everything a passthrough communicator needs is there.
+  bool Complete() const;
 };
+// The real libnccl: PRISM_NCCL_LIBRARY when set (dlopen'ed, RTLD_LOCAL), else the one the job already loaded
+// (PyTorch's). Resolved once; missing functions stay nullptr.
 const NcclFns& RealNccl();
+// Test hook: replaces RealNccl()'s table (nullptr restores the real one).
+void SetRealNcclForTest(const NcclFns* fake);
 
 #define PRISM_DRIVER_FUNCS(X)             \
   X(cuInit)                               \
