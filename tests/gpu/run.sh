@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite: one entry script, run on the GPU machine from the repo root over a build made elsewhere
 # (carry build/ and third_party/megatron/). Prints a PASS/FAIL table and writes logs under OUT_DIR.
-#   tests/gpu/run.sh OUT_DIR [suite...]      suites: shim megatron hang (default: shim megatron)
+#   tests/gpu/run.sh OUT_DIR [suite...]      suites: shim megatron hang passthrough fidelity calibrate
+#                                            (default: shim megatron)
 set -uo pipefail
 out=$(realpath -m "${1:?usage: tests/gpu/run.sh OUT_DIR [suite...]}"); shift
 mkdir -p "$out"
@@ -26,6 +27,7 @@ for s in "${suites[@]}"; do
     megatron) source tests/gpu/megatron_suite.sh ;;
     hang) source tests/gpu/hang_suite.sh ;;
     fidelity) source tests/gpu/fidelity_suite.sh ;;
+    passthrough) source tests/gpu/passthrough_suite.sh ;;
     *) echo "unknown suite $s" >&2 ;;
   esac
 done
