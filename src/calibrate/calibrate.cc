@@ -1,9 +1,28 @@
 #include "calibrate/calibrate.h"
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <system_error>
+
 namespace prism::calibrate {
 namespace {
 
 constexpr int kExitOk = 0, kExitFailure = 1, kExitBadInput = 2;
+
+// Creates the folder a file goes into and checks it can be written, before any GPU time is spent.
+bool PrepareOutput(const std::string& path, std::string* error) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || ::access(dir.c_str(), W_OK) != 0) {
+    *error = path + ": cannot write into " + dir.string() + (ec ? " (" + ec.message() + ")" : "");
+    return false;
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -18,7 +37,13 @@ std::string DefaultMeasurementsPath(const std::string& out) {
 int RunCalibrate(const CalibrateOptions& o, std::ostream& out, std::ostream& err) {
   MeasurementSet set;
   std::string error;
-  std::string meas_path = o.from;
+  std::string meas_path = o.from.empty() ? (o.measurements_out.empty() ? DefaultMeasurementsPath(o.out)
+                                                                       : o.measurements_out)
+                                         : o.from;
+  if (!PrepareOutput(o.out, &error) || (o.from.empty() && !PrepareOutput(meas_path, &error))) {
+    err << "prism-run calibrate: " << error << "\n";
+    return kExitBadInput;
+  }
   if (!o.from.empty()) {
     if (!LoadMeasurements(o.from, &set, &error)) {
       err << "prism-run calibrate: " << error << "\n";
@@ -31,7 +56,6 @@ int RunCalibrate(const CalibrateOptions& o, std::ostream& out, std::ostream& err
       err << "prism-run calibrate: cannot measure: " << error << "\n";
       return kExitFailure;
     }
-    meas_path = o.measurements_out.empty() ? DefaultMeasurementsPath(o.out) : o.measurements_out;
     if (!WriteMeasurements(meas_path, set, &error)) {
       err << "prism-run calibrate: " << error << "\n";
       return kExitFailure;

@@ -3,6 +3,7 @@
 // with a message, no crash).
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -126,6 +127,39 @@ TEST_F(CalibrateCli, MeasuringWithoutAGpuFailsClearly) {
   EXPECT_FALSE(fs::exists(P("t.json")));
   EXPECT_FALSE(fs::exists(P("t.measurements.json")));
 }
+
+#ifdef PRISM_CALIB_FAKE_CUDA
+// The measuring form end to end, on the fakes of libcuda.so.1 (found through LD_LIBRARY_PATH, as the real one is)
+// and NCCL (--nccl): both files written, the topology loads. The fakes' times mean nothing; the GPU suite
+// (tests/gpu/calibrate_suite.sh) measures for real.
+TEST_F(CalibrateCli, MeasuresThenFitsOnFakeGpus) {
+  fs::create_directories(P("lib"));
+  fs::create_symlink(PRISM_CALIB_FAKE_CUDA, P("lib/libcuda.so.1"));
+  std::string cmd = "FAKE_CUDA_GPUS=2 LD_LIBRARY_PATH=" + P("lib") + " " + std::getenv("PRISM_RUN") +
+                    " calibrate --nccl " + PRISM_CALIB_FAKE_NCCL + " --max-bytes 64K --target-ms 0.2 --out " +
+                    P("out/topo.json") + " --measurements-out " + P("out/meas/m.json") + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  int st = pclose(f);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+  EXPECT_NE(out.find("measuring on 2 x Fake H200"), std::string::npos) << out;
+  EXPECT_NE(out.find("wrote " + P("out/meas/m.json")), std::string::npos) << out;
+  prism::calibrate::MeasurementSet set;
+  std::string err;
+  ASSERT_TRUE(prism::calibrate::LoadMeasurements(P("out/meas/m.json"), &set, &err)) << err;
+  EXPECT_EQ(set.gpu_count, 2);
+  EXPECT_EQ(set.Env("NCCL_NVLS_ENABLE"), "0");
+  prism::replay::Topology t;
+  ASSERT_TRUE(prism::replay::LoadTopology(P("out/topo.json"), &t, &err)) << err;
+  EXPECT_EQ(t.calibration["gpu"], "Fake H200");
+  EXPECT_EQ(t.calibration["measurements_file"], P("out/meas/m.json"));
+  EXPECT_EQ(t.calibration["base_topology"], "h200-8x400g");
+}
+#endif
 
 TEST_F(CalibrateCli, ListedInTheHelp) {
   auto r = RunPrism("--help");
