@@ -180,7 +180,11 @@ void AbCoefficients(const Measurement& m, double* c1, double* c2) {
   }
 }
 
-double Round(double v, double step) { return std::round(v / step) * step; }
+// Why divide by the inverse: 892089 * 0.1 prints as 89208.90000000001, 892089 / 10 as 89208.9.
+double Round(double v, double step) {
+  const double inv = std::round(1.0 / step);
+  return std::round(v * inv) / inv;
+}
 
 std::string Fmt(const char* fmt, double v) {
   char buf[64];

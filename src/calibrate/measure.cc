@@ -114,6 +114,7 @@ std::vector<std::string> NcclCandidates(const std::string& explicit_path) {
     std::string p = dir + "/libnccl.so.2";
     if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
   }
+  out.emplace_back("/usr/local/cuda/lib64/libnccl.so.2");  // the toolkit's, where it is not in the loader's path
   return out;
 }
 

@@ -51,7 +51,8 @@ std::vector<int> DefaultCommSizes(int gpus);
 // "8", "64K", "256M", "256MiB", "1G", "1GB" (binary multiples). False + *error otherwise.
 bool ParseByteSize(const std::string& text, uint64_t* out, std::string* error);
 // Where NCCL is looked for, in order: `explicit_path` alone when set; else "libnccl.so.2" and then the lib/ folder
-// of the nvidia.nccl Python package (PyTorch's wheel) for each interpreter in $PRISM_PYTHON, $PYTHON, python3.
+// of the nvidia.nccl Python package (PyTorch's wheel) for each interpreter in $PRISM_PYTHON, $PYTHON, python3,
+// then /usr/local/cuda/lib64/libnccl.so.2.
 std::vector<std::string> NcclCandidates(const std::string& explicit_path);
 
 }  // namespace prism::calibrate

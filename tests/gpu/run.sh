@@ -26,6 +26,7 @@ for s in "${suites[@]}"; do
     shim) [ -x tests/gpu/shim_suite.sh ] && source tests/gpu/shim_suite.sh ;;
     megatron) source tests/gpu/megatron_suite.sh ;;
     hang) source tests/gpu/hang_suite.sh ;;
+    calibrate) source tests/gpu/calibrate_suite.sh ;;
     fidelity) source tests/gpu/fidelity_suite.sh ;;
     passthrough) source tests/gpu/passthrough_suite.sh ;;
     *) echo "unknown suite $s" >&2 ;;
