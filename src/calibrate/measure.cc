@@ -412,6 +412,7 @@ bool Measurer::Setup(MeasurementSet* out, std::string* error) {
     }
     cu_.MemsetD8(d.send, 0, max_bytes_);
     cu_.MemsetD8(d.recv, 0, max_bytes_);
+    cu_.StreamSynchronize(nullptr);  // Why: the memsets ran on the legacy stream, which ours do not wait for
   }
   char name[256] = {0};
   cu_.DeviceGetName(name, sizeof name - 1, gpus_[0].dev);
