@@ -981,7 +981,9 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
 }
 
 std::optional<bool> Coordinator::Impl::DecidePassthrough(const std::vector<int>& members, bool final) {
-  if (!opts_.passthrough || members.size() < 2) return false;
+  if (!opts_.passthrough || static_cast<int>(members.size()) < std::max(opts_.passthrough_min_members, 1)) {
+    return false;
+  }
   std::set<std::string> gpus;
   for (int m : members) {
     if (!vr_->IsReal(m)) return false;

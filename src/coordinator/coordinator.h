@@ -73,6 +73,10 @@ struct CoordinatorOptions {
   // Passthrough (ipc.h): a communicator whose members are all real, each on its own GPU and able to run real NCCL,
   // runs on the real NCCL. false: never (every communicator goes through libprism's exchange or gate).
   bool passthrough = true;
+  // Fewest members a passthrough communicator has. 2: a one-member communicator stays libprism's (a real NCCL
+  // communicator per one-rank group would cost GPU memory for nothing); 1 makes a world of one real rank pass
+  // through (PRISM_PASSTHROUGH_MIN_MEMBERS=1 for prism-run: the one-GPU check of the real-NCCL path).
+  int passthrough_min_members = 2;
   // Hang diagnosis (hang_detector.h): when no real rank made progress for this long while some wait, write
   // <out>/hang.json and print the diagnosis to stderr. <= 0: off.
   double hang_timeout_s = 60.0;

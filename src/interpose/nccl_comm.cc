@@ -31,7 +31,11 @@ ncclResult_t WithComm(ncclComm_t comm, ncclResult_t (*fn)(Comm*)) {
 
 }  // namespace
 
-PRISM_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) { return GetUniqueId(uniqueId); }
+PRISM_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
+  // Why the caller: libnccl's ncclCommInitAll (a passthrough job's own) takes its id through the public function.
+  if (CalledFromRealNccl(__builtin_return_address(0))) return ForwardForeign(RealNccl().ncclGetUniqueId, uniqueId);
+  return GetUniqueId(uniqueId);
+}
 
 PRISM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                               ncclConfig_t* config) {
@@ -64,7 +68,7 @@ PRISM_API ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* de
 
 PRISM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
   Comm* c = ToComm(comm);
-  if (c == nullptr) return ncclInvalidArgument;
+  if (c == nullptr) return ForwardForeign(RealNccl().ncclCommSplit, comm, color, key, newcomm, config);
   return Guarded(ncclInternalError, [&] { return CommSplit(c, color, key, newcomm, config); });
 }
 
@@ -76,13 +80,18 @@ PRISM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, in
                  [&] { return CommShrink(c, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags); });
 }
 
-PRISM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) { return WithComm(comm, &CommFinalize); }
+PRISM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  if (comm != nullptr && ToComm(comm) == nullptr) return ForwardForeign(RealNccl().ncclCommFinalize, comm);
+  return WithComm(comm, &CommFinalize);
+}
 PRISM_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;  // NCCL accepts destroying NULL
+  if (ToComm(comm) == nullptr) return ForwardForeign(RealNccl().ncclCommDestroy, comm);
   return WithComm(comm, &CommDestroy);
 }
 PRISM_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
+  if (ToComm(comm) == nullptr) return ForwardForeign(RealNccl().ncclCommAbort, comm);
   return WithComm(comm, &CommAbort);
 }
 
@@ -94,12 +103,13 @@ PRISM_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
 
 PRISM_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   Comm* c = ToComm(comm);
-  if (c == nullptr) return ncclInvalidArgument;
+  if (c == nullptr) return ForwardForeign(RealNccl().ncclCommGetAsyncError, comm, asyncError);
   return CommGetAsyncError(c, asyncError);
 }
 
 PRISM_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   Comm* c = ToComm(comm);
+  if (c == nullptr && comm != nullptr) return ForwardForeign(RealNccl().ncclCommCount, comm, count);
   if (c == nullptr || count == nullptr) return ncclInvalidArgument;
   *count = c->nranks;
   return ncclSuccess;
@@ -107,6 +117,7 @@ PRISM_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
 
 PRISM_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   Comm* c = ToComm(comm);
+  if (c == nullptr && comm != nullptr) return ForwardForeign(RealNccl().ncclCommCuDevice, comm, device);
   if (c == nullptr || device == nullptr) return ncclInvalidArgument;
   *device = c->device;
   return ncclSuccess;
@@ -114,6 +125,7 @@ PRISM_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
 
 PRISM_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   Comm* c = ToComm(comm);
+  if (c == nullptr && comm != nullptr) return ForwardForeign(RealNccl().ncclCommUserRank, comm, rank);
   if (c == nullptr || rank == nullptr) return ncclInvalidArgument;
   *rank = c->rank;
   return ncclSuccess;

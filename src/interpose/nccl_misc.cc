@@ -1,6 +1,9 @@
 // Version (the real library's), error strings, last error, PreMulSum operators, ncclMemAlloc/ncclMemFree (real
 // device memory through the driver, counted in the rank's peak), ncclResetDebugInit.
+#include <dlfcn.h>
 #include <nccl.h>
+
+#include <string>
 
 #include "interpose/api.h"
 #include "interpose/core/comm.h"
@@ -10,6 +13,16 @@
 #include "interpose/core/real_symbols.h"
 
 using namespace prism::interpose;
+
+namespace prism::interpose {
+bool CalledFromRealNccl(const void* return_address) {
+  const std::string& real = RealNccl().path;
+  if (real.empty() || return_address == nullptr) return false;
+  Dl_info info{};
+  if (dladdr(return_address, &info) == 0 || info.dli_fname == nullptr) return false;
+  return real == info.dli_fname;
+}
+}  // namespace prism::interpose
 
 PRISM_API ncclResult_t ncclGetVersion(int* version) {
   if (version == nullptr) return ncclInvalidArgument;
@@ -42,17 +55,19 @@ PRISM_API const char* ncclGetLastError(ncclComm_t comm) {
 PRISM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
                                                 ncclScalarResidence_t residence, ncclComm_t comm) {
   Comm* c = ToComm(comm);
-  if (c == nullptr) return ncclInvalidArgument;
+  if (c == nullptr) return ForwardForeign(RealNccl().ncclRedOpCreatePreMulSum, op, scalar, datatype, residence, comm);
   return Guarded(ncclInternalError, [&] { return RedOpCreatePreMulSum(op, scalar, datatype, residence, c); });
 }
 
 PRISM_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   Comm* c = ToComm(comm);
-  if (c == nullptr) return ncclInvalidArgument;
+  if (c == nullptr) return ForwardForeign(RealNccl().ncclRedOpDestroy, op, comm);
   return RedOpDestroy(op, c);
 }
 
 PRISM_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
+  // Why the caller: libnccl's own copy-engine and RMA code calls this for memory it frees with its own ncclMemFree.
+  if (CalledFromRealNccl(__builtin_return_address(0))) return ForwardForeign(RealNccl().ncclMemAlloc, ptr, size);
   if (ptr == nullptr) return ncclInvalidArgument;
   *ptr = nullptr;
   if (size == 0) return ncclSuccess;
@@ -67,6 +82,7 @@ PRISM_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
 }
 
 PRISM_API ncclResult_t ncclMemFree(void* ptr) {
+  if (CalledFromRealNccl(__builtin_return_address(0))) return ForwardForeign(RealNccl().ncclMemFree, ptr);
   if (ptr == nullptr) return ncclSuccess;
   const DriverFns& d = Driver();
   if (d.cuMemFree == nullptr) return ncclUnhandledCudaError;

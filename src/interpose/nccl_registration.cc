@@ -61,20 +61,32 @@ ncclResult_t Remove(ncclComm_t comm, void* handle) {
 }  // namespace
 
 PRISM_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  if (comm != nullptr && ToComm(comm) == nullptr) {
+    return ForwardForeign(RealNccl().ncclCommRegister, comm, buff, size, handle);
+  }
   return Add(comm, buff, size, 0, handle);
 }
 
-PRISM_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) { return Remove(comm, handle); }
+PRISM_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
+  if (comm != nullptr && ToComm(comm) == nullptr) return ForwardForeign(RealNccl().ncclCommDeregister, comm, handle);
+  return Remove(comm, handle);
+}
 
 PRISM_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
                                               int winFlags) {
+  if (comm != nullptr && ToComm(comm) == nullptr) {
+    return ForwardForeign(RealNccl().ncclCommWindowRegister, comm, buff, size, win, winFlags);
+  }
   void* h = nullptr;
   ncclResult_t r = Add(comm, buff, size, winFlags, &h);
   if (r == ncclSuccess) *win = static_cast<ncclWindow_t>(h);
   return r;
 }
 
-PRISM_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) { return Remove(comm, win); }
+PRISM_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  if (comm != nullptr && ToComm(comm) == nullptr) return ForwardForeign(RealNccl().ncclCommWindowDeregister, comm, win);
+  return Remove(comm, win);
+}
 
 #define PRISM_ALIAS(name) __attribute__((alias(#name), visibility("default")))
 extern "C" {

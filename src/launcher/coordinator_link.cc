@@ -1,6 +1,7 @@
 #include "launcher/coordinator_link.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +56,9 @@ class LocalCoordinator : public CoordinatorLink {
     o.membership = membership_.get();
     o.hang_timeout_s = plan->hang_timeout_s;
     o.passthrough = plan->passthrough;
+    if (const char* v = std::getenv("PRISM_PASSTHROUGH_MIN_MEMBERS"); v != nullptr && *v != '\0') {
+      o.passthrough_min_members = std::max(1, std::atoi(v));
+    }
     // Why always a callback: the launcher decides (--on-hang) and records the hang in the report either way.
     o.on_hang = [this](const std::string& path) {
       std::lock_guard<std::mutex> lock(hang_mu_);

@@ -220,6 +220,16 @@ bool FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key
   return want_passthrough && c->real == nullptr;
 }
 
+// The job's config for the real NCCL, made blocking. Why: libprism answers the job's readiness polls
+// (ncclCommGetAsyncError) and the first operation may follow at once; a real communicator still initialising in the
+// background makes that operation fail with ncclInvalidArgument (seen on the H200 with torch's lazy init).
+ncclConfig_t RealConfig(const ncclConfig_t* config) {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  if (config != nullptr) c = *config;
+  c.blocking = 1;
+  return c;
+}
+
 // Builds the real NCCL communicator of a passthrough communicator: rank 0 takes a real unique id and posts it through
 // the coordinator, the others fetch it; then every member calls the real ncclCommInitRankConfig (a collective).
 ncclResult_t SetupPassthrough(Comm* c, const ncclConfig_t* config) {
@@ -245,8 +255,7 @@ ncclResult_t SetupPassthrough(Comm* c, const ncclConfig_t* config) {
     }
   }
   if (error.empty()) {
-    ncclConfig_t cfg_copy = NCCL_CONFIG_INITIALIZER;
-    if (config != nullptr) cfg_copy = *config;
+    ncclConfig_t cfg_copy = RealConfig(config);
     ncclComm_t rc = nullptr;
     ncclResult_t e = real.ncclCommInitRankConfig(&rc, c->nranks, id, c->rank, &cfg_copy);
     if (e == ncclSuccess || e == ncclInProgress) {
@@ -444,7 +453,8 @@ ncclResult_t CommSplit(Comm* parent, int color, int key, ncclComm_t* out, const 
   if (parent->real != nullptr) {
     // Why first, also for NCCL_SPLIT_NOCOLOR: a real split is a collective over every member of the real parent.
     // A split of a passthrough communicator is one too (its members are all real, on distinct GPUs).
-    ncclResult_t e = RealNccl().ncclCommSplit(parent->real, color, key, &real_child, const_cast<ncclConfig_t*>(config));
+    ncclConfig_t cfg_copy = RealConfig(config);
+    ncclResult_t e = RealNccl().ncclCommSplit(parent->real, color, key, &real_child, &cfg_copy);
     if (e != ncclSuccess && e != ncclInProgress) {
       SetLastError(std::string("real ncclCommSplit: ") + RealNccl().ncclGetErrorString(e));
       return e;

@@ -113,7 +113,15 @@ const CudartFns& Cudart();
   X(ncclRedOpCreatePreMulSum)    \
   X(ncclRedOpDestroy)            \
   X(ncclCommRegister)            \
-  X(ncclCommDeregister)
+  X(ncclCommDeregister)          \
+  X(ncclCommWindowRegister)      \
+  X(ncclCommWindowDeregister)    \
+  X(ncclCommCount)               \
+  X(ncclCommUserRank)            \
+  X(ncclCommCuDevice)            \
+  X(ncclBcast)                   \
+  X(ncclMemAlloc)                \
+  X(ncclMemFree)
 
 struct NcclFns {
   PRISM_NCCL_FUNCS(PRISM_DECLARE_FN)
