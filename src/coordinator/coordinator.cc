@@ -945,6 +945,15 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
       if (vr_->IsReal(m)) v.real_members.push_back(m);
     }
     v.passthrough = *passthrough;
+    {
+      std::vector<int> sorted = members;
+      std::sort(sorted.begin(), sorted.end());
+      for (const CommView& o : comms_) {
+        std::vector<int> os = o.members;
+        std::sort(os.begin(), os.end());
+        if (os == sorted) ++v.member_twin;
+      }
+    }
     if (v.passthrough) {
       Log("coord")->info("comm {} ({} members, '{}'): passthrough (real NCCL among its members)", v.comm_id,
                          members.size(), !group_desc.empty() ? group_desc : group);

@@ -39,6 +39,9 @@ struct CommView {
   std::string key;
   std::vector<int> members;       // global ranks, communicator-rank order
   std::vector<int> real_members;  // those that run for real
+  // Communicators with the same members created before this one (torch makes a second communicator of a
+  // pipeline pair for its send/recv): the n-th of a member set is the n-th of the graph's (GraphRelease).
+  uint32_t member_twin = 0;
   // Every member real, on its own GPU, able to run real NCCL (kHello): the members use a real NCCL communicator,
   // whose unique id rank 0 posts here (ipc.h kRealNcclId).
   bool passthrough = false;

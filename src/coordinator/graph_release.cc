@@ -45,10 +45,37 @@ GraphRelease::GraphRelease(trace::Trace trace, std::vector<int> real_ranks)
       }
     }
   }
+  // A slot whose operations lie on several streams is sequenced by node id, as the replay engine does
+  // (docs/trace-format.md): torch issues one communicator's forward all-reduces on one stream and its backward ones
+  // on another, and libprism's sequence counts them in issue order. In stream order they would map a real rank's
+  // n-th operation to another node, whose virtual partners then wait on the real rank's later operations.
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    ClassInfo& ci = classes_[c];
+    auto by_id = [](std::vector<uint32_t>* ids) {
+      std::stable_sort(ids->begin(), ids->end());
+    };
+    auto multi_stream = [&](const std::vector<uint32_t>& ids) {
+      for (uint32_t id : ids)
+        if (ci.by_id.at(id).stream != ci.by_id.at(ids.front()).stream) return true;
+      return false;
+    };
+    for (auto& ids : ci.slot_nodes)
+      if (!ids.empty() && multi_stream(ids)) by_id(&ids);
+    for (auto& ids : ci.slot_colls) {
+      if (ids.empty() || !multi_stream(ids)) continue;
+      by_id(&ids);
+      for (uint32_t k = 0; k < ids.size(); ++k) ci.ordinal[ids[k]] = k;
+    }
+    for (auto& [key, ids] : ci.p2p) {
+      if (ids.empty() || !multi_stream(ids)) continue;
+      by_id(&ids);
+      for (uint32_t k = 0; k < ids.size(); ++k) ci.ordinal[ids[k]] = k;
+    }
+  }
   for (size_t g = 0; g < trace_.comms.size(); ++g) {
     std::vector<int32_t> m = trace_.comms[g].ranks;
     std::sort(m.begin(), m.end());
-    comm_by_members_.emplace(std::move(m), static_cast<int>(g));
+    comm_by_members_[std::move(m)].push_back(static_cast<int>(g));
   }
   cursor_.resize(trace_.ranks.size());
   for (size_t r = 0; r < trace_.ranks.size(); ++r)
@@ -91,18 +118,14 @@ std::optional<uint32_t> GraphRelease::SlotOf(int rank, uint32_t comm) const {
 }
 
 std::optional<int> GraphRelease::GraphComm(const CommView& comm) const {
-  // Why exact order first: two graph communicators never share members in practice, but if they did the one in
-  // the same communicator-rank order is the one the job made.
-  for (size_t g = 0; g < trace_.comms.size(); ++g) {
-    const auto& r = trace_.comms[g].ranks;
-    if (r.size() == comm.members.size() && std::equal(r.begin(), r.end(), comm.members.begin()))
-      return static_cast<int>(g);
-  }
+  // Why by member set and twin ordinal: torch makes a pipeline pair's send/recv communicator beside the pipeline
+  // group with the same members (and description); the n-th created is the n-th in the graph.
   std::vector<int32_t> m(comm.members.begin(), comm.members.end());
   std::sort(m.begin(), m.end());
   auto it = comm_by_members_.find(m);
   if (it == comm_by_members_.end()) return std::nullopt;
-  return it->second;
+  const std::vector<int>& twins = it->second;
+  return twins[std::min<size_t>(comm.member_twin, twins.size() - 1)];
 }
 
 bool GraphRelease::MapOp(int rank, uint32_t gcomm, uint64_t seq, Inst* out) const {

@@ -89,7 +89,8 @@ class GraphRelease : public ReleasePolicy {
   trace::Trace trace_;
   std::vector<int> real_ranks_;
   std::vector<ClassInfo> classes_;
-  std::map<std::vector<int32_t>, int> comm_by_members_;  // sorted members -> index in trace_.comms
+  // sorted members -> indices in trace_.comms, in graph order (CommView::member_twin picks one)
+  std::map<std::vector<int32_t>, std::vector<int>> comm_by_members_;
 
   mutable std::mutex mu_;
   int64_t anchor_ns_ = 0;

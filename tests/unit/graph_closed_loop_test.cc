@@ -1,0 +1,189 @@
+// GraphRelease in closed loop: one rank of a real Megatron-LM graph (tests/data/graph/megatron_w64_collect, world 64,
+// tp 2, pp 2) plays the real rank (its own compute durations, its streams in GPU-time order, every communication
+// released by GraphRelease as the coordinator would), every other rank virtual. With exact durations the real rank
+// must finish where the replay engine says it does (`prism-run simulate` of the same graph): the CPU form of fill's
+// acceptance test (docs/fill.md), with no GPU and no timing noise.
+#include "coordinator/graph_release.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cli_runner.h"
+#include "replay/cost_model.h"
+#include "replay/engine.h"
+#include "replay/topology.h"
+#include "replay/trace_io.h"
+
+namespace prism::coord {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kT0 = 1'000'000'000'000;  // graph time 0 on the "wall clock" (ns)
+
+uint32_t IpcOp(const trace::Node& n) {
+  if (n.kind == trace::NodeKind::kColl) return static_cast<uint32_t>(n.op);
+  return 100 + static_cast<uint32_t>(n.kind);
+}
+
+struct LoopResult {
+  int64_t end_ns = 0;  // when the real rank's last node finished, relative to kT0
+  GraphRelease::Stats stats;
+};
+
+// Plays `real` through `reps` repetitions of its class against GraphRelease. Communication nodes take what
+// GraphRelease decides; their per-communicator sequence is their issue order (node id order within the slot), as
+// libprism counts them.
+LoopResult ClosedLoop(const trace::Trace& t, int real, uint32_t reps) {
+  GraphRelease gr(t, {real});
+  const trace::RoleClass& rc = t.classes[t.ranks[real].cls];
+  // Issue order of each slot's nodes.
+  std::map<uint32_t, std::vector<uint32_t>> slot_ids;
+  for (const auto& s : rc.streams)
+    for (const auto& n : s.nodes)
+      if (n.kind != trace::NodeKind::kCompute) slot_ids[n.comm_slot].push_back(n.id);
+  std::map<uint32_t, uint64_t> seq_in_slot;
+  for (auto& [slot, ids] : slot_ids) {
+    std::sort(ids.begin(), ids.end());
+    for (size_t k = 0; k < ids.size(); ++k) seq_in_slot[ids[k]] = k;
+  }
+  // The coordinator's view of each communicator: members, and how many with the same members came before it.
+  std::vector<CommView> views(rc.comm_slots.size());
+  for (uint32_t s = 0; s < rc.comm_slots.size(); ++s) {
+    const uint32_t cid = t.ranks[real].comms[s];
+    for (size_t g = 0; g < t.comms.size(); ++g) {
+      if (t.comms[g].id != cid) continue;
+      views[s] = CommView{s + 1, "slot" + std::to_string(s), {t.comms[g].ranks.begin(), t.comms[g].ranks.end()}, {real}};
+      std::vector<int32_t> mine = t.comms[g].ranks;
+      std::sort(mine.begin(), mine.end());
+      for (size_t o = 0; o < g; ++o) {
+        std::vector<int32_t> other = t.comms[o].ranks;
+        std::sort(other.begin(), other.end());
+        if (other == mine) ++views[s].member_twin;
+      }
+    }
+  }
+  struct Cursor {
+    size_t idx = 0;
+    int64_t free = kT0;
+  };
+  std::vector<Cursor> cur(rc.streams.size());
+  std::map<std::pair<uint32_t, uint32_t>, int64_t> finish;  // (rep, node id) -> ns
+  LoopResult out;
+  for (;;) {
+    int best = -1;
+    int64_t best_start = 0;
+    for (size_t s = 0; s < rc.streams.size(); ++s) {
+      const auto& nodes = rc.streams[s].nodes;
+      if (nodes.empty() || cur[s].idx >= nodes.size() * reps) continue;
+      const uint32_t rep = static_cast<uint32_t>(cur[s].idx / nodes.size());
+      const trace::Node& n = nodes[cur[s].idx % nodes.size()];
+      int64_t start = cur[s].free;
+      bool ready = true;
+      for (uint32_t a : n.after) {
+        auto it = finish.find({rep, a});
+        if (it == finish.end()) {
+          ready = false;
+          break;
+        }
+        start = std::max(start, it->second);
+      }
+      if (ready && (best < 0 || start < best_start)) {
+        best = static_cast<int>(s);
+        best_start = start;
+      }
+    }
+    if (best < 0) break;
+    Cursor& c = cur[static_cast<size_t>(best)];
+    const auto& nodes = rc.streams[static_cast<size_t>(best)].nodes;
+    const uint32_t rep = static_cast<uint32_t>(c.idx / nodes.size());
+    const trace::Node& n = nodes[c.idx % nodes.size()];
+    int64_t end = best_start;
+    if (n.kind == trace::NodeKind::kCompute) {
+      end += static_cast<int64_t>(n.dur_us * 1000.0);
+    } else {
+      const uint64_t seq = uint64_t{rep} * slot_ids[n.comm_slot].size() + seq_in_slot[n.id];
+      Arrival a{real, ipc::OpArrive{views[n.comm_slot].comm_id, IpcOp(n), seq, n.bytes,
+                                    static_cast<uint64_t>(best_start), 0, n.peer, 0}};
+      ReleaseDecision d = gr.Decide(views[n.comm_slot], seq, {&a, 1});
+      end = std::max(best_start, static_cast<int64_t>(d.release_ns));
+    }
+    finish[{rep, n.id}] = end;
+    if (std::getenv("CLOSED_LOOP_DEBUG"))
+      std::printf("LOOP %d node %u %s start %.3f end %.3f\n", best, n.id, std::string(trace::ToString(n.kind)).c_str(),
+                  (best_start - kT0) / 1e6, (end - kT0) / 1e6);
+    c.free = end;
+    ++c.idx;
+    out.end_ns = std::max(out.end_ns, end - kT0);
+  }
+  out.stats = gr.stats();
+  return out;
+}
+
+class GraphClosedLoop : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("closed-loop-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const fs::path data = fs::path(PRISM_SOURCE_DIR) / "tests/data/graph/megatron_w64_collect";
+    for (const auto& f : fs::directory_iterator(data)) fs::copy_file(f.path(), dir_ / f.path().filename());
+    test_util::CliRun b = test_util::RunPrism("graph build " + dir_.string() + " --out " + (dir_ / "g.prism").string() +
+                                              " --skip-iterations 1");
+    if (b.rc == -1) GTEST_SKIP() << "PRISM_RUN not set";
+    ASSERT_EQ(b.rc, 0) << b.out;
+    std::string err;
+    ASSERT_TRUE(replay::ReadTrace((dir_ / "g.prism").string(), &t_, &err)) << err;
+    // Why recorded durations everywhere: GraphRelease and the engine must time every operation alike (a bare
+    // graph's comm nodes have none; the engine would ask its cost model, the coordinator the shim's estimate).
+    for (auto& c : t_.classes)
+      for (auto& s : c.streams)
+        for (auto& n : s.nodes)
+          if (n.kind != trace::NodeKind::kCompute && n.dur_us < 0) n.dur_us = 20.0;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  double SimulatedEndNs(int rank) {
+    replay::CostModel model;
+    std::string err;
+    EXPECT_TRUE(model.Init(replay::Topology{}, replay::CostModelOptions{}, &err)) << err;
+    replay::Simulator sim(t_, model);
+    replay::SimResult r = sim.Run();
+    if (const char* d = std::getenv("CLOSED_LOOP_DEBUG")) {
+      std::ofstream(std::string(d) + "/sim" + std::to_string(rank) + ".json") << sim.ChromeTrace({rank}).dump();
+    }
+    EXPECT_EQ(r.status, replay::SimResult::Status::kOk) << r.error;
+    for (const auto& rr : r.ranks)
+      if (rr.rank == rank) return rr.end_s * 1e9;
+    return -1;
+  }
+
+  fs::path dir_;
+  trace::Trace t_;
+};
+
+// Ranks 0 and 33: the first and the last pipeline stage (ranks 32, 33 are stage 1 of replica 0).
+TEST_F(GraphClosedLoop, RealRankFinishesWhereTheReplayEngineSays) {
+  for (int real : {0, 33}) {
+    SCOPED_TRACE("real rank " + std::to_string(real));
+    const double sim = SimulatedEndNs(real);
+    ASSERT_GT(sim, 0);
+    LoopResult loop = ClosedLoop(t_, real, 1);
+    EXPECT_EQ(loop.stats.blocked, 0u) << "a virtual member was blocked on the real rank's later operation";
+    EXPECT_EQ(loop.stats.unmatched, 0u);
+    std::printf("real rank %d: closed loop %.3f ms, simulate %.3f ms\n", real, loop.end_ns / 1e6, sim / 1e6);
+    EXPECT_NEAR(static_cast<double>(loop.end_ns), sim, 0.02 * sim)
+        << "closed loop " << loop.end_ns / 1e6 << " ms, simulate " << sim / 1e6 << " ms";
+  }
+}
+
+}  // namespace
+}  // namespace prism::coord
