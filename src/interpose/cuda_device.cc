@@ -7,6 +7,7 @@
 
 #include "interpose/api.h"
 #include "interpose/core/device_map.h"
+#include "interpose/core/kernel_trace.h"
 #include "interpose/core/real_symbols.h"
 
 using namespace prism::interpose;
@@ -30,6 +31,7 @@ void MapLocation(cudaMemLocation* loc) {
   if (real == nullptr) return cudaErrorNotSupported;
 
 PRISM_API cudaError_t cudaGetDeviceCount(int* count) {
+  KernelTraceAtCudaInit();  // PRISM_KERNELS: torch asks this before it creates a context (docs/kernels.md)
   PRISM_REAL(cudaGetDeviceCount)
   cudaError_t e = real(count);
   if (e == cudaSuccess && dev::Virtualized()) *count = dev::Count();

@@ -505,6 +505,7 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
   if (!req.topology.empty()) Set(&env, "PRISM_TOPOLOGY", req.topology);
   if (!req.graph.empty()) Set(&env, "PRISM_GRAPH", req.graph);
   if (!req.passthrough) Set(&env, "PRISM_PASSTHROUGH", "0");
+  if (req.kernels > 0) Set(&env, "PRISM_KERNELS", req.kernels == 2 ? "nvtx" : "1");
   Set(&env, "PRISM_LAYOUT", p.layout.ToSpec());
   std::vector<int> real_ranks;
   for (const RealRank& r : p.real) real_ranks.push_back(r.rank);
@@ -530,6 +531,7 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
     Set(&env, "PYTHONPATH", host.python_hook_dir + (user_pp && !user_pp->empty() ? ":" + *user_pp : ""));
   } else {
     p.warnings.push_back("--no-preload: libprism.so is not loaded, so the job's NCCL calls are not emulated");
+    if (req.kernels > 0) p.warnings.push_back("--kernels with --no-preload: no kernels are recorded (libprism does it)");
   }
   // Tell people which of their own settings prism replaced.
   if (host.env) {

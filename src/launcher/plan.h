@@ -71,6 +71,9 @@ struct PlanRequest {
   // Passthrough: a communicator whose members are all real, each on its own GPU, runs on the real NCCL (ipc.h).
   // false (--no-passthrough): libprism handles it (exchange through the coordinator, or the gate).
   bool passthrough = true;
+  // --kernels (1) / --kernels-nvtx (2): libprism records the real ranks' kernels with CUPTI (PRISM_KERNELS=1|nvtx;
+  // docs/kernels.md). 0: off.
+  int kernels = 0;
   // Several hosts (docs/hang.md, "Two nodes"). On the host that starts the coordinator: `listen`, the address its
   // store and TCP event bus bind ("0.0.0.0" or this host's address; "" = loopback and a Unix socket only), and
   // `remote_ranks`, the real ranks prism-runs on other hosts will run (the coordinator must know every real rank).

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "launcher/kernel_report.h"
 #include "prism/events.h"
 #include "prism/report.h"
 
@@ -18,6 +19,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr size_t kMaxTraceOpsPerRank = 200000;  // Why: trace.json of a long run must stay loadable in Perfetto
+constexpr size_t kMaxTraceKernelsPerRank = 300000;  // the same for kernel records (prism-run --kernels)
 
 int64_t GetInt(const json& j, const char* key, int64_t dflt = -1) {
   auto it = j.find(key);
@@ -347,7 +349,21 @@ json RunReport::BuildTrace() const {
     }
     for (const json& op : e.ops) events.push_back(op);
   }
-  return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  // Kernel records (prism-run --kernels, docs/kernels.md): each real rank's CUDA streams next to its collectives.
+  json kernels = json::object();
+  for (int r : KernelRanksIn(out_dir_)) {
+    if (!ranks_.count(r)) continue;
+    std::string error;
+    auto rk = LoadRankKernels(out_dir_, r, &error);
+    if (!rk) continue;
+    const size_t left_out = AppendKernelTraceEvents(*rk, r, kMaxTraceKernelsPerRank, &events);
+    json summary = KernelTraceSummary(*rk);
+    if (left_out > 0) summary["left_out_of_trace"] = left_out;
+    kernels[std::to_string(r)] = summary;
+  }
+  json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  if (!kernels.empty()) trace["kernels"] = kernels;
+  return trace;
 }
 
 }  // namespace prism::launcher

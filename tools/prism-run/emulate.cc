@@ -60,6 +60,10 @@ EmulateOptions* AddEmulateOptions(CLI::App& app) {
   app.add_flag("--no-passthrough", opts.no_passthrough,
                "never run a communicator on the real NCCL; by default one whose members are all real, each on its "
                "own GPU, does (real NCCL kernels, links and timing among them)");
+  app.add_flag("--kernels", opts.kernels,
+               "record every kernel, memcpy and memset of the real ranks with CUPTI (<out>/rank<R>.kernels.jsonl), "
+               "merged into trace.json; `prism-run report kernels` compares runs (docs/kernels.md)");
+  app.add_flag("--kernels-nvtx", opts.kernels_nvtx, "--kernels, and the NVTX ranges the job emits");
   app.add_flag("--quiet", opts.quiet, "do not copy the workers' output to the terminal (it is still in <out>/logs)");
   app.add_option("--hang-timeout", opts.hang_timeout,
                  "seconds without progress of any real rank, while some wait, before the hang diagnosis "
@@ -134,6 +138,7 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   req.hang_timeout_s = opts.hang_timeout;
   req.on_hang = opts.on_hang;
   req.passthrough = !opts.no_passthrough;
+  req.kernels = opts.kernels_nvtx ? 2 : (opts.kernels ? 1 : 0);
   req.listen = opts.listen;
   req.remote_ranks = opts.remote_ranks;
   if (!opts.coordinator.empty() && !opts.dry_run) {

@@ -26,6 +26,8 @@ struct EmulateOptions {
   double hang_timeout = 60;
   std::string on_hang = "stop";
   bool no_passthrough = false;  // --no-passthrough
+  bool kernels = false;         // --kernels: CUPTI kernel records of the real ranks (docs/kernels.md)
+  bool kernels_nvtx = false;    // --kernels-nvtx: also the job's NVTX ranges
   std::string listen;        // --listen: the coordinator started here also serves other hosts on this address
   std::string remote_ranks;  // --remote-ranks: real ranks that prism-runs on other hosts run
 };

@@ -42,6 +42,10 @@ const Setting kSettings[] = {
      "virtual ranks from that graph."},
     {"PRISM_PAYLOAD_FILE", "", "Recorded payloads this rank replays under PRISM_PAYLOAD=recorded (written by collect)."},
     {"PRISM_RECORD_PAYLOADS", "", "File this rank appends every received payload to (collect --record-payloads)."},
+    {"PRISM_KERNELS", "0",
+     "1: record the rank's kernels, memcpys and memsets with CUPTI into rank<R>.kernels.jsonl (prism-run --kernels); "
+     "nvtx: also the job's NVTX ranges; 0: off (docs/kernels.md)."},
+    {"PRISM_CUPTI_LIBRARY", "", "The libcupti PRISM_KERNELS uses; empty: searched (docs/kernels.md)."},
 };
 const int kNumSettings = static_cast<int>(sizeof(kSettings) / sizeof(kSettings[0]));
 
@@ -192,6 +196,12 @@ void LoadConfig(EnvLookup lookup, Config* c) {
     else c->errors.push_back(std::string("PRISM_PASSTHROUGH='") + v + "' is not 0 or 1");
   }
   IntSetting(lookup, "PRISM_PASSTHROUGH_TIMEOUT_S", nullptr, 1, 86400, &c->passthrough_timeout_s, c);
+  if (const char* v = lookup("PRISM_KERNELS"); v && *v) {
+    if (std::string(v) == "0") c->kernels = 0;
+    else if (std::string(v) == "1") c->kernels = 1;
+    else if (std::string(v) == "nvtx") c->kernels = 2;
+    else c->errors.push_back(std::string("PRISM_KERNELS='") + v + "' is not 0, 1 or nvtx");
+  }
 }
 
 const Config& Cfg() { return Mutable(); }
