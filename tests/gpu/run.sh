@@ -29,6 +29,7 @@ for s in "${suites[@]}"; do
     calibrate) source tests/gpu/calibrate_suite.sh ;;
     fidelity) source tests/gpu/fidelity_suite.sh ;;
     passthrough) source tests/gpu/passthrough_suite.sh ;;
+    kernels) source tests/gpu/kernels_suite.sh ;;
     *) echo "unknown suite $s" >&2 ;;
   esac
 done
