@@ -63,7 +63,8 @@ struct OpArrive {
   uint64_t arrival_ns;    // GPU clock (%globaltimer, Unix epoch ns)
   uint64_t model_dur_ns;  // duration the shim's cost model (or the graph) gives this operation at target scale
   int32_t peer;           // p2p peer in communicator ranks, -1 otherwise
-  uint32_t reserved;
+  uint32_t nops;          // operations of this communicator the unit holds (a group's send and receive on one
+                          // stream: 2, `op` then 0 when they differ); they took sequence numbers seq .. seq+nops-1
 };
 
 struct OpRelease {

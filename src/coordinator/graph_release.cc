@@ -293,18 +293,26 @@ void GraphRelease::Pump() {
 ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals) {
   std::lock_guard<std::mutex> lock(mu_);
   std::optional<int> g = GraphComm(comm);
-  std::vector<Inst> insts;
+  // Per arrival, the graph nodes of its unit: a group's operations on one stream arrive as one unit (ipc.h
+  // OpArrive::nops, `op` 0 when they differ, e.g. a pipeline send and receive), sequence numbers seq .. seq+nops-1.
+  std::vector<std::vector<Inst>> units(arrivals.size());
   bool ok = g.has_value() && !arrivals.empty();
   for (size_t k = 0; ok && k < arrivals.size(); ++k) {
-    Inst inst{};
     const uint32_t op = arrivals[k].op.op;
-    ok = MapOp(arrivals[k].rank, static_cast<uint32_t>(*g), seq, &inst) &&
-         IpcOpOf(NodeOf(inst.rank, inst.node)) == op;
-    if (!ok) {
-      Log("coord")->warn("graph: rank {} comm {} seq {} op {} does not match the graph's node; default release",
-                         arrivals[k].rank, comm.comm_id, seq, op);
+    const uint32_t nops = std::max<uint32_t>(arrivals[k].op.nops, 1);
+    for (uint32_t j = 0; ok && j < nops; ++j) {
+      Inst inst{};
+      ok = MapOp(arrivals[k].rank, static_cast<uint32_t>(*g), seq + j, &inst);
+      if (ok) {
+        const trace::Node& n = NodeOf(inst.rank, inst.node);
+        ok = op == 0 ? n.kind != trace::NodeKind::kCompute : IpcOpOf(n) == op;
+      }
+      if (!ok) {
+        Log("coord")->warn("graph: rank {} comm {} seq {} op {} does not match the graph's node; default release",
+                           arrivals[k].rank, comm.comm_id, seq + j, op);
+      }
+      units[k].push_back(inst);
     }
-    insts.push_back(inst);
   }
   if (!ok) {
     ++stats_.unmatched;
@@ -315,17 +323,33 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
     if (!anchored_) {
       // Why: graph time 0 is when the real rank started its own graph; it reaches this node after its own compute.
       // Every rank of the graph starts then (all ranks begin together, as the replay engine assumes).
-      anchor_ns_ = at - LocalOffsetNs(insts[k].rank, insts[k].node);
+      anchor_ns_ = at - LocalOffsetNs(units[k][0].rank, units[k][0].node);
       anchored_ = true;
     }
-    arrival_[insts[k]] = at;
-    shim_dur_[insts[k]] = static_cast<int64_t>(uint64_t{arrivals[k].op.model_dur_ns});
-    rep_limit_ = std::max(rep_limit_, insts[k].rep);
+    for (const Inst& inst : units[k]) {
+      arrival_[inst] = at;
+      shim_dur_[inst] = static_cast<int64_t>(uint64_t{arrivals[k].op.model_dur_ns});
+      rep_limit_ = std::max(rep_limit_, inst.rep);
+    }
   }
   Pump();
+  // The unit completes when its last operation does (each with its own partners).
   ReleaseDecision d;
-  std::optional<int64_t> c = Completion(insts[0], &d.last_rank);
-  if (c) {
+  std::optional<int64_t> c;
+  bool blocked = false;
+  for (const Inst& inst : units[0]) {
+    int last = -1;
+    std::optional<int64_t> ci = Completion(inst, &last);
+    if (!ci) {
+      blocked = true;
+      break;
+    }
+    if (!c || *ci > *c) {
+      c = ci;
+      d.last_rank = last;
+    }
+  }
+  if (!blocked) {
     ++stats_.decided;
   } else {
     // A virtual participant cannot reach this operation before a real rank reports an operation it waits for. The
@@ -334,39 +358,46 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
     Log("coord")->warn("graph: comm {} seq {}: a virtual member is blocked on a real rank's later operation; "
                        "releasing on the arrivals known",
                        comm.comm_id, seq);
-    std::vector<Inst> parts;
-    Partners(insts[0], &parts);
-    if (stats_.blocked <= 20) {
-      // Where each blocked virtual partner stands (docs/fill.md: the early releases that lose the pipeline wait).
+    c.reset();
+    for (const Inst& inst : units[0]) {
+      std::vector<Inst> parts;
+      Partners(inst, &parts);
+      if (stats_.blocked <= 20) LogBlockedPartners(parts);
+      int64_t latest = 0;
       for (const Inst& p : parts) {
-        if (IsReal(p.rank) || arrival_.count(p)) continue;
-        const trace::RoleClass& rc = trace_.classes[trace_.ranks[p.rank].cls];
-        for (uint32_t st = 0; st < rc.streams.size(); ++st) {
-          const auto& nodes = rc.streams[st].nodes;
-          if (std::none_of(nodes.begin(), nodes.end(), [&](const trace::Node& n) { return n.id == p.node; })) continue;
-          const auto& [rep, idx] = cursor_[p.rank][st];
-          const trace::Node& at = nodes[idx < nodes.size() ? idx : 0];
-          Log("coord")->info("graph: blocked partner: virtual rank {} needs node {} (rep {}) on stream '{}' but stands at "
-                             "node {} (rep {}, {} '{}')",
-                             p.rank, p.node, p.rep, rc.streams[st].name, at.id, rep, trace::ToString(at.kind),
-                             at.comm_slot < rc.comm_slots.size() ? rc.comm_slots[at.comm_slot] : std::string("-"));
+        auto it = arrival_.find(p);
+        if (it != arrival_.end() && it->second >= latest) {
+          latest = it->second;
+          d.last_rank = p.rank;
         }
       }
+      const int64_t ci = latest + DurationNs(parts);
+      if (!c || ci > *c) c = ci;
     }
-    int64_t latest = 0;
-    for (const Inst& p : parts) {
-      auto it = arrival_.find(p);
-      if (it != arrival_.end() && it->second >= latest) {
-        latest = it->second;
-        d.last_rank = p.rank;
-      }
-    }
-    c = latest + DurationNs(parts);
   }
   d.release_ns = static_cast<uint64_t>(*c);
-  for (const Inst& i : insts) finish_[i] = *c;
+  for (const auto& unit : units)
+    for (const Inst& i : unit) finish_[i] = *c;
   Pump();
   return d;
+}
+
+void GraphRelease::LogBlockedPartners(const std::vector<Inst>& parts) const {
+  // Where each blocked virtual partner stands (docs/fill.md: the early releases that lose the pipeline wait).
+  for (const Inst& p : parts) {
+    if (IsReal(p.rank) || arrival_.count(p)) continue;
+    const trace::RoleClass& rc = trace_.classes[trace_.ranks[p.rank].cls];
+    for (uint32_t st = 0; st < rc.streams.size(); ++st) {
+      const auto& nodes = rc.streams[st].nodes;
+      if (std::none_of(nodes.begin(), nodes.end(), [&](const trace::Node& n) { return n.id == p.node; })) continue;
+      const auto& [rep, idx] = cursor_[p.rank][st];
+      const trace::Node& at = nodes[idx < nodes.size() ? idx : 0];
+      Log("coord")->info("graph: blocked partner: virtual rank {} needs node {} (rep {}) on stream '{}' but stands at "
+                         "node {} (rep {}, {} '{}')",
+                         p.rank, p.node, p.rep, rc.streams[st].name, at.id, rep, trace::ToString(at.kind),
+                         at.comm_slot < rc.comm_slots.size() ? rc.comm_slots[at.comm_slot] : std::string("-"));
+    }
+  }
 }
 
 GraphRelease::Stats GraphRelease::stats() const {

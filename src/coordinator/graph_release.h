@@ -77,6 +77,7 @@ class GraphRelease : public ReleasePolicy {
   std::optional<uint32_t> SlotOf(int rank, uint32_t comm) const;
   std::optional<int> GraphComm(const CommView& comm) const;
   bool MapOp(int rank, uint32_t gcomm, uint64_t seq, Inst* out) const;
+  void LogBlockedPartners(const std::vector<Inst>& parts) const;
   // The instances (one per participant) that complete together with `i`, and the graph comm they run on.
   bool Partners(const Inst& i, std::vector<Inst>* out) const;
   // Completion of the operation `i` takes part in, once every participant's arrival is known.

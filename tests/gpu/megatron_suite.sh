@@ -76,7 +76,8 @@ megatron_fill() {
     (cd "$MEGATRON" && timeout -s INT -k 20 200 "$PRISM_RUN" --ranks $r --graph "$dir/filled.prism" \
        --payload recorded --payload-dir "$col" --out "$dir/emulate_rank$r" "${job[@]}") > "$out/$name.rank$r.out" 2>&1 \
        || { echo "emulate rank $r with the graph: exit $?"; return 1; }
-    echo "rank$r: $(json_get "$dir/emulate_rank$r/report.json" '"emulated %.2f ms" % (1e3*(r["iteration_time_s"] or 0))')" >> "$out/$name.detail"
+    echo "rank$r: $(json_get "$dir/emulate_rank$r/report.json" '"emulated %.2f ms" % (1e3*(r["iteration_time_s"] or 0))')" \
+      "graph blocked $(grep -c 'blocked on a real rank' "$out/$name.rank$r.out") unmatched $(grep -c 'does not match the graph' "$out/$name.rank$r.out")" >> "$out/$name.detail"
   done
   json_get "$dir/fill.json" '"simulate(filled) %.2f ms" % (1e3*r["calibrated_iteration_time_s"])' >> "$out/$name.detail"
 }

@@ -112,6 +112,34 @@ TEST(GraphRelease, PipelineRecvWaitsForTheVirtualStagesForward) {
   EXPECT_EQ(d.last_rank, 0);
 }
 
+// libprism sends a group's send and receive on one stream as one unit (ipc.h OpArrive::nops = 2, op 0 when they
+// differ): both graph nodes map to it, and it completes when the later of the two does.
+TEST(GraphRelease, FusedSendAndReceiveCompleteTogether) {
+  json g = Graph(2, json::array({{{"id", 0}, {"ranks", {0, 1}}, {"desc", "pp"}}}),
+                 json::array({Class("stage0", {"pp"},
+                                    json::array({Compute(100, "fwd"), P2p("send", "pp", 1, 50), P2p("recv", "pp", 1, 50)})),
+                              Class("stage1", {"pp"},
+                                    json::array({Compute(900, "fwd"), P2p("recv", "pp", 0, 50), Compute(400, "bwd"),
+                                                 P2p("send", "pp", 0, 50)}))}),
+                 json::array({{{"class", 0}, {"comms", {0}}}, {{"class", 1}, {"comms", {0}}}}));
+  auto p = Make(g, {0});
+  CommView pp = View(2, {0, 1}, {0});
+  Arrival a = Arrive(0, 2, 0, 0, kT, 0, 1);
+  a.op.nops = 2;
+  ReleaseDecision d = p->Decide(pp, 0, {&a, 1});
+  // Graph time 0 = T - 100 us. Stage 1 receives at 900 us (T + 800, + 50), computes 400 us, sends at T + 1250: the
+  // unit's receive completes at T + 1300.
+  EXPECT_EQ(d.release_ns, kT + 1300 * kUs);
+  EXPECT_EQ(d.last_rank, 1);
+  EXPECT_EQ(p->stats().unmatched, 0u);
+  EXPECT_EQ(p->stats().blocked, 0u);
+  // The send alone (nops 1): only its own completion counts, stage 1's receive posted at T + 800, + 50.
+  auto q = Make(g, {0});
+  a.op.nops = 1;
+  a.op.op = kSend;
+  EXPECT_EQ(q->Decide(pp, 0, {&a, 1}).release_ns, kT + 850 * kUs);
+}
+
 TEST(GraphRelease, DurationFromTheShimWhenTheGraphHasNone) {
   auto g = Make(TwoRankAllReduce(1000, 1200, -1), {0});
   CommView dp = View(1, {0, 1}, {0});

@@ -353,8 +353,7 @@ bool CoordSendArrive(const GateUnit& u) {
   a.bytes = u.event.bytes;
   a.arrival_ns = u.event.arrival_ns;
   a.model_dur_ns = u.dur_ns;
-  // Why also `reserved` (ns, capped at 4.29 s): coordinator.cc DefaultRelease still reads the duration there.
-  a.reserved = static_cast<uint32_t>(std::min<uint64_t>(u.dur_ns, UINT32_MAX));
+  a.nops = std::max<uint32_t>(u.comm_ops, 1);
   a.peer = u.event.peer;
   std::string err;
   std::lock_guard<std::mutex> lock(c.write_mu);

@@ -588,6 +588,8 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   // two sides of a pipeline need not share; the exchange already waited for the real peer's data.
   u.via_coordinator = c0->use_coordinator && !p2p_only_exchange;
   u.coord_comm_id = c0->coord_comm_id;
+  u.comm_ops = 0;
+  for (const Prepared& p : prep) u.comm_ops += p.call.comm == c0 ? 1 : 0;
   u.event.comm_id = c0->id;
   u.event.coord_comm_id = c0->coord_comm_id;
   u.event.seq = prep[0].seq;

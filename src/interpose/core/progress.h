@@ -22,6 +22,7 @@ struct GateUnit {
   bool no_gate = false;         // PRISM_GATE=none or capture: only record, release at arrival
   bool via_coordinator = false;
   uint32_t coord_comm_id = 0;
+  uint32_t comm_ops = 1;        // operations of the unit on its first communicator (ipc.h OpArrive::nops)
   OpEvent event;                // filled with comm/op/bytes; arrival/release set by the thread
 };
 
