@@ -556,6 +556,14 @@ void Start() {
 
 void KernelTraceAtCudaInit() {
   if (g_tried.load(std::memory_order_acquire)) return;
+  // Why: should loading or enabling CUPTI call cudaGetDeviceCount on this thread, it must not wait for itself.
+  thread_local bool starting = false;
+  if (starting) return;
+  starting = true;
+  struct Reset {
+    bool* flag;
+    ~Reset() { *flag = false; }
+  } reset{&starting};
   std::lock_guard<std::mutex> lock(g_start_mu);
   if (g_tried.load(std::memory_order_relaxed)) return;
   try {
@@ -568,6 +576,8 @@ void KernelTraceAtCudaInit() {
 }
 
 void KernelTraceFinish() {
+  // Why before the lock: a child forked while the parent held it would wait forever at its exit.
+  if (T().pid != getpid()) return;
   std::lock_guard<std::mutex> lock(g_start_mu);
   Tracer& t = T();
   if (t.pid != getpid() || t.finished) return;  // never started here, or a forked child: the parent's file
