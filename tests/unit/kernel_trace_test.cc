@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 namespace pi = prism::interpose;
 namespace pl = prism::launcher;
 
-std::string ReadText(const fs::path& p) {
+[[maybe_unused]] std::string ReadText(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream ss;
   ss << in.rdbuf();

@@ -28,7 +28,8 @@
 #include "interpose/core/kernel_format.h"
 #include "interpose/core/real_symbols.h"
 
-#if __has_include(<cupti_activity.h>)
+// Without the CUPTI headers (or with -DPRISM_NO_CUPTI, to check that build) tracing reports itself off.
+#if __has_include(<cupti_activity.h>) && !defined(PRISM_NO_CUPTI)
 #include <cupti_activity.h>
 #include <cupti_result.h>
 #include <cupti_version.h>
