@@ -203,38 +203,49 @@ StampFit FitStamps(const std::vector<int64_t>& starts, std::vector<int64_t> stam
   fit.stamps = static_cast<int>(stamps.size());
   if (starts.empty() || stamps.empty()) return fit;
   // 1. The offset at the start of the run: the most common stamp - start difference (a 4 us window) over the
-  // first 3 s of stamps, against every stamp kernel within 2 ms. A stamp's own kernel gives the same difference
-  // every time; wrong pairings spread out.
-  constexpr int64_t kSearch = 2000000, kWindow = 4000, kTrack = 10000;
-  std::vector<int64_t> diffs;
-  for (size_t i = 0; i < stamps.size() && i < 2000 && stamps[i] - stamps.front() < 3000000000ll; ++i) {
-    const int64_t s = stamps[i];
-    auto lo = std::lower_bound(starts.begin(), starts.end(), s - kSearch);
-    for (int n = 0; lo != starts.end() && *lo <= s + kSearch && n < 400; ++lo, ++n) diffs.push_back(s - *lo);
-  }
-  if (diffs.empty()) return fit;
-  std::sort(diffs.begin(), diffs.end());
-  std::vector<size_t> count(diffs.size());
-  size_t best_n = 0;
-  for (size_t i = 0, j = 0; i < diffs.size(); ++i) {
-    while (j < diffs.size() && diffs[j] - diffs[i] <= kWindow) ++j;
-    count[i] = j - i;
-    best_n = std::max(best_n, count[i]);
-  }
-  // Why the tie-break towards 0: a train of evenly spaced stamps matches at every multiple of its period nearly
-  // as well; the sync lines are good to far less than a period, so the true offset is the one nearest 0.
-  size_t best_i = 0;
-  int64_t best_abs = INT64_MAX;
-  for (size_t i = 0; i < diffs.size(); ++i) {
-    if (count[i] * 5 < best_n * 4) continue;
-    const int64_t mid = diffs[i] + kWindow / 2;
-    if (std::llabs(mid) < best_abs) {
-      best_abs = std::llabs(mid);
-      best_i = i;
+  // first 3 s of stamps, against every stamp kernel within 2 ms (50 ms if that finds nothing). A stamp's own kernel
+  // gives the same difference every time; wrong pairings spread out.
+  constexpr int64_t kWindow = 4000, kTrack = 10000;
+  auto initial_offset = [&](int64_t search, int64_t* delta) {
+    std::vector<int64_t> diffs;
+    size_t considered = 0;
+    for (size_t i = 0; i < stamps.size() && i < 2000 && stamps[i] - stamps.front() < 3000000000ll; ++i) {
+      ++considered;
+      const int64_t s = stamps[i];
+      auto lo = std::lower_bound(starts.begin(), starts.end(), s - search);
+      for (int n = 0; lo != starts.end() && *lo <= s + search && n < 400; ++lo, ++n) diffs.push_back(s - *lo);
     }
-  }
-  int64_t delta = MedianI(std::vector<int64_t>(diffs.begin() + static_cast<std::ptrdiff_t>(best_i),
-                                               diffs.begin() + static_cast<std::ptrdiff_t>(best_i + count[best_i])));
+    if (diffs.empty()) return false;
+    std::sort(diffs.begin(), diffs.end());
+    std::vector<size_t> count(diffs.size());
+    size_t best_n = 0;
+    for (size_t i = 0, j = 0; i < diffs.size(); ++i) {
+      while (j < diffs.size() && diffs[j] - diffs[i] <= kWindow) ++j;
+      count[i] = j - i;
+      best_n = std::max(best_n, count[i]);
+    }
+    // Why a share of the stamps: each stamp adds exactly one difference to the true offset's window, while chance
+    // clusters of wrong pairings hold a few.
+    if (best_n < std::min<size_t>(3, considered) || best_n * 10 < considered * 3) return false;
+    // Why the tie-break towards 0: a train of evenly spaced stamps matches at every multiple of its period nearly
+    // as well; the sync lines are good to far less than a period, so the true offset is the one nearest 0.
+    size_t best_i = 0;
+    int64_t best_abs = INT64_MAX;
+    for (size_t i = 0; i < diffs.size(); ++i) {
+      if (count[i] * 5 < best_n * 4) continue;
+      const int64_t mid = diffs[i] + kWindow / 2;
+      if (std::llabs(mid) < best_abs) {
+        best_abs = std::llabs(mid);
+        best_i = i;
+      }
+    }
+    *delta = MedianI(std::vector<int64_t>(diffs.begin() + static_cast<std::ptrdiff_t>(best_i),
+                                          diffs.begin() + static_cast<std::ptrdiff_t>(best_i + count[best_i])));
+    return true;
+  };
+  // Within 2 ms first (what the sync lines should give); 50 ms when that finds nothing.
+  int64_t delta = 0;
+  if (!initial_offset(2000000, &delta) && !initial_offset(50000000, &delta)) return fit;
   // 2. Along the run: each stamp's kernel is the stamp kernel starting nearest to stamp - offset (within 10 us);
   // the offset follows the last matches (the clocks drift by a few us per second).
   std::vector<std::pair<int64_t, int64_t>> pairs;  // (stamp, stamp - start)

@@ -167,6 +167,21 @@ TEST(StampFit, PeriodicStampsTakeTheOffsetNearestZero) {
   EXPECT_NEAR(static_cast<double>(fit.Correction(1005000000)), 3000, 100);
 }
 
+TEST(StampFit, LargeOffsetIsFoundInTheWiderSearch) {
+  // The sync lines 7.3 ms off (e.g. no GPU offset measured): nothing within 2 ms, found within 50 ms.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int64_t> gap(500000, 3000000);
+  std::vector<int64_t> starts, stamps;
+  for (int64_t t = 1000000000; t < 4000000000; t += gap(rng)) {
+    starts.push_back(t);
+    stamps.push_back(t + 7300000);
+  }
+  pl::StampFit fit = pl::FitStamps(starts, stamps);
+  ASSERT_TRUE(fit.applied);
+  EXPECT_EQ(fit.matched, fit.stamps);
+  EXPECT_NEAR(static_cast<double>(fit.Correction(2000000000)), 7300000, 100);
+}
+
 TEST(StampFit, NothingToMatch) {
   EXPECT_FALSE(pl::FitStamps({}, {1, 2, 3}).applied);
   EXPECT_FALSE(pl::FitStamps({1, 2, 3}, {}).applied);
