@@ -6,9 +6,12 @@
 //   hello  {type, v, rank, world_size, local_rank, pid, host, gpu, t_ns}
 //   comm   {type, comm_id, key, desc, nranks, rank, members:[global ranks] (if known)}
 //   op     {type, comm_id, seq, op, dtype, bytes, peer, arrival_ns, release_ns, model_dur_ns, wait_on_rank,
-//           algo, proto, nops, root, stream, exchanged, cost}
+//           algo, proto, nops, root, stream, sseq, exchanged, cost}
 //           nops: operations fused in the unit (a group); root: of a rooted op (-1 otherwise); stream: process-local index of the CUDA stream (order of
-//           first use); exchanged: operations of the unit whose output came from other real members' data
+//           first use); sseq: the unit's position among its stream's units; exchanged: operations of the unit whose
+//           output came from other real members' data
+//   wait   {type, stream, next, on, after}: the stream's unit `next` (and the work before it, after its previous
+//           unit) waits for unit `after` of stream `on` (cudaEventRecord on `on`, cudaStreamWaitEvent on `stream`)
 //   iter   {type, iteration, t_ns, dur_ns, peak_bytes, torch_max_allocated}
 //   mem    {type, t_ns, current_bytes, peak_bytes}
 //   error  {type, what}
@@ -32,5 +35,6 @@ inline constexpr std::string_view kIter = "iter";
 inline constexpr std::string_view kMem = "mem";
 inline constexpr std::string_view kError = "error";
 inline constexpr std::string_view kBye = "bye";
+inline constexpr std::string_view kWait = "wait";
 
 }  // namespace prism::events

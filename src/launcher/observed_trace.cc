@@ -139,6 +139,14 @@ struct Unit {
   std::vector<Piece> pieces;
 };
 
+// A built unit, for the event file's "wait" lines: its nodes and the compute node that ends where it arrives.
+struct UnitNodes {
+  std::vector<uint32_t> ids;
+  int64_t arrival = 0, release = 0;
+  int64_t gap = -1;  // node id; -1 when the unit followed the previous one at once
+  int64_t gap_from = 0;
+};
+
 // Lookup tables over world::World's groups: kind -> (rank -> group index).
 class GroupIndex {
  public:
@@ -240,6 +248,8 @@ class Builder {
   bool IterationRange();
   bool BuildClass(ClassInfo& ci, trace::RoleClass* cls);
   void SequenceMultiStreamSlots(const std::map<uint32_t, int64_t>& coll_seq, trace::RoleClass* cls);
+  void ApplyWaits(const RankEventLog& log, const std::map<std::pair<int64_t, int64_t>, UnitNodes>& unit_at,
+                  trace::RoleClass* cls);
   bool Expand(const RankEventLog& log, const ObservedOp& op, std::vector<Piece>* pieces);
   bool Resolve(const RankEventLog& log, const ObservedComm& c, Family* f);
   bool Bind();
@@ -739,6 +749,7 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
   uint32_t next_id = 0;
   std::map<uint32_t, int64_t> coll_seq;  // collective node id -> its communicator sequence on the rank
   std::vector<trace::Stream> helpers;
+  std::map<std::pair<int64_t, int64_t>, UnitNodes> unit_at;  // (recorded stream, sseq) -> its nodes
   for (auto& [key, units] : streams) {
     trace::Stream main;
     if (key.first == 0) {
@@ -779,13 +790,15 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
       pending.clear();
       return id;
     };
+    int64_t last_compute = -1;  // id of the compute node `compute` added last
     auto compute = [&](int64_t from, int64_t to, int64_t iter) {
+      last_compute = -1;
       if (to <= from) return;
       Node node;
       node.kind = NodeKind::kCompute;
       node.dur_us = static_cast<double>(to - from) / 1000.0;
       node.iter = static_cast<uint32_t>(iter);
-      add_main(std::move(node));
+      last_compute = add_main(std::move(node));
     };
     bool have_t = false;
     int64_t t = 0;
@@ -810,7 +823,15 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
     };
     for (const Unit& u : units) {
       close_through(u.iter);
-      if (have_t) compute(t, u.op->arrival_ns, u.iter);
+      UnitNodes un;
+      un.arrival = u.op->arrival_ns;
+      un.release = std::max(u.op->release_ns, u.op->arrival_ns);
+      if (have_t) {
+        compute(t, u.op->arrival_ns, u.iter);
+        un.gap = last_compute;
+        un.gap_from = t;
+      }
+      const uint32_t first_id = next_id;
       // Fork: helper nodes start when the main stream reaches the unit; join: the next main node waits for them.
       std::vector<uint32_t> fork = pending;
       if (!main.nodes.empty()) fork.push_back(main.nodes.back().id);
@@ -840,13 +861,60 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
       if (!joined.empty()) pending = std::move(joined);  // includes the old pending through the fork
       t = std::max(u.op->release_ns, u.op->arrival_ns);
       have_t = true;
+      if (key.first == 0 && u.op->sseq >= 0) {
+        for (uint32_t id = first_id; id < next_id; ++id) un.ids.push_back(id);
+        unit_at[{key.second, u.op->sseq}] = std::move(un);
+      }
     }
     close_through(last_ + 1);
     cls->streams.push_back(std::move(main));
   }
   for (trace::Stream& h : helpers) cls->streams.push_back(std::move(h));
+  ApplyWaits(log, unit_at, cls);
   SequenceMultiStreamSlots(coll_seq, cls);
   return true;
+}
+
+// Cross-stream dependencies ("wait" lines): the compute node before the waiting unit (else the unit itself) gets the
+// awaited unit's nodes in `after`, and its duration loses the time the stream spent waiting: the gap is measured
+// from the later of its start and the awaited unit's release (the wait is taken to sit at the start of the gap, where
+// Megatron's pipeline receive waits are, right before the micro-batch's compute). Without this the wait would be
+// replayed as compute (docs/fill.md).
+void Builder::ApplyWaits(const RankEventLog& log, const std::map<std::pair<int64_t, int64_t>, UnitNodes>& unit_at,
+                         trace::RoleClass* cls) {
+  if (log.waits.empty()) return;
+  std::map<uint32_t, Node*> by_id;
+  for (trace::Stream& st : cls->streams)
+    for (Node& n : st.nodes) by_id[n.id] = &n;
+  std::map<uint32_t, std::pair<int64_t, int64_t>> gap_span;  // gap node -> (start, end)
+  std::map<uint32_t, int64_t> awaited;                       // gap node -> latest awaited release
+  size_t used = 0, skipped = 0;
+  for (const ObservedWait& w : log.waits) {
+    auto s = unit_at.find({w.stream, w.next});
+    auto t = unit_at.find({w.on, w.after});
+    // Why the time check: an edge must point forward in time, so the graph stays acyclic whatever the file says.
+    if (s == unit_at.end() || t == unit_at.end() || t->second.arrival >= s->second.arrival || t->second.ids.empty() ||
+        s->second.ids.empty()) {
+      ++skipped;
+      continue;
+    }
+    const uint32_t target = s->second.gap >= 0 ? static_cast<uint32_t>(s->second.gap) : s->second.ids.front();
+    Node* n = by_id.at(target);
+    for (uint32_t id : t->second.ids)
+      if (std::find(n->after.begin(), n->after.end(), id) == n->after.end()) n->after.push_back(id);
+    if (s->second.gap >= 0) {
+      gap_span[target] = {s->second.gap_from, s->second.arrival};
+      int64_t& a = awaited[target];
+      a = std::max(a, t->second.release);
+    }
+    ++used;
+  }
+  for (const auto& [id, rel] : awaited) {
+    const auto [from, to] = gap_span[id];
+    by_id.at(id)->dur_us = static_cast<double>(std::max<int64_t>(0, to - std::max(from, rel))) / 1000.0;
+  }
+  out_->wait_edges += used;
+  out_->waits_skipped += skipped;
 }
 
 // A communicator whose collectives the rank issued on several streams (torch runs a blocking collective on the
@@ -1017,6 +1085,7 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
     o.arrival_ns = Int(j, "arrival_ns", 0);
     o.release_ns = Int(j, "release_ns", 0);
     o.stream = static_cast<int32_t>(Int(j, "stream", -1));
+    o.sseq = Int(j, "sseq", -1);
     o.nops = static_cast<int32_t>(std::max<int64_t>(1, Int(j, "nops", 1)));
     o.line = line_no;
     if (o.comm_id < 0 || o.seq < 0 || o.op.empty()) return malformed("op line without comm_id, seq or op");
@@ -1040,6 +1109,14 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
         o.ops.clear();  // Why: a partial list would drop operations; fall back to the unit's totals
     }
     log->ops.push_back(std::move(o));
+  } else if (type == events::kWait) {
+    ObservedWait w;
+    w.stream = static_cast<int32_t>(Int(j, "stream", -1));
+    w.next = Int(j, "next", -1);
+    w.on = static_cast<int32_t>(Int(j, "on", -1));
+    w.after = Int(j, "after", -1);
+    if (w.stream < 0 || w.next < 0 || w.on < 0 || w.after < 0) return malformed("wait line without stream/next/on/after");
+    log->waits.push_back(w);
   } else if (type == events::kIter) {
     ObservedMark m;
     m.iteration = Int(j, "iteration", static_cast<int64_t>(log->marks.size()));

@@ -52,6 +52,7 @@ struct ObservedOp {
   int64_t arrival_ns = 0;
   int64_t release_ns = 0;
   int32_t stream = -1;  // -1: not recorded
+  int64_t sseq = -1;    // position among the stream's units; -1: not recorded
   int32_t nops = 1;
   std::vector<ObservedSubOp> ops;  // empty unless the line lists them
   int64_t line = 0;                // line number in the event file (messages)
@@ -63,6 +64,14 @@ struct ObservedComm {
   int nranks = 0;
   int rank = -1;               // this rank's communicator rank
   std::vector<int> members;    // global ranks in communicator-rank order; empty when unknown
+};
+
+// A cross-stream dependency ("wait" line): unit `next` of stream `stream` waits for unit `after` of stream `on`.
+struct ObservedWait {
+  int32_t stream = -1;
+  int64_t next = -1;
+  int32_t on = -1;
+  int64_t after = -1;
 };
 
 struct ObservedMark {
@@ -77,6 +86,7 @@ struct RankEventLog {
   std::map<int64_t, ObservedComm> comms;  // by comm_id; a later line supersedes (members only when it has them)
   std::vector<ObservedOp> ops;            // file order
   std::vector<ObservedMark> marks;        // file order
+  std::vector<ObservedWait> waits;        // file order
   int malformed = 0;
   std::string first_malformed;
 };
@@ -109,6 +119,8 @@ struct ObservedTrace {
   int64_t last_iteration = -1;
   size_t nodes = 0;                // over all classes
   size_t dropped_ops = 0;          // op lines outside the kept iterations
+  size_t wait_edges = 0;           // "wait" lines turned into cross-stream `after` edges
+  size_t waits_skipped = 0;        // "wait" lines naming a unit outside the kept iterations (or out of time order)
 };
 
 // Builds the observed trace from parsed logs (at most one per rank). nullopt with *error when the logs do not

@@ -47,6 +47,7 @@ struct JobOptions {
                               // detail; 2: one fused unit with "ops"
   uint64_t act_bytes = 4 << 20;
   uint64_t grad_bytes = 4 << 20;
+  bool waits = false;         // op lines carry "sseq"; stage 1's compute stream waits for its activation receive
 };
 
 // Measured durations of the synthetic timeline (microseconds).
@@ -74,6 +75,7 @@ class RankWriter {
               {"release_ns", t_ + dur_us * kUs}, {"model_dur_ns", dur_us * kUs}, {"wait_on_rank", -1},
               {"nops", nops}};
     if (o_.stream_field) j["stream"] = stream;
+    if (o_.waits) j["sseq"] = sseq_[stream]++;
     seq_[comm] += nops;
     t_ += dur_us * kUs;
     return j;
@@ -85,6 +87,7 @@ class RankWriter {
   }
   void Raw(const std::string& line) { lines_.push_back(line); }
   int64_t now() const { return t_; }
+  int64_t next_sseq(int stream) { return sseq_[stream]; }
   const std::vector<std::string>& lines() const { return lines_; }
 
  private:
@@ -92,6 +95,7 @@ class RankWriter {
   JobOptions o_;
   std::vector<std::string> lines_;
   std::map<int, int64_t> seq_;
+  std::map<int, int64_t> sseq_;
   int64_t t_ = kBase + 5000 * kUs;
 };
 
@@ -110,7 +114,13 @@ RankWriter MakeRank(int rank, const JobOptions& o) {
     json b = w.Op(0, "broadcast", "i64", 64, -1, 0, kBcastUs);
     if (o.root_field) b["root"] = 0;
     w.Emit(b);
-    if (pp == 1) w.Emit(w.Op(1, "recv", "bf16", o.act_bytes, 0, 1, kSendUs));
+    if (pp == 1) {
+      json r = w.Op(1, "recv", "bf16", o.act_bytes, 0, 1, kSendUs);
+      w.Emit(r);
+      if (o.waits) {  // torch's work.wait(): the compute stream waits for the receive before the forward
+        w.Emit(json{{"type", "wait"}, {"stream", 0}, {"next", w.next_sseq(0)}, {"on", 1}, {"after", r["sseq"]}});
+      }
+    }
     w.Compute(kFwdUs);
     w.Emit(w.Op(0, "allreduce", "bf16", 1 << 20, -1, 0, kTpUs));
     w.Compute(kFwdUs);
@@ -323,6 +333,43 @@ TEST(ObservedTrace, WithoutStreamFieldOneStreamOrOnePerCommunicator) {
   std::vector<std::string> names;
   for (const auto& s : pc->trace.classes[0].streams) names.push_back(s.name);
   EXPECT_EQ(names, (std::vector<std::string>{"tp", "pp", "dp"}));
+}
+
+// "wait" lines (cudaStreamWaitEvent on another stream's unit) become `after` edges, and the time the stream waited
+// leaves the compute node: stage 1's forward gap on the compute stream is 1000 us of compute after a 200 us receive
+// on the pipeline stream, not 1200 us of compute.
+TEST(ObservedTrace, CrossStreamWaitsBecomeEdgesAndLeaveCompute) {
+  for (bool waits : {false, true}) {
+    SCOPED_TRACE(waits ? "with wait lines" : "without");
+    JobOptions o;
+    o.waits = waits;
+    std::string err;
+    auto g = Build(o, ReplicaZero(8), &err);
+    ASSERT_TRUE(g) << err;
+    const auto& cls = g->trace.classes[g->trace.ranks[4].cls];
+    const prism::trace::Stream* main = StreamNamed(cls, "stream0");
+    const prism::trace::Stream* pp = StreamNamed(cls, "stream1");
+    ASSERT_TRUE(main && pp);
+    // The first receive on the pipeline stream, and the compute node before the first tensor-parallel all-reduce.
+    uint32_t recv = UINT32_MAX;
+    for (const auto& n : pp->nodes)
+      if (n.kind == NodeKind::kRecv && recv == UINT32_MAX) recv = n.id;
+    const prism::trace::Node* gap = nullptr;
+    for (size_t i = 1; i < main->nodes.size(); ++i) {
+      if (main->nodes[i].kind == NodeKind::kColl && main->nodes[i].op == prism::trace::CollOp::kAllReduce) {
+        gap = &main->nodes[i - 1];
+        break;
+      }
+    }
+    ASSERT_NE(gap, nullptr);
+    ASSERT_EQ(gap->kind, NodeKind::kCompute);
+    const bool has_edge = std::find(gap->after.begin(), gap->after.end(), recv) != gap->after.end();
+    EXPECT_EQ(has_edge, waits);
+    EXPECT_DOUBLE_EQ(gap->dur_us, waits ? kFwdUs : kFwdUs + kSendUs);
+    EXPECT_EQ(g->wait_edges > 0, waits);
+    std::vector<std::string> problems = prism::replay::ValidateTrace(g->trace);
+    EXPECT_TRUE(problems.empty()) << problems.front();
+  }
 }
 
 TEST(ObservedTrace, FusedSendRecvWithoutDetailIsSplitEvenly) {

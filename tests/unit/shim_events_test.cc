@@ -101,5 +101,74 @@ TEST(ShimEvents, FileHasEveryKindOfLine) {
   std::filesystem::remove_all(dir);
 }
 
+// Cross-stream dependencies: a stream that waits (cudaStreamWaitEvent) for an event recorded on another stream after
+// one of its units gets a "wait" line naming both units by their position on their stream (op lines' "sseq").
+TEST(ShimEvents, StreamWaitingForAnotherStreamsUnitWritesAWaitLine) {
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  auto dir = std::filesystem::temp_directory_path() / ("prism_events_wait_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  Config c;
+  c.rank = 0;
+  c.world_size = 2;
+  c.real_ranks = {0};
+  c.fixed_dur_us = 10;
+  c.out_dir = dir.string();
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  ncclUniqueId id;
+  ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
+  InitArgs a;
+  a.nranks = 2;
+  a.rank = 0;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  std::vector<float> buf(16);
+  auto* compute = reinterpret_cast<cudaStream_t>(0x100);
+  auto* p2p = reinterpret_cast<cudaStream_t>(0x200);
+  auto* ev = reinterpret_cast<cudaEvent_t>(0x300);
+  auto submit = [&](cudaStream_t s) {
+    OpCall call;
+    call.op = payload::OpKind::kAllReduce;
+    call.comm = comm;
+    call.count = buf.size();
+    call.send = buf.data();
+    call.recv = buf.data();
+    call.stream = s;
+    ASSERT_EQ(Submit(call), ncclSuccess);
+  };
+  submit(compute);  // compute: unit 0
+  submit(p2p);      // p2p: unit 0
+  submit(p2p);      // p2p: unit 1
+  NoteEventRecord(ev, p2p);          // after p2p's unit 1
+  NoteStreamWaitEvent(compute, ev);  // compute's unit 1 waits for it
+  NoteStreamWaitEvent(compute, ev);  // the same point again: no second line
+  NoteStreamWaitEvent(p2p, ev);      // its own stream: nothing
+  auto* unknown = reinterpret_cast<cudaStream_t>(0x400);
+  NoteEventRecord(ev, unknown);      // a stream without units: the event is forgotten
+  NoteStreamWaitEvent(compute, ev);
+  submit(compute);
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  usleep(300000);
+  EventLogStop();
+  SetGpuForTest(nullptr);
+  std::ifstream in(EventLogPath());
+  std::vector<nlohmann::json> waits, ops;
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") == "wait") waits.push_back(j);
+    if (j.at("type") == "op") ops.push_back(j);
+  }
+  ASSERT_EQ(ops.size(), 4u);
+  std::map<std::pair<int, int>, int> sseq;  // (stream, sseq) -> count
+  for (const auto& o : ops) ++sseq[{o.at("stream").get<int>(), o.at("sseq").get<int>()}];
+  EXPECT_EQ(sseq, (std::map<std::pair<int, int>, int>{{{0, 0}, 1}, {{0, 1}, 1}, {{1, 0}, 1}, {{1, 1}, 1}}));
+  ASSERT_EQ(waits.size(), 1u);
+  EXPECT_EQ(waits[0], nlohmann::json({{"type", "wait"}, {"stream", 0}, {"next", 1}, {"on", 1}, {"after", 1}}));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace prism::interpose

@@ -132,6 +132,8 @@ int RunGraphBuild(const GraphBuildArgs& a) {
                                                : std::to_string(g->first_iteration) + ".." +
                                                      std::to_string(g->last_iteration);
     std::printf("  iterations %s, %zu nodes, %zu communicators\n", iters.c_str(), g->nodes, t.comms.size());
+    std::printf("  cross-stream waits %zu (from the event files' \"wait\" lines; %zu outside the kept iterations)\n",
+                g->wait_edges, g->waits_skipped);
     for (size_t c = 0; c < t.classes.size(); ++c) {
       const trace::RoleClass& cls = t.classes[c];
       size_t nodes = 0;

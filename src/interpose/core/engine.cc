@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "common/log.h"
@@ -203,15 +204,38 @@ void LogOnce(std::atomic<bool>* flag, const std::string& what) {
   if (!flag->exchange(true)) Log("nccl")->warn("{}", what);
 }
 
+// Units issued per stream index so far (the next unit's OpEvent::stream_seq); streams past the table are not
+// counted (their units carry stream_seq 0 and no "wait" line names them).
+constexpr size_t kCountedStreams = 256;
+std::atomic<uint32_t> g_stream_units[kCountedStreams];
+
+struct StreamTable {
+  std::mutex mu;
+  std::vector<CUstream> seen;
+};
+StreamTable& Streams() {
+  static StreamTable* t = new StreamTable();  // Why leaked: used until exit
+  return *t;
+}
+
+// The index of a stream that carried a unit, or -1 (never adds one: only units number streams).
+int KnownStreamIndex(CUstream s) {
+  StreamTable& t = Streams();
+  std::lock_guard<std::mutex> lock(t.mu);
+  for (size_t i = 0; i < t.seen.size() && i < kCountedStreams; ++i)
+    if (t.seen[i] == s) return static_cast<int>(i);
+  return -1;
+}
+
 // Process-local index of a stream, in order of first use (event files: the graph's per-stream order).
 uint16_t StreamIndex(CUstream s) {
   thread_local CUstream last = nullptr;
   thread_local uint16_t last_idx = 0;
   thread_local bool has_last = false;
   if (has_last && last == s) return last_idx;
-  static std::mutex mu;
-  static std::vector<CUstream>* seen = new std::vector<CUstream>();  // Why leaked: used until exit
-  std::lock_guard<std::mutex> lock(mu);
+  StreamTable& t = Streams();
+  std::vector<CUstream>* seen = &t.seen;
+  std::lock_guard<std::mutex> lock(t.mu);
   size_t i = 0;
   while (i < seen->size() && (*seen)[i] != s) ++i;
   if (i == seen->size()) {
@@ -608,6 +632,7 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   u.event.source = static_cast<uint8_t>(last.source);
   u.event.nops = static_cast<uint16_t>(std::min<size_t>(n, 65535));
   u.event.stream = StreamIndex(stream);
+  if (u.event.stream < kCountedStreams) u.event.stream_seq = g_stream_units[u.event.stream].fetch_add(1);
   for (const Prepared& p : prep) u.event.exchanged += p.xkind != XKind::kNone && !p.local ? 1 : 0;
   if (!ProgressPush(u)) {
     LogOnce(&warned_full, "more than 16384 operations in flight: releasing gates immediately");
@@ -830,6 +855,55 @@ uint64_t UnitsExecuted() { return St().units.load(); }
 void ResetStatsForTest() {
   for (auto& h : St().hist) h.store(0);
   St().units.store(0);
+}
+
+// Cross-stream dependencies (engine.h). Events are reused (torch pools them): a record always overwrites, and a
+// record on a stream that carried no unit yet forgets the event.
+namespace {
+struct EventPoints {
+  std::mutex mu;
+  std::unordered_map<cudaEvent_t, std::pair<uint16_t, uint32_t>> at;  // event -> (stream, units before the record)
+  std::unordered_map<uint16_t, std::pair<uint16_t, uint32_t>> last_wait;  // waiting stream -> last (on, after) logged
+};
+EventPoints& Points() {
+  static EventPoints* p = new EventPoints();  // Why leaked: used until exit
+  return *p;
+}
+}  // namespace
+
+void NoteEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (event == nullptr) return;
+  const int idx = KnownStreamIndex(reinterpret_cast<CUstream>(stream));
+  const uint32_t units = idx >= 0 ? g_stream_units[idx].load(std::memory_order_relaxed) : 0;
+  EventPoints& p = Points();
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (units == 0) {
+    p.at.erase(event);
+    return;
+  }
+  try {
+    p.at[event] = {static_cast<uint16_t>(idx), units};
+  } catch (...) {
+  }
+}
+
+void NoteStreamWaitEvent(cudaStream_t stream, cudaEvent_t event) {
+  if (event == nullptr) return;
+  const int idx = KnownStreamIndex(reinterpret_cast<CUstream>(stream));
+  if (idx < 0) return;
+  std::pair<uint16_t, uint32_t> on;
+  {
+    EventPoints& p = Points();
+    std::lock_guard<std::mutex> lock(p.mu);
+    auto it = p.at.find(event);
+    if (it == p.at.end() || it->second.first == idx) return;
+    on = {it->second.first, it->second.second - 1};
+    auto [last, fresh] = p.last_wait.try_emplace(static_cast<uint16_t>(idx), on);
+    // Why only new points: torch makes a stream wait for the same point again and again (one line per dependency).
+    if (!fresh && last->second == on) return;
+    last->second = on;
+  }
+  LogWait(static_cast<uint16_t>(idx), g_stream_units[idx].load(std::memory_order_relaxed), on.first, on.second);
 }
 
 }  // namespace prism::interpose

@@ -40,6 +40,11 @@ ncclResult_t RedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t 
                                   ncclScalarResidence_t residence, Comm* comm);
 ncclResult_t RedOpDestroy(ncclRedOp_t op, Comm* comm);
 
+// Cross-stream dependencies for the graph (event file "wait" lines): cudaEventRecord / cudaStreamWaitEvent as the job
+// made them. Cheap (a mutex and a map entry); streams that never carried a unit are ignored.
+void NoteEventRecord(cudaEvent_t event, cudaStream_t stream);
+void NoteStreamWaitEvent(cudaStream_t stream, cudaEvent_t event);
+
 // Iteration mark from the Python hook: stamps the GPU clock on `stream` (iteration time is GPU time).
 // Returns the iteration number.
 int IterationMark(cudaStream_t stream, uint64_t torch_max_allocated);

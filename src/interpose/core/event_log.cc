@@ -66,11 +66,12 @@ void WriteOp(FILE* f, const OpEvent& e) {
   std::fprintf(f,
                "{\"type\":\"op\",\"comm_id\":%u,\"seq\":%llu,\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,"
                "\"peer\":%d,\"arrival_ns\":%llu,\"release_ns\":%llu,\"model_dur_ns\":%llu,\"wait_on_rank\":%d,"
-               "\"algo\":%u,\"proto\":%u,\"nops\":%u,\"root\":%d,\"stream\":%u,\"exchanged\":%u,\"cost\":\"%s\"}\n",
+               "\"algo\":%u,\"proto\":%u,\"nops\":%u,\"root\":%d,\"stream\":%u,\"sseq\":%u,\"exchanged\":%u,"
+               "\"cost\":\"%s\"}\n",
                e.comm_id, static_cast<unsigned long long>(e.seq), OpName(e.op), DtypeName(e.dtype),
                static_cast<unsigned long long>(e.bytes), e.peer, static_cast<unsigned long long>(e.arrival_ns),
                static_cast<unsigned long long>(e.release_ns), static_cast<unsigned long long>(e.model_dur_ns),
-               e.wait_on_rank, e.algo, e.proto, e.nops, e.root, e.stream, e.exchanged,
+               e.wait_on_rank, e.algo, e.proto, e.nops, e.root, e.stream, e.stream_seq, e.exchanged,
                e.source == 1 ? "fixed" : (e.source == 2 ? "model" : "fallback"));
 }
 
@@ -250,6 +251,13 @@ void LogIteration(uint32_t iteration, volatile uint64_t* stamp, uint64_t host_ns
     w.iters.push_back(PendingIter{iteration, stamp, host_ns, torch_max_allocated});
   }
   w.cv.notify_one();
+}
+
+void LogWait(uint16_t stream, uint32_t next, uint16_t on, uint32_t after) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "{\"type\":\"wait\",\"stream\":%u,\"next\":%u,\"on\":%u,\"after\":%u}\n", stream, next,
+                on, after);
+  Push(buf);
 }
 
 void LogError(const std::string& what) {

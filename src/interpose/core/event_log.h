@@ -24,6 +24,7 @@ struct OpEvent {
   uint16_t nops = 1;    // operations fused in this unit (a group)
   uint16_t stream = 0;  // process-local index of the CUDA stream (0 = the first stream a collective used)
   uint16_t exchanged = 0;  // operations of the unit whose output came from real data (other real members)
+  uint32_t stream_seq = 0;  // this unit's position among the units of its stream (0-based; "wait" lines name it)
   uint64_t bytes = 0;
   int32_t peer = -1;
   int32_t root = -1;    // broadcast/reduce/gather/scatter root in communicator ranks (a unit of one operation)
@@ -52,6 +53,10 @@ void LogOp(const OpEvent& e);
 // An iteration mark whose GPU time arrives later in the host-mapped word `stamp` (nullptr: use host time).
 void LogIteration(uint32_t iteration, volatile uint64_t* stamp, uint64_t host_ns, uint64_t torch_max_allocated);
 void LogError(const std::string& what);
+// A cross-stream dependency (docs/trace-format.md, event file "wait"): the unit `next` of stream `stream` and all the
+// work before it on that stream wait for unit `after` of stream `on` (cudaEventRecord on `on`, cudaStreamWaitEvent on
+// `stream`).
+void LogWait(uint16_t stream, uint32_t next, uint16_t on, uint32_t after);
 // Flushes, writes the bye line and stops the thread (at exit).
 void EventLogStop();
 // Path of the event file ("" when none).

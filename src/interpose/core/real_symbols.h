@@ -64,6 +64,9 @@ bool AddressInObject(const void* addr, const char* part);
   X(cudaGetDriverEntryPoint)             \
   X(cudaGetDriverEntryPointByVersion)    \
   X(cudaFree)                            \
+  X(cudaEventRecord)                     \
+  X(cudaEventRecordWithFlags)            \
+  X(cudaStreamWaitEvent)                 \
   X(cudaFreeAsync)                       \
   X(cudaGetLastError)
 

@@ -1,0 +1,34 @@
+// cudaEventRecord / cudaEventRecordWithFlags / cudaStreamWaitEvent: passed through, and noted for the graph (a
+// stream that waits for an event recorded on another stream after one of its units depends on that unit: event file
+// "wait" lines, core/engine.h).
+#include <cuda_runtime_api.h>
+
+#include "interpose/api.h"
+#include "interpose/core/engine.h"
+#include "interpose/core/real_symbols.h"
+
+using namespace prism::interpose;
+
+PRISM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  const auto real = Cudart().cudaEventRecord;
+  if (real == nullptr) return cudaErrorNotSupported;
+  cudaError_t e = real(event, stream);
+  if (e == cudaSuccess) Guarded(0, [&] { NoteEventRecord(event, stream); return 0; });
+  return e;
+}
+
+PRISM_API cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
+  const auto real = Cudart().cudaEventRecordWithFlags;
+  if (real == nullptr) return cudaErrorNotSupported;
+  cudaError_t e = real(event, stream, flags);
+  if (e == cudaSuccess) Guarded(0, [&] { NoteEventRecord(event, stream); return 0; });
+  return e;
+}
+
+PRISM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  const auto real = Cudart().cudaStreamWaitEvent;
+  if (real == nullptr) return cudaErrorNotSupported;
+  cudaError_t e = real(stream, event, flags);
+  if (e == cudaSuccess) Guarded(0, [&] { NoteStreamWaitEvent(stream, event); return 0; });
+  return e;
+}
