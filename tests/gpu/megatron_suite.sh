@@ -72,7 +72,7 @@ megatron_fill() {
      --rounds "${FILL_ROUNDS:-2}" "${job[@]}") > "$out/$name.out" 2>&1 || { echo "fill exit $?"; tail -20 "$out/$name.out"; return 1; }
   grep "prism fill: estimate" "$out/$name.out" | sed 's/prism fill: //' > "$out/$name.detail"
   local r
-  for r in 0 33; do
+  for r in ${FILL_EMULATE_RANKS:-0 33}; do
     (cd "$MEGATRON" && timeout -s INT -k 20 200 "$PRISM_RUN" --ranks $r --graph "$dir/filled.prism" \
        --payload recorded --payload-dir "$col" --out "$dir/emulate_rank$r" "${job[@]}") > "$out/$name.rank$r.out" 2>&1 \
        || { echo "emulate rank $r with the graph: exit $?"; return 1; }
