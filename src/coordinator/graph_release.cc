@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "common/log.h"
 #include "replay/trace_io.h"
@@ -72,6 +73,29 @@ GraphRelease::GraphRelease(trace::Trace trace, std::vector<int> real_ranks)
       for (uint32_t k = 0; k < ids.size(); ++k) ci.ordinal[ids[k]] = k;
     }
   }
+  {
+    std::set<uint32_t> iters;
+    for (const auto& rc : trace_.classes)
+      for (const auto& st : rc.streams)
+        for (const auto& n : st.nodes) iters.insert(n.iter);
+    if (iters.size() >= 2 && *iters.begin() == 0) steady_iter_ = *std::next(iters.begin());
+    else if (!iters.empty()) steady_iter_ = *iters.begin();
+  }
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    ClassInfo& ci = classes_[c];
+    const trace::RoleClass& rc = trace_.classes[c];
+    for (const auto& st : rc.streams) {
+      uint32_t k = 0;
+      while (k < st.nodes.size() && st.nodes[k].iter < steady_iter_) ++k;
+      ci.stream_steady.push_back(k < st.nodes.size() ? k : 0);
+    }
+    for (const auto& ids : ci.slot_nodes) {
+      uint32_t k = 0;
+      while (k < ids.size() && rc.streams[ci.by_id.at(ids[k]).stream].nodes[ci.by_id.at(ids[k]).index].iter < steady_iter_)
+        ++k;
+      ci.slot_steady.push_back(k < ids.size() ? k : 0);
+    }
+  }
   for (size_t g = 0; g < trace_.comms.size(); ++g) {
     std::vector<int32_t> m = trace_.comms[g].ranks;
     std::sort(m.begin(), m.end());
@@ -99,6 +123,8 @@ std::unique_ptr<GraphRelease> GraphRelease::Load(const std::string& path, int wo
   }
   return std::make_unique<GraphRelease>(std::move(t), std::move(real_ranks));
 }
+
+bool GraphRelease::Steady(int rank, uint32_t node) const { return NodeOf(rank, node).iter >= steady_iter_; }
 
 bool GraphRelease::IsReal(int rank) const {
   return std::binary_search(real_ranks_.begin(), real_ranks_.end(), rank);
@@ -132,9 +158,16 @@ bool GraphRelease::MapOp(int rank, uint32_t gcomm, uint64_t seq, Inst* out) cons
   if (rank < 0 || rank >= static_cast<int>(trace_.ranks.size())) return false;
   std::optional<uint32_t> slot = SlotOf(rank, gcomm);
   if (!slot) return false;
-  const auto& nodes = classes_[trace_.ranks[rank].cls].slot_nodes[*slot];
+  const ClassInfo& ci = classes_[trace_.ranks[rank].cls];
+  const auto& nodes = ci.slot_nodes[*slot];
   if (nodes.empty()) return false;
-  *out = Inst{rank, static_cast<uint32_t>(seq / nodes.size()), nodes[seq % nodes.size()]};
+  if (seq < nodes.size()) {
+    *out = Inst{rank, 0, nodes[seq]};
+    return true;
+  }
+  // Later repetitions hold the steady iterations only (the job does not repeat its set-up operations).
+  const uint64_t start = ci.slot_steady[*slot], period = nodes.size() - start, j = seq - nodes.size();
+  *out = Inst{rank, static_cast<uint32_t>(1 + j / period), nodes[start + j % period]};
   return true;
 }
 
@@ -256,14 +289,16 @@ void GraphRelease::Pump() {
           Inst inst{v, rep, n.id};
           int64_t start = anchor_ns_;
           bool ready = true;
-          if (idx > 0 || rep > 0) {
-            Inst prev = idx > 0 ? Inst{v, rep, nodes[idx - 1].id} : Inst{v, rep - 1, nodes.back().id};
+          const uint32_t first = rep > 0 ? classes_[trace_.ranks[v].cls].stream_steady[s] : 0;
+          if (idx > first || rep > 0) {
+            Inst prev = idx > first ? Inst{v, rep, nodes[idx - 1].id} : Inst{v, rep - 1, nodes.back().id};
             auto it = finish_.find(prev);
             ready = it != finish_.end();
             if (ready) start = it->second;
           }
           for (uint32_t a : n.after) {
             if (!ready) break;
+            if (rep > 0 && !Steady(v, a)) continue;  // a set-up node: done in the first repetition
             auto it = finish_.find(Inst{v, rep, a});
             ready = it != finish_.end();
             if (ready) start = std::max(start, it->second);
@@ -281,7 +316,7 @@ void GraphRelease::Pump() {
           finish_[inst] = end;
           progress = true;
           if (++idx == nodes.size()) {
-            idx = 0;
+            idx = classes_[trace_.ranks[v].cls].stream_steady[s];
             ++rep;
           }
         }

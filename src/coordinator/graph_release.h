@@ -68,6 +68,9 @@ class GraphRelease : public ReleasePolicy {
     std::map<uint32_t, NodeRef> by_id;
     std::vector<std::vector<uint32_t>> slot_nodes;  // per slot: comm node ids in stream order (the seq order)
     std::vector<std::vector<uint32_t>> slot_colls;  // per slot: coll node ids in order (collective matching)
+    // Repetitions after the first start at the first node of the steady iterations (steady_iter_): per stream its
+    // index in the stream, per slot its index in slot_nodes.
+    std::vector<uint32_t> stream_steady, slot_steady;
     std::map<uint32_t, uint32_t> ordinal;           // node id -> ordinal among colls, or among p2p of same kind+peer
     // (slot, kind, peer) -> p2p node ids in order
     std::map<std::tuple<uint32_t, trace::NodeKind, int32_t>, std::vector<uint32_t>> p2p;
@@ -89,6 +92,10 @@ class GraphRelease : public ReleasePolicy {
 
   trace::Trace trace_;
   std::vector<int> real_ranks_;
+  // First iteration that repeats: a graph that starts where the job starts (iteration 0, with the job's set-up
+  // operations) repeats from its second iteration, any other from its first.
+  uint32_t steady_iter_ = 0;
+  bool Steady(int rank, uint32_t node) const;
   std::vector<ClassInfo> classes_;
   // sorted members -> indices in trace_.comms, in graph order (CommView::member_twin picks one)
   std::map<std::vector<int32_t>, std::vector<int>> comm_by_members_;

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,25 +36,45 @@ uint32_t IpcOp(const trace::Node& n) {
 }
 
 struct LoopResult {
-  int64_t end_ns = 0;  // when the real rank's last node finished, relative to kT0
+  int64_t end_ns = 0;                // when the real rank's last node finished, relative to kT0
+  std::vector<int64_t> rep_end_ns;   // per repetition: when its last node finished, relative to kT0
   GraphRelease::Stats stats;
 };
 
-// Plays `real` through `reps` repetitions of its class against GraphRelease. Communication nodes take what
-// GraphRelease decides; their per-communicator sequence is their issue order (node id order within the slot), as
-// libprism counts them.
+// The iteration repetitions start from (GraphRelease's rule): the second when the graph starts at iteration 0.
+uint32_t SteadyIter(const trace::Trace& t) {
+  std::set<uint32_t> iters;
+  for (const auto& c : t.classes)
+    for (const auto& s : c.streams)
+      for (const auto& n : s.nodes) iters.insert(n.iter);
+  if (iters.size() >= 2 && *iters.begin() == 0) return *std::next(iters.begin());
+  return iters.empty() ? 0 : *iters.begin();
+}
+
+// Plays `real` through `reps` repetitions of its class against GraphRelease, as the live rank would: communication
+// nodes take what GraphRelease decides; their per-communicator sequence is their issue order (node id order within
+// the slot), as libprism counts them; repetitions after the first skip the set-up iteration (the job does not
+// repeat it).
 LoopResult ClosedLoop(const trace::Trace& t, int real, uint32_t reps) {
   GraphRelease gr(t, {real});
   const trace::RoleClass& rc = t.classes[t.ranks[real].cls];
-  // Issue order of each slot's nodes.
+  const uint32_t steady = SteadyIter(t);
+  std::map<uint32_t, uint32_t> iter_of;
   std::map<uint32_t, std::vector<uint32_t>> slot_ids;
   for (const auto& s : rc.streams)
-    for (const auto& n : s.nodes)
+    for (const auto& n : s.nodes) {
+      iter_of[n.id] = n.iter;
       if (n.kind != trace::NodeKind::kCompute) slot_ids[n.comm_slot].push_back(n.id);
-  std::map<uint32_t, uint64_t> seq_in_slot;
+    }
+  std::map<uint32_t, uint64_t> seq_in_slot, slot_start;
   for (auto& [slot, ids] : slot_ids) {
     std::sort(ids.begin(), ids.end());
-    for (size_t k = 0; k < ids.size(); ++k) seq_in_slot[ids[k]] = k;
+    uint64_t start = ids.size();
+    for (size_t k = 0; k < ids.size(); ++k) {
+      seq_in_slot[ids[k]] = k;
+      if (start == ids.size() && iter_of[ids[k]] >= steady) start = k;
+    }
+    slot_start[slot] = start == ids.size() ? 0 : start;
   }
   // The coordinator's view of each communicator: members, and how many with the same members came before it.
   std::vector<CommView> views(rc.comm_slots.size());
@@ -72,24 +93,31 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, uint32_t reps) {
     }
   }
   struct Cursor {
-    size_t idx = 0;
+    uint32_t rep = 0, idx = 0, first_steady = 0;
     int64_t free = kT0;
   };
   std::vector<Cursor> cur(rc.streams.size());
+  for (size_t s = 0; s < rc.streams.size(); ++s) {
+    const auto& nodes = rc.streams[s].nodes;
+    uint32_t k = 0;
+    while (k < nodes.size() && nodes[k].iter < steady) ++k;
+    cur[s].first_steady = k < nodes.size() ? k : 0;
+  }
   std::map<std::pair<uint32_t, uint32_t>, int64_t> finish;  // (rep, node id) -> ns
   LoopResult out;
+  out.rep_end_ns.assign(reps, 0);
   for (;;) {
     int best = -1;
     int64_t best_start = 0;
     for (size_t s = 0; s < rc.streams.size(); ++s) {
       const auto& nodes = rc.streams[s].nodes;
-      if (nodes.empty() || cur[s].idx >= nodes.size() * reps) continue;
-      const uint32_t rep = static_cast<uint32_t>(cur[s].idx / nodes.size());
-      const trace::Node& n = nodes[cur[s].idx % nodes.size()];
+      if (nodes.empty() || cur[s].rep >= reps) continue;
+      const trace::Node& n = nodes[cur[s].idx];
       int64_t start = cur[s].free;
       bool ready = true;
       for (uint32_t a : n.after) {
-        auto it = finish.find({rep, a});
+        if (cur[s].rep > 0 && iter_of[a] < steady) continue;
+        auto it = finish.find({cur[s].rep, a});
         if (it == finish.end()) {
           ready = false;
           break;
@@ -104,25 +132,29 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, uint32_t reps) {
     if (best < 0) break;
     Cursor& c = cur[static_cast<size_t>(best)];
     const auto& nodes = rc.streams[static_cast<size_t>(best)].nodes;
-    const uint32_t rep = static_cast<uint32_t>(c.idx / nodes.size());
-    const trace::Node& n = nodes[c.idx % nodes.size()];
+    const trace::Node& n = nodes[c.idx];
     int64_t end = best_start;
     if (n.kind == trace::NodeKind::kCompute) {
       end += static_cast<int64_t>(n.dur_us * 1000.0);
     } else {
-      const uint64_t seq = uint64_t{rep} * slot_ids[n.comm_slot].size() + seq_in_slot[n.id];
+      const uint64_t k = slot_ids[n.comm_slot].size(), start = slot_start[n.comm_slot];
+      const uint64_t seq = c.rep == 0 ? seq_in_slot[n.id] : k + (c.rep - 1) * (k - start) + (seq_in_slot[n.id] - start);
       Arrival a{real, ipc::OpArrive{views[n.comm_slot].comm_id, IpcOp(n), seq, n.bytes,
                                     static_cast<uint64_t>(best_start), 0, n.peer, 0}};
       ReleaseDecision d = gr.Decide(views[n.comm_slot], seq, {&a, 1});
       end = std::max(best_start, static_cast<int64_t>(d.release_ns));
     }
-    finish[{rep, n.id}] = end;
+    finish[{c.rep, n.id}] = end;
     if (std::getenv("CLOSED_LOOP_DEBUG"))
-      std::printf("LOOP %d node %u %s start %.3f end %.3f\n", best, n.id, std::string(trace::ToString(n.kind)).c_str(),
-                  (best_start - kT0) / 1e6, (end - kT0) / 1e6);
-    c.free = end;
-    ++c.idx;
+      std::printf("LOOP %d rep %u node %u %s start %.3f end %.3f\n", best, c.rep, n.id,
+                  std::string(trace::ToString(n.kind)).c_str(), (best_start - kT0) / 1e6, (end - kT0) / 1e6);
+    out.rep_end_ns[c.rep] = std::max(out.rep_end_ns[c.rep], end - kT0);
     out.end_ns = std::max(out.end_ns, end - kT0);
+    c.free = end;
+    if (++c.idx == nodes.size()) {
+      c.idx = c.first_steady;
+      ++c.rep;
+    }
   }
   out.stats = gr.stats();
   return out;
@@ -139,12 +171,23 @@ class GraphClosedLoop : public ::testing::Test {
     test_util::CliRun b = test_util::RunPrism("graph build " + dir_.string() + " --out " + (dir_ / "g.prism").string() +
                                               " --skip-iterations 1");
     if (b.rc == -1) GTEST_SKIP() << "PRISM_RUN not set";
+    // The same events with the set-up iteration kept (fill's bare graph keeps it: the graph starts where the job
+    // does).
+    test_util::CliRun b0 = test_util::RunPrism("graph build " + dir_.string() + " --out " +
+                                               (dir_ / "g0.prism").string());
+    ASSERT_EQ(b0.rc, 0) << b0.out;
+    if (b.rc == -1) GTEST_SKIP() << "PRISM_RUN not set";
     ASSERT_EQ(b.rc, 0) << b.out;
     std::string err;
     ASSERT_TRUE(replay::ReadTrace((dir_ / "g.prism").string(), &t_, &err)) << err;
+    ASSERT_TRUE(replay::ReadTrace((dir_ / "g0.prism").string(), &t0_, &err)) << err;
     // Why recorded durations everywhere: GraphRelease and the engine must time every operation alike (a bare
     // graph's comm nodes have none; the engine would ask its cost model, the coordinator the shim's estimate).
     for (auto& c : t_.classes)
+      for (auto& s : c.streams)
+        for (auto& n : s.nodes)
+          if (n.kind != trace::NodeKind::kCompute && n.dur_us < 0) n.dur_us = 20.0;
+    for (auto& c : t0_.classes)
       for (auto& s : c.streams)
         for (auto& n : s.nodes)
           if (n.kind != trace::NodeKind::kCompute && n.dur_us < 0) n.dur_us = 20.0;
@@ -167,7 +210,8 @@ class GraphClosedLoop : public ::testing::Test {
   }
 
   fs::path dir_;
-  trace::Trace t_;
+  trace::Trace t_;   // the kept steady iteration(s)
+  trace::Trace t0_;  // every iteration, the set-up one included
 };
 
 // Ranks 0 and 33: the first and the last pipeline stage (ranks 32, 33 are stage 1 of replica 0).
@@ -182,6 +226,24 @@ TEST_F(GraphClosedLoop, RealRankFinishesWhereTheReplayEngineSays) {
     std::printf("real rank %d: closed loop %.3f ms, simulate %.3f ms\n", real, loop.end_ns / 1e6, sim / 1e6);
     EXPECT_NEAR(static_cast<double>(loop.end_ns), sim, 0.02 * sim)
         << "closed loop " << loop.end_ns / 1e6 << " ms, simulate " << sim / 1e6 << " ms";
+  }
+}
+
+// A live run longer than the collected one: the graph repeats, from its steady iterations (the job does not repeat
+// its set-up operations). Every repetition stays mapped, and repetitions after the first take the same time.
+TEST_F(GraphClosedLoop, LongerRunRepeatsTheSteadyIterations) {
+  for (int real : {0, 33}) {
+    SCOPED_TRACE("real rank " + std::to_string(real));
+    LoopResult loop = ClosedLoop(t0_, real, 4);
+    EXPECT_EQ(loop.stats.blocked, 0u);
+    EXPECT_EQ(loop.stats.unmatched, 0u);
+    ASSERT_EQ(loop.rep_end_ns.size(), 4u);
+    const double r2 = static_cast<double>(loop.rep_end_ns[2] - loop.rep_end_ns[1]);
+    const double r3 = static_cast<double>(loop.rep_end_ns[3] - loop.rep_end_ns[2]);
+    std::printf("real rank %d: repetitions end at %.3f %.3f %.3f %.3f ms\n", real, loop.rep_end_ns[0] / 1e6,
+                loop.rep_end_ns[1] / 1e6, loop.rep_end_ns[2] / 1e6, loop.rep_end_ns[3] / 1e6);
+    EXPECT_GT(r2, 0);
+    EXPECT_NEAR(r3, r2, 0.02 * r2);
   }
 }
 
