@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "interpose/core/config.h"
 #include "interpose/core/coord_client.h"
 #include "interpose/core/engine.h"
+#include "interpose/core/event_log.h"
 #include "interpose/core/progress.h"
 #include "interpose/core/real_symbols.h"
 #include "shim_fake_gpu.h"
@@ -585,12 +587,15 @@ TEST(ShimCoord, PassthroughCommunicatorRunsOnTheRealNccl) {
 
   testing::FakeGpu gpu;
   SetGpuForTest(&gpu);
+  auto events_dir = std::filesystem::temp_directory_path() / ("prism_ptest_" + std::to_string(getpid()));
+  std::filesystem::create_directories(events_dir);
   Config c;
   c.rank = 0;
   c.world_size = 2;
   c.real_ranks = {0, 1};
   c.fixed_dur_us = 1000;
   c.coord_socket = path;
+  c.out_dir = events_dir.string();
   SetConfigForTest(c);
   ResetCommsForTest();
   ncclUniqueId id;
@@ -641,6 +646,27 @@ TEST(ShimCoord, PassthroughCommunicatorRunsOnTheRealNccl) {
   ASSERT_EQ(GroupEnd(), ncclSuccess);
   EXPECT_EQ(fake_nccl::group_start.load(), 1);
 
+  // Both passthrough units (the all-reduce, the group's send) were stamped on the GPU and logged.
+  usleep(300000);  // the writer flushes every 200 ms
+  EventLogStop();
+  std::ifstream in(EventLogPath());
+  std::vector<nlohmann::json> ops;
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") == "op") ops.push_back(j);
+  }
+  ASSERT_EQ(ops.size(), 2u);
+  EXPECT_EQ(ops[0].at("op"), "allreduce");
+  EXPECT_EQ(ops[1].at("op"), "send");
+  for (const auto& o : ops) {
+    EXPECT_EQ(o.value("passthrough", 0), 1);
+    EXPECT_GE(o.at("release_ns").get<uint64_t>(), o.at("arrival_ns").get<uint64_t>());
+    EXPECT_GT(o.at("arrival_ns").get<uint64_t>(), 0u);
+  }
+  EXPECT_EQ(ops[0].at("sseq"), 0);
+  EXPECT_EQ(ops[1].at("sseq"), 1);
+  std::filesystem::remove_all(events_dir);
   server.join();
   close(lfd);
   unlink(path.c_str());

@@ -34,6 +34,9 @@ const Setting kSettings[] = {
     {"PRISM_PASSTHROUGH", "1",
      "1: a communicator whose members are all real and each on its own GPU (the coordinator decides) runs on the "
      "real NCCL; 0: libprism handles it like any other (exchange or gate)."},
+    {"PRISM_PASSTHROUGH_EVENTS", "1",
+     "1: a passthrough operation (or group) gets GPU stamps before and after the real NCCL call and an op line in the "
+     "event file (arrival and release on the GPU clock, \"passthrough\":1); 0: passthrough operations leave no trace."},
     {"PRISM_PASSTHROUGH_TIMEOUT_S", "600",
      "Seconds a member of a passthrough communicator waits for communicator rank 0's real NCCL unique id."},
     {"PRISM_NCCL_LIBRARY", "", "The real libnccl passthrough uses; empty: the one the job already loaded (PyTorch's)."},
@@ -196,6 +199,11 @@ void LoadConfig(EnvLookup lookup, Config* c) {
     else c->errors.push_back(std::string("PRISM_PASSTHROUGH='") + v + "' is not 0 or 1");
   }
   IntSetting(lookup, "PRISM_PASSTHROUGH_TIMEOUT_S", nullptr, 1, 86400, &c->passthrough_timeout_s, c);
+  if (const char* v = lookup("PRISM_PASSTHROUGH_EVENTS"); v && *v) {
+    if (std::string(v) == "0") c->passthrough_events = false;
+    else if (std::string(v) == "1") c->passthrough_events = true;
+    else c->errors.push_back(std::string("PRISM_PASSTHROUGH_EVENTS='") + v + "' is not 0 or 1");
+  }
   if (const char* v = lookup("PRISM_KERNELS"); v && *v) {
     if (std::string(v) == "0") c->kernels = 0;
     else if (std::string(v) == "1") c->kernels = 1;

@@ -82,6 +82,8 @@ struct UnitSend {
 struct Tls {
   int depth = 0;
   std::vector<bool> real_level;  // per nesting level: its ncclGroupStart went to the real NCCL too (passthrough)
+  // Passthrough operations of the open group to time at its end (issue order, with their sequence numbers).
+  std::vector<std::pair<OpCall, uint64_t>> real_group;
   std::vector<OpCall> group;
   std::vector<Prepared> prepared;
   std::vector<OpCall> scratch;
@@ -653,11 +655,10 @@ bool SampleThisUnit() {
 }
 
 // A passthrough communicator's operation: the real NCCL, on its real communicator (comm.h).
-ncclResult_t SubmitReal(const OpCall& c) {
+ncclResult_t CallReal(const OpCall& c) {
   const NcclFns& n = RealNccl();
   ncclComm_t rc = c.comm->real;
   cudaStream_t st = c.stream;
-  c.comm->seq.fetch_add(1, std::memory_order_relaxed);
   switch (c.op) {
     case OpKind::kAllReduce: return n.ncclAllReduce(c.send, c.recv, c.count, c.dtype, c.redop, rc, st);
     case OpKind::kBroadcast: return n.ncclBroadcast(c.send, c.recv, c.count, c.dtype, c.root, rc, st);
@@ -673,6 +674,92 @@ ncclResult_t SubmitReal(const OpCall& c) {
   }
   SetLastError("passthrough: operation not supported");
   return ncclInvalidArgument;
+}
+
+// Whether passthrough operations on `stream` get GPU stamps (not while it is captured into a CUDA graph).
+bool TimeReal(cudaStream_t stream) {
+  if (!Cfg().passthrough_events) return false;
+  Gpu& gpu = TheGpu();
+  if (!gpu.EnsureReady()) return false;
+  gpu.EnsureContext();
+  return !gpu.Capturing(reinterpret_cast<CUstream>(stream));
+}
+
+// Hands the progress thread one passthrough unit: operations `ops` (same stream) between the stamps of `slot` and
+// `end`; it logs them as one op line with the stamps as arrival and release.
+void PushRealUnit(const std::pair<OpCall, uint64_t>* ops, size_t n, uint32_t slot, uint32_t end) {
+  const OpCall& first = ops[0].first;
+  const Comm* c0 = first.comm;
+  GateUnit u;
+  u.slot = slot;
+  u.end_slot = end;
+  u.no_gate = true;
+  u.via_coordinator = false;
+  u.coord_comm_id = c0->coord_comm_id;
+  uint64_t total = 0, dur = 0;
+  bool mixed = false;
+  OpCost last;
+  for (size_t k = 0; k < n; ++k) {
+    const OpCall& c = ops[k].first;
+    const auto dt = static_cast<payload::DataType>(c.dtype);
+    const uint64_t bytes = OperationBytes(c.op, c.count, dt, c.comm->nranks);
+    total += bytes;
+    mixed = mixed || c.op != first.op;
+    last = OperationCost(c.comm->cost.get(), c.op, bytes, dt, -1, -1);
+    dur += last.dur_ns;
+  }
+  u.dur_ns = dur;
+  u.comm_ops = 0;
+  for (size_t k = 0; k < n; ++k) u.comm_ops += ops[k].first.comm == c0 ? 1 : 0;
+  u.event.comm_id = c0->id;
+  u.event.coord_comm_id = c0->coord_comm_id;
+  u.event.seq = ops[0].second;
+  u.event.op = mixed ? 0xff : static_cast<uint8_t>(first.op);
+  u.event.dtype = static_cast<uint8_t>(first.dtype);
+  u.event.bytes = total;
+  u.event.peer = n == 1 && IsP2p(first.op) ? first.peer : -1;
+  const bool rooted = first.op == OpKind::kBroadcast || first.op == OpKind::kReduce || first.op == OpKind::kGather ||
+                      first.op == OpKind::kScatter;
+  u.event.root = n == 1 && rooted ? first.root : -1;
+  u.event.model_dur_ns = dur;
+  u.event.algo = last.algo;
+  u.event.proto = last.proto;
+  u.event.source = static_cast<uint8_t>(last.source);
+  u.event.nops = static_cast<uint16_t>(std::min<size_t>(n, 65535));
+  u.event.stream = StreamIndex(reinterpret_cast<CUstream>(first.stream));
+  if (u.event.stream < kCountedStreams) u.event.stream_seq = g_stream_units[u.event.stream].fetch_add(1);
+  u.event.passthrough = true;
+  ProgressPush(u);
+}
+
+ncclResult_t SubmitReal(const OpCall& c) {
+  const uint64_t seq = c.comm->seq.fetch_add(1, std::memory_order_relaxed);
+  if (tls.depth > 0) {
+    // Why only when the outermost level reached the real NCCL: then the real operations launch at its end, where
+    // GroupEnd stamps around them; otherwise they ran at an inner level's end and are not timed.
+    if (!tls.real_level.empty() && tls.real_level[0] && TimeReal(c.stream)) {
+      try {
+        tls.real_group.emplace_back(c, seq);
+      } catch (...) {
+      }
+    }
+    return CallReal(c);
+  }
+  if (!TimeReal(c.stream)) return CallReal(c);
+  Gpu& gpu = TheGpu();
+  const uint32_t slot = NextSlot(), end = NextSlot();
+  *gpu.ArrivalWord(slot) = 0;
+  *gpu.ArrivalWord(end) = 0;
+  const auto s = reinterpret_cast<CUstream>(c.stream);
+  if (gpu.Stamp(s, slot) != CUDA_SUCCESS) return CallReal(c);
+  const ncclResult_t r = CallReal(c);
+  if (gpu.Stamp(s, end) != CUDA_SUCCESS || r != ncclSuccess) {
+    *gpu.ArrivalWord(slot) = 0;  // nothing to report: the slot is simply not used
+    return r;
+  }
+  std::pair<OpCall, uint64_t> one(c, seq);
+  PushRealUnit(&one, 1, slot, end);
+  return r;
 }
 
 ncclResult_t Submit(const OpCall& call) {
@@ -726,7 +813,36 @@ ncclResult_t GroupEnd() {
     SetLastError("ncclGroupEnd without ncclGroupStart");
     return ncclInvalidUsage;
   }
+  // The outermost end launches the group's real operations: stamp each of their streams before and after it.
+  std::vector<std::pair<size_t, std::pair<uint32_t, uint32_t>>> stamped;  // first op index of a stream -> slots
+  if (tls.depth == 1 && !tls.real_group.empty()) {
+    Gpu& gpu = TheGpu();
+    for (size_t k = 0; k < tls.real_group.size(); ++k) {
+      bool seen = false;
+      for (const auto& st : stamped) seen = seen || tls.real_group[st.first].first.stream == tls.real_group[k].first.stream;
+      if (seen) continue;
+      const uint32_t slot = NextSlot(), end = NextSlot();
+      *gpu.ArrivalWord(slot) = 0;
+      *gpu.ArrivalWord(end) = 0;
+      if (gpu.Stamp(reinterpret_cast<CUstream>(tls.real_group[k].first.stream), slot) == CUDA_SUCCESS)
+        stamped.push_back({k, {slot, end}});
+    }
+  }
   ncclResult_t real_result = RealGroupEnd();
+  if (!stamped.empty()) {
+    Gpu& gpu = TheGpu();
+    std::vector<std::pair<OpCall, uint64_t>> same;
+    for (const auto& [k, slots] : stamped) {
+      const cudaStream_t stream = tls.real_group[k].first.stream;
+      if (real_result != ncclSuccess || gpu.Stamp(reinterpret_cast<CUstream>(stream), slots.second) != CUDA_SUCCESS)
+        continue;
+      same.clear();
+      for (const auto& op : tls.real_group)
+        if (op.first.stream == stream) same.push_back(op);
+      PushRealUnit(same.data(), same.size(), slots.first, slots.second);
+    }
+  }
+  if (tls.depth == 1) tls.real_group.clear();
   if (--tls.depth > 0) return real_result;
   if (tls.group.empty()) return real_result;
   const bool sample = SampleThisUnit();
@@ -764,8 +880,9 @@ ncclResult_t GroupSimulateEnd(ncclSimInfo_t* info) {
   }
   if (tls.depth <= 0) return ncclInvalidUsage;
   // Why the real end: the real group must close; its passthrough operations then run (NCCL's simulate-end would
-  // only estimate them, and libprism's estimate below covers the group's other operations).
+  // only estimate them, and libprism's estimate below covers the group's other operations). Not timed.
   RealGroupEnd();
+  if (tls.depth == 1) tls.real_group.clear();
   if (--tls.depth > 0) return ncclSuccess;
   double us = 0;
   for (const OpCall& c : tls.group) {

@@ -67,12 +67,12 @@ void WriteOp(FILE* f, const OpEvent& e) {
                "{\"type\":\"op\",\"comm_id\":%u,\"seq\":%llu,\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,"
                "\"peer\":%d,\"arrival_ns\":%llu,\"release_ns\":%llu,\"model_dur_ns\":%llu,\"wait_on_rank\":%d,"
                "\"algo\":%u,\"proto\":%u,\"nops\":%u,\"root\":%d,\"stream\":%u,\"sseq\":%u,\"exchanged\":%u,"
-               "\"cost\":\"%s\"}\n",
+               "\"cost\":\"%s\"%s}\n",
                e.comm_id, static_cast<unsigned long long>(e.seq), OpName(e.op), DtypeName(e.dtype),
                static_cast<unsigned long long>(e.bytes), e.peer, static_cast<unsigned long long>(e.arrival_ns),
                static_cast<unsigned long long>(e.release_ns), static_cast<unsigned long long>(e.model_dur_ns),
                e.wait_on_rank, e.algo, e.proto, e.nops, e.root, e.stream, e.stream_seq, e.exchanged,
-               e.source == 1 ? "fixed" : (e.source == 2 ? "model" : "fallback"));
+               e.source == 1 ? "fixed" : (e.source == 2 ? "model" : "fallback"), e.passthrough ? ",\"passthrough\":1" : "");
 }
 
 void WriteMem(Writer& w, FILE* f, bool force) {

@@ -25,6 +25,7 @@ struct OpEvent {
   uint16_t stream = 0;  // process-local index of the CUDA stream (0 = the first stream a collective used)
   uint16_t exchanged = 0;  // operations of the unit whose output came from real data (other real members)
   uint32_t stream_seq = 0;  // this unit's position among the units of its stream (0-based; "wait" lines name it)
+  bool passthrough = false;  // ran on the real NCCL: arrival and release are the GPU stamps around it
   uint64_t bytes = 0;
   int32_t peer = -1;
   int32_t root = -1;    // broadcast/reduce/gather/scatter root in communicator ranks (a unit of one operation)

@@ -133,10 +133,20 @@ void Loop() {
         if (a != 0) {
           p.has_arrival = true;
           p.u.event.arrival_ns = a;
-          if (!p.u.via_coordinator) {
+          if (!p.u.via_coordinator && p.u.end_slot == UINT32_MAX) {
             p.u.event.release_ns = a + p.u.dur_ns;
             p.has_release = true;
           }
+        } else {
+          min_dur = std::min<int64_t>(min_dur, static_cast<int64_t>(p.u.dur_ns));
+        }
+      }
+      if (p.has_arrival && p.u.end_slot != UINT32_MAX && !p.has_release) {
+        // Passthrough: the real operations ended when the stream reached the end stamp.
+        uint64_t e = *gpu.ArrivalWord(p.u.end_slot);
+        if (e != 0) {
+          p.u.event.release_ns = std::max<uint64_t>(e, p.u.event.arrival_ns);
+          p.has_release = true;
         } else {
           min_dur = std::min<int64_t>(min_dur, static_cast<int64_t>(p.u.dur_ns));
         }

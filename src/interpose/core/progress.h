@@ -23,6 +23,9 @@ struct GateUnit {
   bool via_coordinator = false;
   uint32_t coord_comm_id = 0;
   uint32_t comm_ops = 1;        // operations of the unit on its first communicator (ipc.h OpArrive::nops)
+  // A passthrough unit (real NCCL, comm.h): its release is the GPU stamp in ArrivalWord(end_slot), written on the
+  // stream after the real operations; UINT32_MAX for every emulated unit.
+  uint32_t end_slot = UINT32_MAX;
   OpEvent event;                // filled with comm/op/bytes; arrival/release set by the thread
 };
 
