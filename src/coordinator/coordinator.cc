@@ -1243,13 +1243,27 @@ void Coordinator::Impl::CheckHang() {
 
 void Coordinator::Impl::WriteFlightRecorder() {
   std::vector<FrDump> dumps;
+  FrVirtualResult virt;
+  std::string warning;
+  const FrVirtualOptions vopt = FrVirtualOptionsFromEnv(&warning);
   {
     std::lock_guard<std::mutex> lock(mu_);
     dumps = FrDumpsFromDetector(hang_, opts_.world_size, opts_.real_ranks);
+    // Why also virtual ranks: torch's analyzer wants every member's dump (flight_recorder.h, docs/hang.md).
+    if (!dumps.empty()) virt = FrVirtualDumps(hang_, opts_.world_size, opts_.real_ranks, vopt);
   }
   if (dumps.empty()) return;
   std::string dir = (std::filesystem::path(opts_.out_dir) / kFrDirName).string(), error;
   if (!WriteFrDumps(dumps, dir, &error)) Log("coord")->error("Flight Recorder dumps: {}", error);
+  if (!warning.empty()) Log("coord")->warn("Flight Recorder: {}", warning);
+  if (!virt.dumps.empty() && !WriteFrDumps(virt.dumps, dir, &error))
+    Log("coord")->error("Flight Recorder virtual ranks' dumps: {}", error);
+  Log("coord")->info("Flight Recorder: {} real and {} virtual rank dump(s) in {}; groups covered: {}{}", dumps.size(),
+                     virt.dumps.size(), dir, virt.covered.empty() ? "none" : fmt::format("{}", fmt::join(virt.covered, "; ")),
+                     virt.uncovered.empty() ? ""
+                                            : fmt::format("; not covered (torch's analyzer then needs "
+                                                          "--allow-incomplete-ranks): {}",
+                                                          fmt::join(virt.uncovered, "; ")));
   // For prism-runs on other hosts (they copy their ranks' dumps into their own output).
   store_.Call([&](store::StoreState& st) {
     for (const FrDump& d : dumps) {

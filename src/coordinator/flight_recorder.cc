@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -273,8 +274,11 @@ pickle::ValuePtr FrDumpToPickle(const FrDump& d) {
     p->Set("real_ranks", real);
     p->Set("rank", Value::Int(d.rank));
     p->Set("omitted_ops", Value::Int(static_cast<int64_t>(d.omitted)));
-    p->Set("note", Value::Str("written by prism from its coordinator's view of the real ranks; virtual ranks have "
-                              "no dump (they mirror the real members of each communicator)"));
+    p->Set("virtual", Value::Bool(d.synthesized));
+    p->Set("note", Value::Str(d.synthesized
+                                  ? "synthesised by prism for a virtual rank: the collectives the real members of its "
+                                    "communicators issued, in their order and state (docs/hang.md)"
+                                  : "written by prism from its coordinator's view of this real rank"));
     root->Set("prism", p);
   }
   return root;
@@ -349,33 +353,41 @@ std::optional<FrDump> FrDumpFromPickle(const pickle::Value& v, std::string* erro
     d.world_size = static_cast<int>(IntOf(p->Get("world_size")));
     d.real_ranks = ParseRanks(p->Get("real_ranks"));
     d.omitted = static_cast<uint64_t>(IntOf(p->Get("omitted_ops")));
+    d.synthesized = IntOf(p->Get("virtual")) != 0;
   }
   return d;
 }
 
-std::vector<FrDump> FrDumpsFromDetector(const HangDetector& det, int world_size, const std::vector<int>& real_ranks) {
-  // Process groups, by torch name (or prism_comm_<id> when the name never reached the coordinator).
-  struct Pg {
-    FrGroup group;
-    int64_t id = -1;
-  };
+namespace {
+
+// Process groups, by torch name (or prism_comm_<id> when the name never reached the coordinator).
+struct Pg {
+  FrGroup group;
+  int64_t id = -1;
+};
+struct PgTable {
   std::map<std::string, Pg> pgs;
-  std::map<uint32_t, std::string> pg_of;
+  std::map<uint32_t, std::string> pg_of;  // comm -> pg key
+  const Pg& Of(uint32_t comm) const { return pgs.at(pg_of.at(comm)); }
+};
+
+PgTable BuildPgs(const HangDetector& det, int world_size) {
+  PgTable t;
   std::vector<int> world(static_cast<size_t>(std::max(world_size, 0)));
   std::iota(world.begin(), world.end(), 0);
   for (const auto& [id, c] : det.comms()) {
     std::string key = !c.pg_name.empty() ? c.pg_name : fmt::format("prism_comm_{}", id);
-    pg_of[id] = key;
+    t.pg_of[id] = key;
     std::vector<int> ranks = !c.pg_members.empty() ? c.pg_members
                              : c.pg_name == "0"    ? world
                                                    : c.members;
-    Pg& pg = pgs[key];
+    Pg& pg = t.pgs[key];
     pg.group.name = key;
     if (pg.group.desc.empty() || pg.group.desc == "undefined") pg.group.desc = c.pg_desc.empty() ? "undefined" : c.pg_desc;
     if (ranks.size() > pg.group.ranks.size()) pg.group.ranks = ranks;
   }
   int64_t next_id = 0;
-  for (auto& [key, pg] : pgs) {
+  for (auto& [key, pg] : t.pgs) {
     try {
       size_t used = 0;
       int64_t n = std::stoll(key, &used);
@@ -384,10 +396,99 @@ std::vector<FrDump> FrDumpsFromDetector(const HangDetector& det, int world_size,
     }
     if (pg.id >= next_id) next_id = pg.id + 1;
   }
-  for (auto& [key, pg] : pgs) {
+  for (auto& [key, pg] : t.pgs) {
     if (pg.id < 0) pg.id = next_id++;
   }
+  return t;
+}
 
+// The FR entry of one logged operation as `rank` issued it; nullopt for a p2p operation without both ends.
+std::optional<FrEntry> EntryOf(const HangLogEntry& le, const HangComm& c, const Pg& pg, int rank) {
+  FrEntry e;
+  e.record_id = static_cast<int64_t>(le.id);
+  e.op_id = static_cast<int64_t>(le.id) + 1;
+  e.pg_id = pg.id;
+  e.pg_name = pg.group.name;
+  e.pg_desc = pg.group.desc;
+  e.collective_seq_id = static_cast<int64_t>(le.pg_coll_seq);
+  e.p2p_seq_id = static_cast<int64_t>(le.pg_p2p_seq);
+  e.time_created_ns = static_cast<int64_t>(le.created_ns);
+  e.time_started_ns = static_cast<int64_t>(le.created_ns);
+  if (le.completed_ns != 0) {
+    e.time_completed_ns = static_cast<int64_t>(le.completed_ns);
+    e.state = "completed";
+    e.retired = true;
+  } else {
+    e.state = "started";
+  }
+  if (le.duration_ns > 0) e.duration_ms = static_cast<double>(le.duration_ns) * 1e-6;
+  const HangOp& o = le.op;
+  std::string dtype = FrDtypeName(o.dtype);
+  int elem = ElemSize(dtype);
+  if (o.bytes % static_cast<uint64_t>(elem) != 0) {
+    dtype = "Byte";
+    elem = 1;
+  }
+  const int64_t n = static_cast<int64_t>(o.bytes / static_cast<uint64_t>(elem));
+  const int64_t members = static_cast<int64_t>(std::max<size_t>(c.members.size(), 1));
+  std::vector<std::vector<int64_t>> in = {{n}}, outs = {{n}};
+  switch (o.op) {
+    case 1: e.profiling_name = "nccl:all_reduce"; break;
+    case 2:
+      e.profiling_name = "nccl:_all_gather_base";
+      in = {{n / members}};
+      break;
+    case 3:
+      e.profiling_name = "nccl:_reduce_scatter_base";
+      outs = {{n / members}};
+      break;
+    case 4: e.profiling_name = "nccl:broadcast"; break;
+    case 5: e.profiling_name = "nccl:reduce"; break;
+    case 6: e.profiling_name = "nccl:all_to_all"; break;
+    case 7: e.profiling_name = "nccl:barrier"; break;
+    case kSend:
+    case kRecv: {
+      int peer = o.peer;
+      if (peer < 0 && c.members.size() == 2) peer = c.members[0] == rank ? c.members[1] : c.members[0];
+      std::vector<int> sorted = pg.group.ranks;
+      std::sort(sorted.begin(), sorted.end());
+      auto gi = [&](int g) {
+        auto it = std::lower_bound(sorted.begin(), sorted.end(), g);
+        return it != sorted.end() && *it == g ? static_cast<int>(it - sorted.begin()) : -1;
+      };
+      int me = gi(rank), other = peer >= 0 ? gi(peer) : -1;
+      if (me < 0 || other < 0) return std::nullopt;  // Why: torch's analyzer cannot parse a send/recv without both ends
+      e.profiling_name = o.op == kSend ? fmt::format("nccl:send {}->{}", me, other)
+                                       : fmt::format("nccl:recv {}<-{}", me, other);
+      e.is_p2p = true;
+      break;
+    }
+    default:
+      e.profiling_name = "nccl:coalesced";
+      in.clear();
+      outs.clear();
+      break;
+  }
+  e.input_sizes = in;
+  e.output_sizes = outs;
+  e.input_dtypes.assign(in.size(), dtype);
+  e.output_dtypes.assign(outs.size(), dtype);
+  return e;
+}
+
+void AddToStatus(FrDump& d, const FrEntry& e) {
+  auto& st = d.pg_status[std::to_string(e.pg_id)];
+  st[0] = std::max(st[0], e.collective_seq_id);
+  st[1] = std::max(st[1], e.collective_seq_id);
+  if (e.state == "completed" && !e.is_p2p) st[2] = std::max(st[2], e.collective_seq_id);
+}
+
+bool IsP2pOp(uint32_t op) { return op == kSend || op == kRecv; }
+
+}  // namespace
+
+std::vector<FrDump> FrDumpsFromDetector(const HangDetector& det, int world_size, const std::vector<int>& real_ranks) {
+  const PgTable t = BuildPgs(det, world_size);
   std::vector<FrDump> out;
   for (int rank : det.Ranks()) {
     const auto& log = det.Log(rank);
@@ -400,96 +501,180 @@ std::vector<FrDump> FrDumpsFromDetector(const HangDetector& det, int world_size,
     d.real_ranks = real_ranks;
     for (const auto& [id, c] : det.comms()) {
       if (std::find(c.members.begin(), c.members.end(), rank) == c.members.end()) continue;
-      const Pg& pg = pgs[pg_of[id]];
+      const Pg& pg = t.Of(id);
       d.pg_config[pg.group.name] = pg.group;
     }
     for (const HangLogEntry& le : log) {
       auto c = det.comms().find(le.op.comm_id);
       if (c == det.comms().end()) continue;
-      const Pg& pg = pgs[pg_of[le.op.comm_id]];
-      FrEntry e;
-      e.record_id = static_cast<int64_t>(le.id);
-      e.op_id = static_cast<int64_t>(le.id) + 1;
-      e.pg_id = pg.id;
-      e.pg_name = pg.group.name;
-      e.pg_desc = pg.group.desc;
-      e.collective_seq_id = static_cast<int64_t>(le.pg_coll_seq);
-      e.p2p_seq_id = static_cast<int64_t>(le.pg_p2p_seq);
-      e.time_created_ns = static_cast<int64_t>(le.created_ns);
-      e.time_started_ns = static_cast<int64_t>(le.created_ns);
-      if (le.completed_ns != 0) {
-        e.time_completed_ns = static_cast<int64_t>(le.completed_ns);
-        e.state = "completed";
-        e.retired = true;
-      } else {
-        e.state = "started";
+      std::optional<FrEntry> e = EntryOf(le, c->second, t.Of(le.op.comm_id), rank);
+      if (!e) {
+        ++d.omitted;
+        continue;
       }
-      if (le.duration_ns > 0) e.duration_ms = static_cast<double>(le.duration_ns) * 1e-6;
-      const HangOp& o = le.op;
-      std::string dtype = FrDtypeName(o.dtype);
-      int elem = ElemSize(dtype);
-      if (o.bytes % static_cast<uint64_t>(elem) != 0) {
-        dtype = "Byte";
-        elem = 1;
-      }
-      const int64_t n = static_cast<int64_t>(o.bytes / static_cast<uint64_t>(elem));
-      const int64_t members = static_cast<int64_t>(std::max<size_t>(c->second.members.size(), 1));
-      std::vector<std::vector<int64_t>> in = {{n}}, outs = {{n}};
-      switch (o.op) {
-        case 1: e.profiling_name = "nccl:all_reduce"; break;
-        case 2:
-          e.profiling_name = "nccl:_all_gather_base";
-          in = {{n / members}};
-          break;
-        case 3:
-          e.profiling_name = "nccl:_reduce_scatter_base";
-          outs = {{n / members}};
-          break;
-        case 4: e.profiling_name = "nccl:broadcast"; break;
-        case 5: e.profiling_name = "nccl:reduce"; break;
-        case 6: e.profiling_name = "nccl:all_to_all"; break;
-        case 7: e.profiling_name = "nccl:barrier"; break;
-        case kSend:
-        case kRecv: {
-          int peer = o.peer;
-          if (peer < 0 && c->second.members.size() == 2) {
-            peer = c->second.members[0] == rank ? c->second.members[1] : c->second.members[0];
-          }
-          std::vector<int> sorted = pg.group.ranks;
-          std::sort(sorted.begin(), sorted.end());
-          auto gi = [&](int g) {
-            auto it = std::lower_bound(sorted.begin(), sorted.end(), g);
-            return it != sorted.end() && *it == g ? static_cast<int>(it - sorted.begin()) : -1;
-          };
-          int me = gi(rank), other = peer >= 0 ? gi(peer) : -1;
-          if (me < 0 || other < 0) {
-            ++d.omitted;  // Why skip: torch's analyzer cannot parse a send/recv without both ends
-            continue;
-          }
-          e.profiling_name = o.op == kSend ? fmt::format("nccl:send {}->{}", me, other)
-                                           : fmt::format("nccl:recv {}<-{}", me, other);
-          e.is_p2p = true;
-          break;
-        }
-        default:
-          e.profiling_name = "nccl:coalesced";
-          in.clear();
-          outs.clear();
-          break;
-      }
-      e.input_sizes = in;
-      e.output_sizes = outs;
-      e.input_dtypes.assign(in.size(), dtype);
-      e.output_dtypes.assign(outs.size(), dtype);
-      auto& st = d.pg_status[std::to_string(pg.id)];
-      st[0] = std::max(st[0], e.collective_seq_id);
-      st[1] = std::max(st[1], e.collective_seq_id);
-      if (le.completed_ns != 0 && !e.is_p2p) st[2] = std::max(st[2], e.collective_seq_id);
-      d.entries.push_back(std::move(e));
+      AddToStatus(d, *e);
+      d.entries.push_back(std::move(*e));
     }
     out.push_back(std::move(d));
   }
   return out;
+}
+
+FrVirtualOptions FrVirtualOptionsFromEnv(std::string* warning) {
+  FrVirtualOptions o;
+  if (const char* s = std::getenv("PRISM_FR_VIRTUAL"); s && *s) {
+    std::string v = s;
+    if (v == "none") {
+      o.scope = FrVirtualOptions::Scope::kNone;
+    } else if (v == "stuck") {
+      o.scope = FrVirtualOptions::Scope::kStuck;
+    } else if (v == "groups") {
+      o.scope = FrVirtualOptions::Scope::kGroups;
+    } else if (warning) {
+      *warning += fmt::format("PRISM_FR_VIRTUAL={} is not none, stuck or groups; using groups. ", v);
+    }
+  }
+  if (const char* s = std::getenv("PRISM_FR_VIRTUAL_MAX"); s && *s) {
+    char* end = nullptr;
+    unsigned long long n = std::strtoull(s, &end, 10);
+    if (end && *end == '\0' && s[0] != '-') {
+      o.max_dumps = static_cast<size_t>(n);
+    } else if (warning) {
+      *warning += fmt::format("PRISM_FR_VIRTUAL_MAX={} is not a count; using {}. ", s, o.max_dumps);
+    }
+  }
+  return o;
+}
+
+FrVirtualResult FrVirtualDumps(const HangDetector& det, int world_size, const std::vector<int>& real_ranks_in,
+                               const FrVirtualOptions& o) {
+  FrVirtualResult res;
+  const PgTable t = BuildPgs(det, world_size);
+  std::set<int> real(real_ranks_in.begin(), real_ranks_in.end());
+  if (real.empty()) {
+    for (int r : det.Ranks()) real.insert(r);
+  }
+  // What the real members issued: comm -> seq -> (rank, log entry); collectives only.
+  std::map<uint32_t, std::map<uint64_t, std::vector<std::pair<int, const HangLogEntry*>>>> by_seq;
+  std::set<std::string> stuck, with_real;
+  for (int r : real) {
+    for (const HangLogEntry& le : det.Log(r)) {
+      if (!det.comms().count(le.op.comm_id)) continue;
+      const std::string& key = t.pg_of.at(le.op.comm_id);
+      with_real.insert(key);
+      if (le.completed_ns == 0) stuck.insert(key);
+      if (IsP2pOp(le.op.op)) continue;
+      by_seq[le.op.comm_id][le.op.seq].emplace_back(r, &le);
+    }
+  }
+  for (const auto& [key, pg] : t.pgs) {
+    for (int m : pg.group.ranks) {
+      if (real.count(m)) with_real.insert(key);
+    }
+  }
+
+  // Groups to cover: stuck ones first, then (kGroups) the others, each set smallest first.
+  auto virtual_members = [&](const Pg& pg) {
+    std::vector<int> v;
+    for (int m : pg.group.ranks) {
+      if (!real.count(m)) v.push_back(m);
+    }
+    return v;
+  };
+  auto describe = [](const Pg& pg) {
+    return fmt::format("{} ({}, {} ranks)", pg.group.name, pg.group.desc, pg.group.ranks.size());
+  };
+  std::vector<std::string> order;
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<std::string> keys;
+    for (const std::string& key : with_real) {
+      if ((pass == 0) == (stuck.count(key) > 0)) keys.push_back(key);
+    }
+    std::stable_sort(keys.begin(), keys.end(), [&](const std::string& a, const std::string& b) {
+      return t.pgs.at(a).group.ranks.size() < t.pgs.at(b).group.ranks.size();
+    });
+    order.insert(order.end(), keys.begin(), keys.end());
+  }
+  std::set<int> chosen;
+  for (const std::string& key : order) {
+    const Pg& pg = t.pgs.at(key);
+    const bool is_stuck = stuck.count(key) > 0;
+    if (o.scope == FrVirtualOptions::Scope::kNone) {
+      res.uncovered.push_back(describe(pg) + ": PRISM_FR_VIRTUAL=none");
+      continue;
+    }
+    if (o.scope == FrVirtualOptions::Scope::kStuck && !is_stuck) {
+      res.uncovered.push_back(describe(pg) + ": no stuck operation (PRISM_FR_VIRTUAL=stuck)");
+      continue;
+    }
+    size_t add = 0;
+    for (int m : virtual_members(pg)) add += chosen.count(m) ? 0 : 1;
+    if (chosen.size() + add > o.max_dumps) {
+      res.uncovered.push_back(fmt::format("{}: {} more virtual dumps would pass PRISM_FR_VIRTUAL_MAX={}", describe(pg),
+                                          add, o.max_dumps));
+      continue;
+    }
+    for (int m : virtual_members(pg)) chosen.insert(m);
+    res.covered.push_back(describe(pg));
+  }
+
+  // The operation the virtual members issued at one (comm, seq): the one most real members issued there; a tie, the
+  // smallest real rank's. The entry of the smallest real rank that issued it is the model.
+  std::map<std::pair<uint32_t, uint64_t>, const HangLogEntry*> model;
+  for (const auto& [comm, seqs] : by_seq) {
+    for (const auto& [seq, issued] : seqs) {
+      std::map<std::tuple<uint32_t, uint64_t, int>, std::vector<std::pair<int, const HangLogEntry*>>> kinds;
+      for (const auto& x : issued) kinds[{x.second->op.op, x.second->op.bytes, x.second->op.dtype}].push_back(x);
+      const std::vector<std::pair<int, const HangLogEntry*>>* best = nullptr;
+      int best_min = 0;
+      for (auto& [k, v] : kinds) {
+        std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+        if (!best || v.size() > best->size() || (v.size() == best->size() && v[0].first < best_min)) {
+          best = &v;
+          best_min = v[0].first;
+        }
+      }
+      model[{comm, seq}] = (*best)[0].second;
+    }
+  }
+
+  for (int v : chosen) {
+    FrDump d;
+    d.rank = v;
+    d.comm_lib_version = "prism (emulated NCCL; see docs/hang.md)";
+    d.from_prism = true;
+    d.synthesized = true;
+    d.world_size = world_size;
+    d.real_ranks.assign(real.begin(), real.end());
+    for (const auto& [key, pg] : t.pgs) {
+      if (std::find(pg.group.ranks.begin(), pg.group.ranks.end(), v) != pg.group.ranks.end())
+        d.pg_config[pg.group.name] = pg.group;
+    }
+    std::vector<const HangLogEntry*> mine;
+    for (const auto& [id, c] : det.comms()) {
+      if (std::find(c.members.begin(), c.members.end(), v) == c.members.end()) continue;
+      auto it = by_seq.find(id);
+      if (it == by_seq.end()) continue;
+      for (const auto& [seq, issued] : it->second) mine.push_back(model.at({id, seq}));
+    }
+    std::stable_sort(mine.begin(), mine.end(), [](const HangLogEntry* a, const HangLogEntry* b) {
+      return std::tie(a->created_ns, a->op.comm_id, a->op.seq) < std::tie(b->created_ns, b->op.comm_id, b->op.seq);
+    });
+    int64_t prev = -1;
+    for (const HangLogEntry* le : mine) {
+      std::optional<FrEntry> e = EntryOf(*le, det.comms().at(le->op.comm_id), t.Of(le->op.comm_id), v);
+      if (!e) continue;
+      // Why the model's record id (kept increasing): torch's analyzer drops every entry older than the newest first
+      // record of any dump, so a virtual dump's ids must sit in the same window as the real ones'.
+      e->record_id = std::max(prev + 1, e->record_id);
+      e->op_id = e->record_id + 1;
+      prev = e->record_id;
+      AddToStatus(d, *e);
+      d.entries.push_back(std::move(*e));
+    }
+    res.dumps.push_back(std::move(d));
+  }
+  return res;
 }
 
 bool WriteFrDumps(const std::vector<FrDump>& dumps, const std::string& dir, std::string* error) {
@@ -613,6 +798,9 @@ FrAnalysis AnalyzeFr(const std::vector<FrDump>& dumps) {
     }
   }
   for (const FrDump& d : dumps) {
+    // Why skip prism's virtual dumps: they are modelled on the real ones (FrVirtualDumps) and add nothing to the
+    // diagnosis, which holds only real ranks up; they count as dumps (not missing).
+    if (d.synthesized) continue;
     std::vector<const FrEntry*> order;
     for (const FrEntry& e : d.entries) order.push_back(&e);
     std::stable_sort(order.begin(), order.end(),

@@ -17,6 +17,15 @@
 // tooling works on an emulation; and reads production dumps to give its own diagnosis (hang_detector.h) with the
 // ranks to run for real to reproduce it. Prism's dumps add a "prism" key (world size, real ranks) that torch's
 // analyzer ignores.
+//
+// torch's analyzer wants a dump from every member of every group named in any dump's pg_config (else it stops with
+// "Missing dump files from ranks ...", unless --allow-incomplete-ranks), and it decides "not all ranks joined" only
+// when the absent members have dumps. So prism also synthesises dumps for the virtual members of the real ranks'
+// groups (FrVirtualDumps): on each communicator shared with real ranks a virtual member is modelled as having issued
+// the collectives the real members issued, in their order, with the real members' sequence ids, sizes, dtypes and
+// times, completed where the real ones completed and "started" (blocked) where they wait. Where the real members
+// disagree at one sequence the virtual members take the operation most real members issued (a tie: the smallest
+// real rank's), so the odd real rank is the one that differs from the group, as in prism's diagnosis.
 #pragma once
 
 #include <array>
@@ -70,6 +79,7 @@ struct FrDump {
   int world_size = 0;
   std::vector<int> real_ranks;
   uint64_t omitted = 0;  // operations prism could not express as FR entries (a p2p op whose peer it never learned)
+  bool synthesized = false;  // a virtual rank's dump, modelled from the real members (FrVirtualDumps)
 };
 
 pickle::ValuePtr FrDumpToPickle(const FrDump& d);
@@ -78,6 +88,30 @@ std::optional<FrDump> FrDumpFromPickle(const pickle::Value& v, std::string* erro
 
 // One dump per real rank the detector has an operation log for.
 std::vector<FrDump> FrDumpsFromDetector(const HangDetector& d, int world_size, const std::vector<int>& real_ranks);
+// Which virtual ranks get a synthesised dump: every virtual member of the chosen process groups (a group is taken
+// whole or not at all: torch's analyzer needs all of a group's dumps), at most max_dumps in all.
+//   kNone:   none
+//   kStuck:  the groups of operations a real rank has not completed (the hang's groups)
+//   kGroups: those first, then every other group a real rank is in, smallest first (the default)
+struct FrVirtualOptions {
+  enum class Scope { kNone, kStuck, kGroups };
+  Scope scope = Scope::kGroups;
+  size_t max_dumps = 256;  // Why 256: a hang's group (a data-parallel group of 64, a tp group of 8) fits; a
+                           // 1024-rank world group does not, so no run writes 1024 pickles unasked
+};
+// PRISM_FR_VIRTUAL=none|stuck|groups and PRISM_FR_VIRTUAL_MAX=N (unset: the defaults). *warning: a value not taken.
+FrVirtualOptions FrVirtualOptionsFromEnv(std::string* warning);
+
+struct FrVirtualResult {
+  std::vector<FrDump> dumps;          // by rank
+  std::vector<std::string> covered;   // groups whose every member now has a dump: "name (desc, N ranks)"
+  std::vector<std::string> uncovered; // groups of the real ranks left out, with why
+};
+// Dumps for the virtual members of the real ranks' process groups (see the top of this file); collectives only
+// (a virtual rank's p2p operations are not modelled).
+FrVirtualResult FrVirtualDumps(const HangDetector& d, int world_size, const std::vector<int>& real_ranks,
+                               const FrVirtualOptions& o = {});
+
 // Writes <dir>/<kFrPrefix><rank> for each dump (atomically); false with *error on the first failure.
 bool WriteFrDumps(const std::vector<FrDump>& dumps, const std::string& dir, std::string* error);
 

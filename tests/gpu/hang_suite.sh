@@ -7,7 +7,8 @@
 #                         named (517 all_gather, 5 all_reduce; the group's description is in the detail), exits 4, and writes hang.json and both ranks' FR dumps;
 #                         `prism-run status --flight-recorder` on those dumps names --ranks 5,517
 #   hang_fr_torch_reader  torch's own Flight Recorder analyzer (python -m torch.distributed.flight_recorder.fr_trace)
-#                         reads those dumps (it exits 0; its output is kept)
+#                         reads those dumps, real and virtual (64: the data-parallel group), exits 0 and reports the
+#                         collective type mismatch (its output is kept)
 #   hang_p2p_cycle        5 and 517 both send to each other first (HANG_CASE=p2p): the wait-for cycle 5 -> 517 -> 5
 #   hang_size_mismatch    517 all_reduces 1 MiB where 5 all_reduces 2 MiB (HANG_CASE=size): a size mismatch
 #   hang_control          no bug: the job finishes (exit 0) and no hang.json is written
@@ -73,11 +74,19 @@ hang_skip() {
 hang_fr_torch() {
   local fr=$out/hang_skip_allreduce/flight_recorder
   [ -d "$fr" ] || { echo "no dumps (hang_skip_allreduce failed)"; return 1; }
+  # Real ranks' dumps and the virtual members' (PRISM_FR_VIRTUAL, docs/hang.md): every rank of 5's and 517's
+  # data-parallel group {5, 21, ..., 1013} (64) must have one, else torch stops at "Missing dump files".
+  local n; n=$(ls "$fr" | grep -c '^nccl_trace_rank_[0-9]*$')
   $PYTHON -m torch.distributed.flight_recorder.fr_trace "$fr" > "$out/hang_fr_torch_reader.txt" 2>&1
   local rc=$?
-  echo "rc=$rc: $(grep -v '^\s*$' "$out/hang_fr_torch_reader.txt" | tail -2 | tr '\n' ' ' | cut -c1-160)" \
+  local culprit; culprit=$(grep -o 'Culprit rank [0-9]*' "$out/hang_fr_torch_reader.txt" | sort -u | head -3 | tr '\n' ' ')
+  echo "rc=$rc dumps=$n $culprit: $(grep -v '^\s*$' "$out/hang_fr_torch_reader.txt" | tail -2 | tr '\n' ' ' | cut -c1-160)" \
     > "$out/hang_fr_torch_reader.detail"
-  return $rc
+  [ "$rc" = 0 ] || return 1
+  [ "$n" = 64 ] || { echo "expected 64 dumps (the data-parallel group), found $n"; return 1; }
+  # torch must find the skipped all_reduce: the op at that sequence differs (517's all_gather against the rest's
+  # all_reduce; which rank it names depends on which dump it loaded first, docs/hang.md).
+  grep -q "COLLECTIVE_TYPE_MISMATCH" "$out/hang_fr_torch_reader.txt" || { echo "torch's analyzer reports no type mismatch"; return 1; }
 }
 
 hang_p2p() {

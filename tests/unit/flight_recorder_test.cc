@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -356,6 +357,266 @@ with open(os.path.join(out, 'nccl_trace_rank_9999'), 'wb') as f:
     EXPECT_EQ(j["diagnosis"]["mismatches"][0]["seq"], 7);
   }
   fs::remove_all(dir);
+}
+
+
+// Virtual ranks' dumps (FrVirtualDumps). World 64, tp 8: the data-parallel group of rank 5 is {5, 13, ..., 61}
+// (torch pg "3"), its tensor-parallel group {0..7} (pg "2"). Real ranks: `real` (in the data-parallel group; rank 5
+// also in the tp group). Each real rank did three iterations of (all_reduce 2 MiB bf16, all_gather 2 KiB bf16 per
+// rank) on dp, and rank 5 one all_reduce on tp; at dp sequence 6 each real rank issues `at6[rank]` (nullopt: it never
+// arrives) and waits.
+constexpr uint32_t kDp = 1, kTp = 2;
+const std::vector<int> kDpRanks = {5, 13, 21, 29, 37, 45, 53, 61};
+
+HangDetector VirtualWorld(const std::vector<int>& real, const std::map<int, std::optional<HangOp>>& at6) {
+  HangDetector det(60);
+  HangComm dp;
+  dp.name = "DATA_PARALLEL_GROUP";
+  dp.pg_name = "3";
+  dp.pg_desc = "DATA_PARALLEL_GROUP";
+  dp.members = kDpRanks;
+  for (int m : dp.members) dp.real.push_back(std::find(real.begin(), real.end(), m) != real.end());
+  dp.pg_members = dp.members;
+  det.AddComm(kDp, dp);
+  HangComm tp;
+  tp.name = "TENSOR_MODEL_PARALLEL_GROUP";
+  tp.pg_name = "2";
+  tp.pg_desc = "TENSOR_MODEL_PARALLEL_GROUP";
+  tp.members = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (int m : tp.members) tp.real.push_back(std::find(real.begin(), real.end(), m) != real.end());
+  tp.pg_members = tp.members;
+  det.AddComm(kTp, tp);
+  HangOp tp_ar;
+  tp_ar.comm_id = kTp;
+  tp_ar.op = 1;
+  tp_ar.bytes = 4096;
+  tp_ar.dtype = 1;
+  if (std::find(real.begin(), real.end(), 5) != real.end()) det.RecordOp(5, tp_ar, kSec, kSec + 500, kSec + 500);
+  for (int r : real) {
+    for (uint64_t seq = 0; seq < 6; ++seq) {
+      HangOp o;
+      o.comm_id = kDp;
+      o.seq = seq;
+      o.op = seq % 2 == 0 ? 1 : 2;
+      o.bytes = seq % 2 == 0 ? 2u << 20 : 2048u * 8;
+      o.dtype = 3;  // bf16
+      const uint64_t t = (10 + seq) * kSec + static_cast<uint64_t>(r);
+      det.RecordOp(r, o, t, t + 1000, t + 1000);
+    }
+    auto it = at6.find(r);
+    if (it != at6.end() && it->second) {
+      HangOp o = *it->second;
+      o.comm_id = kDp;
+      o.seq = 6;
+      det.ArriveOp(r, o, 20 * kSec, 20 * kSec);
+    }
+  }
+  return det;
+}
+
+HangOp Op(uint32_t op, uint64_t bytes) {
+  HangOp o;
+  o.op = op;
+  o.bytes = bytes;
+  return o;  // dtype -1: arrivals carry none
+}
+
+const FrDump* Find(const std::vector<FrDump>& dumps, int rank) {
+  for (const FrDump& d : dumps) {
+    if (d.rank == rank) return &d;
+  }
+  return nullptr;
+}
+
+// Every member of every group named in any dump's pg_config has a dump: what torch's analyzer checks first.
+std::vector<int> MembersWithoutDump(const std::vector<FrDump>& dumps) {
+  std::set<int> have, need;
+  for (const FrDump& d : dumps) {
+    have.insert(d.rank);
+    for (const auto& [name, g] : d.pg_config) need.insert(g.ranks.begin(), g.ranks.end());
+  }
+  std::vector<int> out;
+  for (int r : need) {
+    if (!have.count(r)) out.push_back(r);
+  }
+  return out;
+}
+
+TEST(FlightRecorderVirtual, SkippedAllReduceVirtualMembersWaitAtTheAllReduce) {
+  // Rank 29 skipped the all_reduce: at sequence 6 it issues the all_gather, rank 5 the all_reduce.
+  HangDetector det = VirtualWorld({5, 29}, {{5, Op(1, 2u << 20)}, {29, Op(2, 2048u * 8)}});
+  det.Hold(kDp, 6, "op, size");
+  std::vector<FrDump> real = FrDumpsFromDetector(det, 64, {5, 29});
+  FrVirtualResult v = FrVirtualDumps(det, 64, {5, 29});
+  ASSERT_EQ(real.size(), 2u);
+  // Virtual members of dp (6) and of tp (7); the stuck group first.
+  ASSERT_EQ(v.covered.size(), 2u);
+  EXPECT_EQ(v.covered[0], "3 (DATA_PARALLEL_GROUP, 8 ranks)");
+  EXPECT_EQ(v.covered[1], "2 (TENSOR_MODEL_PARALLEL_GROUP, 8 ranks)");
+  EXPECT_TRUE(v.uncovered.empty());
+  ASSERT_EQ(v.dumps.size(), 13u);
+
+  // Written and read back by prism's reader.
+  fs::path dir = FreshDir("virtual-skip");
+  std::string err;
+  ASSERT_TRUE(WriteFrDumps(real, dir.string(), &err)) << err;
+  ASSERT_TRUE(WriteFrDumps(v.dumps, dir.string(), &err)) << err;
+  FrReadResult r = ReadFrDir(dir.string());
+  EXPECT_TRUE(r.problems.empty());
+  ASSERT_EQ(r.dumps.size(), 15u);
+  EXPECT_TRUE(MembersWithoutDump(r.dumps).empty());
+  for (int m : kDpRanks) ASSERT_NE(Find(r.dumps, m), nullptr) << m;
+
+  const FrDump* d13 = Find(r.dumps, 13);
+  ASSERT_NE(d13, nullptr);
+  EXPECT_TRUE(d13->synthesized);
+  EXPECT_TRUE(d13->from_prism);
+  EXPECT_FALSE(Find(r.dumps, 5)->synthesized);
+  EXPECT_EQ(d13->real_ranks, (std::vector<int>{5, 29}));
+  ASSERT_EQ(d13->pg_config.size(), 1u);
+  EXPECT_EQ(d13->pg_config.at("3").ranks, kDpRanks);
+  EXPECT_EQ(d13->pg_config.at("3").desc, "DATA_PARALLEL_GROUP");
+  ASSERT_EQ(d13->entries.size(), 7u);
+  int64_t prev = -1;
+  for (size_t i = 0; i < 7; ++i) {
+    const FrEntry& e = d13->entries[i];
+    EXPECT_EQ(e.collective_seq_id, static_cast<int64_t>(i + 1));
+    EXPECT_EQ(e.pg_name, "3");
+    EXPECT_EQ(e.pg_desc, "DATA_PARALLEL_GROUP");
+    EXPECT_EQ(e.pg_id, 3);
+    EXPECT_GT(e.record_id, prev);
+    prev = e.record_id;
+    EXPECT_EQ(e.state, i < 6 ? "completed" : "started") << i;
+    EXPECT_EQ(e.time_completed_ns.has_value(), i < 6);
+    if (i < 6) {
+      EXPECT_EQ(e.profiling_name, i % 2 == 0 ? "nccl:all_reduce" : "nccl:_all_gather_base");
+      EXPECT_EQ(e.input_dtypes, std::vector<std::string>{"BFloat16"});
+      // The same entries as the real member's (sizes, dtypes), so torch's analyzer matches them.
+      const FrEntry& re = Find(r.dumps, 5)->entries[i + 1];  // rank 5's first entry is its tp all_reduce
+      EXPECT_EQ(e.input_sizes, re.input_sizes);
+      EXPECT_EQ(e.output_sizes, re.output_sizes);
+      EXPECT_EQ(e.collective_seq_id, re.collective_seq_id);
+      EXPECT_EQ(e.state, re.state);
+    }
+  }
+  // At the disagreement (a tie, one real member each) the virtual members issue the smallest real rank's op.
+  EXPECT_EQ(d13->entries[6].profiling_name, "nccl:all_reduce");
+  EXPECT_EQ(d13->entries[6].input_sizes, (std::vector<std::vector<int64_t>>{{2 << 20}}));
+  EXPECT_EQ(d13->pg_status.at("3"), (std::array<int64_t, 3>{7, 7, 6}));
+  // Rank 29's entry at that sequence is the all_gather: the one that differs from its 7 peers.
+  const FrDump* d29 = Find(r.dumps, 29);
+  ASSERT_EQ(d29->entries.size(), 7u);
+  EXPECT_EQ(d29->entries[6].profiling_name, "nccl:_all_gather_base");
+  EXPECT_EQ(d29->entries[6].collective_seq_id, 7);
+  EXPECT_EQ(d29->entries[6].state, "started");
+
+  // A tp-only virtual member: rank 5's tp all_reduce, completed; tp in its config, not dp.
+  const FrDump* d0 = Find(r.dumps, 0);
+  ASSERT_NE(d0, nullptr);
+  ASSERT_EQ(d0->entries.size(), 1u);
+  EXPECT_EQ(d0->entries[0].pg_name, "2");
+  EXPECT_EQ(d0->entries[0].state, "completed");
+  EXPECT_EQ(d0->entries[0].collective_seq_id, 1);
+  EXPECT_EQ(d0->pg_config.count("3"), 0u);
+
+  // Prism's own reading of the directory is the diagnosis of the real dumps alone: the virtual ones add no rank.
+  FrAnalysis all = AnalyzeFr(r.dumps);
+  FrAnalysis only_real = AnalyzeFr(real);
+  EXPECT_TRUE(all.missing_dumps.empty());
+  ASSERT_EQ(all.diagnosis.mismatches.size(), 1u) << all.Text();
+  EXPECT_EQ(all.diagnosis.mismatches[0].ops.size(), 2u);
+  EXPECT_EQ(all.reproduce, only_real.reproduce);
+  EXPECT_NE(all.Text().find("--ranks 5,29"), std::string::npos) << all.Text();
+  fs::remove_all(dir);
+}
+
+TEST(FlightRecorderVirtual, SizeMismatchVirtualMembersTakeTheMajority) {
+  // Three real members; rank 5 all_reduces 1 MiB, 29 and 45 2 MiB: the virtual members issue 2 MiB (the majority,
+  // though rank 5 is the smallest), so rank 5 alone differs.
+  HangDetector det =
+      VirtualWorld({5, 29, 45}, {{5, Op(1, 1u << 20)}, {29, Op(1, 2u << 20)}, {45, Op(1, 2u << 20)}});
+  det.Hold(kDp, 6, "size");
+  FrVirtualOptions o;
+  o.scope = FrVirtualOptions::Scope::kStuck;
+  FrVirtualResult v = FrVirtualDumps(det, 64, {5, 29, 45}, o);
+  ASSERT_EQ(v.dumps.size(), 5u);  // dp only: 13, 21, 37, 53, 61
+  ASSERT_EQ(v.uncovered.size(), 1u);
+  EXPECT_NE(v.uncovered[0].find("TENSOR_MODEL_PARALLEL_GROUP"), std::string::npos) << v.uncovered[0];
+  std::vector<FrDump> all = FrDumpsFromDetector(det, 64, {5, 29, 45});
+  all.insert(all.end(), v.dumps.begin(), v.dumps.end());
+  // Rank 5's config names tp (it is a member), whose virtual members have no dump here: torch's analyzer then needs
+  // --allow-incomplete-ranks; every dp member has one.
+  EXPECT_EQ(MembersWithoutDump(all), (std::vector<int>{0, 1, 2, 3, 4, 6, 7}));
+  for (const FrDump& d : v.dumps) {
+    EXPECT_TRUE(d.synthesized);
+    ASSERT_EQ(d.entries.size(), 7u) << d.rank;
+    EXPECT_EQ(d.entries[6].state, "started");
+    EXPECT_EQ(d.entries[6].collective_seq_id, 7);
+    EXPECT_EQ(d.entries[6].input_sizes, (std::vector<std::vector<int64_t>>{{2 << 20}})) << d.rank;
+  }
+  const FrDump* d5 = Find(all, 5);
+  EXPECT_EQ(d5->entries.back().input_sizes, (std::vector<std::vector<int64_t>>{{1 << 20}}));
+  FrAnalysis a = AnalyzeFr(all);
+  ASSERT_EQ(a.diagnosis.mismatches.size(), 1u) << a.Text();
+  EXPECT_EQ(a.diagnosis.mismatches[0].what, "size");
+}
+
+TEST(FlightRecorderVirtual, NeverArrivedRealRankIsTheOneWithoutTheEntry) {
+  // Rank 29 never reaches sequence 6 (it is stuck elsewhere); rank 5 waits there; the virtual members wait with it.
+  HangDetector det = VirtualWorld({5, 29}, {{5, Op(1, 2u << 20)}, {29, std::nullopt}});
+  FrVirtualResult v = FrVirtualDumps(det, 64, {5, 29});
+  std::vector<FrDump> real = FrDumpsFromDetector(det, 64, {5, 29});
+  ASSERT_EQ(Find(real, 29)->entries.size(), 6u);
+  const FrDump* d61 = Find(v.dumps, 61);
+  ASSERT_NE(d61, nullptr);
+  ASSERT_EQ(d61->entries.size(), 7u);
+  EXPECT_EQ(d61->entries[6].state, "started");
+  EXPECT_EQ(d61->entries[6].profiling_name, "nccl:all_reduce");
+  std::vector<FrDump> all = real;
+  all.insert(all.end(), v.dumps.begin(), v.dumps.end());
+  EXPECT_TRUE(MembersWithoutDump(all).empty());
+  FrAnalysis a = AnalyzeFr(all);
+  ASSERT_EQ(a.diagnosis.missing.size(), 1u) << a.Text();
+  ASSERT_EQ(a.diagnosis.missing[0].missing.size(), 1u);
+  EXPECT_EQ(a.diagnosis.missing[0].missing[0].first, 29);
+}
+
+TEST(FlightRecorderVirtual, ScopeAndBound) {
+  HangDetector det = VirtualWorld({5, 29}, {{5, Op(1, 2u << 20)}, {29, Op(2, 2048u * 8)}});
+  FrVirtualOptions o;
+  o.max_dumps = 6;  // dp (stuck, 6 virtual members) fits; tp (7 more) does not
+  FrVirtualResult v = FrVirtualDumps(det, 64, {5, 29}, o);
+  EXPECT_EQ(v.dumps.size(), 6u);
+  ASSERT_EQ(v.covered.size(), 1u);
+  EXPECT_NE(v.covered[0].find("DATA_PARALLEL_GROUP"), std::string::npos);
+  ASSERT_EQ(v.uncovered.size(), 1u);
+  EXPECT_NE(v.uncovered[0].find("PRISM_FR_VIRTUAL_MAX=6"), std::string::npos) << v.uncovered[0];
+  o.max_dumps = 5;  // a group is taken whole or not at all
+  v = FrVirtualDumps(det, 64, {5, 29}, o);
+  EXPECT_TRUE(v.dumps.empty());
+  EXPECT_EQ(v.uncovered.size(), 2u);
+  o.max_dumps = 256;
+  o.scope = FrVirtualOptions::Scope::kNone;
+  v = FrVirtualDumps(det, 64, {5, 29}, o);
+  EXPECT_TRUE(v.dumps.empty());
+  EXPECT_TRUE(v.covered.empty());
+
+  ::setenv("PRISM_FR_VIRTUAL", "stuck", 1);
+  ::setenv("PRISM_FR_VIRTUAL_MAX", "12", 1);
+  std::string warn;
+  FrVirtualOptions e = FrVirtualOptionsFromEnv(&warn);
+  EXPECT_EQ(e.scope, FrVirtualOptions::Scope::kStuck);
+  EXPECT_EQ(e.max_dumps, 12u);
+  EXPECT_TRUE(warn.empty()) << warn;
+  ::setenv("PRISM_FR_VIRTUAL", "everything", 1);
+  ::setenv("PRISM_FR_VIRTUAL_MAX", "-3", 1);
+  e = FrVirtualOptionsFromEnv(&warn);
+  EXPECT_EQ(e.scope, FrVirtualOptions::Scope::kGroups);
+  EXPECT_EQ(e.max_dumps, 256u);
+  EXPECT_NE(warn.find("PRISM_FR_VIRTUAL=everything"), std::string::npos) << warn;
+  EXPECT_NE(warn.find("PRISM_FR_VIRTUAL_MAX=-3"), std::string::npos) << warn;
+  ::unsetenv("PRISM_FR_VIRTUAL");
+  ::unsetenv("PRISM_FR_VIRTUAL_MAX");
 }
 
 }  // namespace
