@@ -56,6 +56,7 @@ class LocalCoordinator : public CoordinatorLink {
     o.membership = membership_.get();
     o.hang_timeout_s = plan->hang_timeout_s;
     o.passthrough = plan->passthrough;
+    o.passthrough_min_members = plan->passthrough_min_members;
     if (const char* v = std::getenv("PRISM_PASSTHROUGH_MIN_MEMBERS"); v != nullptr && *v != '\0') {
       o.passthrough_min_members = std::max(1, std::atoi(v));
     }

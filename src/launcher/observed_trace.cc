@@ -264,6 +264,16 @@ class Builder {
   MegatronMembership membership_;
   std::string error_;
 
+  // Passthrough operations (the real NCCL, every member logged): (communicator key, seq) -> (latest arrival, earliest
+  // release, members seen). An operation's duration is the time from its last member's arrival to its first
+  // release, which leaves the waiting for late members out.
+  std::map<std::tuple<std::string, std::vector<int>, int64_t>, std::tuple<int64_t, int64_t, int>> real_ops_;
+  static std::vector<int> SortedMembers(const ObservedComm& c) {
+    std::vector<int> m = c.members;
+    std::sort(m.begin(), m.end());
+    return m;
+  }
+  void IndexRealOps();
   std::vector<ClassKey> key_of_;               // per rank
   std::map<ClassKey, int> class_of_key_;
   std::vector<ClassInfo> classes_;
@@ -272,6 +282,24 @@ class Builder {
   std::map<std::pair<std::string, std::vector<int>>, uint32_t> comm_ids_;
   bool warned_root_ = false, warned_split_ = false;
 };
+
+void Builder::IndexRealOps() {
+  for (const RankEventLog& log : logs_) {
+    for (const ObservedOp& op : log.ops) {
+      if (!op.passthrough || op.nops != 1) continue;
+      auto c = log.comms.find(op.comm_id);
+      if (c == log.comms.end() || c->second.key.empty()) continue;
+      // Why members too: the key names the communicator on every member, but a file may reuse it for another group.
+      auto [it, fresh] =
+          real_ops_.try_emplace({c->second.key, SortedMembers(c->second), op.seq}, op.arrival_ns, op.release_ns, 1);
+      if (fresh) continue;
+      auto& [arrival, release, n] = it->second;
+      arrival = std::max(arrival, op.arrival_ns);
+      release = std::min(release, op.release_ns);
+      ++n;
+    }
+  }
+}
 
 bool Builder::Run(std::string* error) {
   bool ok = PickRepresentatives() && IterationRange();
@@ -288,6 +316,7 @@ bool Builder::Run(std::string* error) {
     t.layout.etp = l.ExpertTp();
     t.layout.order = l.order;
     t.topology = o_.topology;
+    IndexRealOps();
     for (ClassInfo& ci : classes_) {
       trace::RoleClass cls;
       if (!BuildClass(ci, &cls)) {
@@ -848,6 +877,17 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
         node.dtype = p.dtype;
         node.iter = static_cast<uint32_t>(u.iter);
         node.name = "seq " + std::to_string(p.seq);
+        if (u.op->passthrough && u.op->nops == 1) {
+          // Measured on the real NCCL (prism-run record): from the last member's arrival to the first release.
+          auto c = log.comms.find(u.op->comm_id);
+          auto r = c == log.comms.end() ? real_ops_.end()
+                                        : real_ops_.find({c->second.key, SortedMembers(c->second), u.op->seq});
+          if (r != real_ops_.end()) {
+            const auto& [arrival, release, members] = r->second;
+            node.dur_us = static_cast<double>(std::max<int64_t>(0, release - arrival)) / 1000.0;
+            ++out_->recorded_comm;
+          }
+        }
         if (IsP2p(p.kind)) ci.p2p_slot[node.comm_slot] = 1;
         auto h = helper_of.end();
         if (IsP2p(p.kind))
@@ -1086,6 +1126,7 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
     o.release_ns = Int(j, "release_ns", 0);
     o.stream = static_cast<int32_t>(Int(j, "stream", -1));
     o.sseq = Int(j, "sseq", -1);
+    o.passthrough = Int(j, "passthrough", 0) != 0;
     o.nops = static_cast<int32_t>(std::max<int64_t>(1, Int(j, "nops", 1)));
     o.line = line_no;
     if (o.comm_id < 0 || o.seq < 0 || o.op.empty()) return malformed("op line without comm_id, seq or op");

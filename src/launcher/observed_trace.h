@@ -53,6 +53,7 @@ struct ObservedOp {
   int64_t release_ns = 0;
   int32_t stream = -1;  // -1: not recorded
   int64_t sseq = -1;    // position among the stream's units; -1: not recorded
+  bool passthrough = false;  // ran on the real NCCL: arrival/release are GPU stamps around the real operation
   int32_t nops = 1;
   std::vector<ObservedSubOp> ops;  // empty unless the line lists them
   int64_t line = 0;                // line number in the event file (messages)
@@ -120,6 +121,7 @@ struct ObservedTrace {
   size_t nodes = 0;                // over all classes
   size_t dropped_ops = 0;          // op lines outside the kept iterations
   size_t wait_edges = 0;           // "wait" lines turned into cross-stream `after` edges
+  size_t recorded_comm = 0;        // comm nodes timed from passthrough operations (prism-run record)
   size_t waits_skipped = 0;        // "wait" lines naming a unit outside the kept iterations (or out of time order)
 };
 

@@ -301,6 +301,19 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
       return std::nullopt;
     }
     for (int i = 0; i < p.nproc_per_node; ++i) ranks.push_back(req.node_rank * p.nproc_per_node + i);
+  } else if (req.all_real) {
+    if (!req.ranks.empty()) {
+      *error = "record runs every rank of the world; --ranks does not apply";
+      return std::nullopt;
+    }
+    if (p.world_size > p.gpus) {
+      *error = "record runs every rank on its own GPU: the job's world of " + std::to_string(p.world_size) +
+               " ranks needs " + std::to_string(p.world_size) + " GPUs here, " + std::to_string(p.gpus) +
+               " are visible (record on several hosts is not built yet)";
+      return std::nullopt;
+    }
+    for (int r = 0; r < p.world_size; ++r) ranks.push_back(r);
+    p.passthrough_min_members = 1;
   } else if (req.one_replica) {
     if (!req.ranks.empty()) {
       *error = "collect runs data-parallel replica 0; --ranks does not apply";
@@ -646,6 +659,7 @@ nlohmann::ordered_json PlanToJson(const Plan& p) {
                       {"socket", p.coord_socket}};
   j["hang"] = {{"timeout_s", p.hang_timeout_s}, {"on_hang", p.stop_on_hang ? "stop" : "wait"}};
   j["passthrough"] = p.passthrough;
+  j["passthrough_min_members"] = p.passthrough_min_members;
   if (!p.listen.empty() || !p.remote_ranks.empty() || p.host_index >= 0) {
     j["hosts"] = {{"listen", p.listen}, {"remote_ranks", p.remote_ranks}, {"host_index", p.host_index}};
   }
@@ -698,8 +712,12 @@ std::string PlanToText(const Plan& p) {
   } else {
     std::set<std::string> gpus;
     for (const RealRank& r : p.real) gpus.insert(r.device);
-    o << (gpus.size() > 1 ? "on: communicators of real ranks on distinct GPUs only run on the real NCCL"
-                          : "on, but every real rank here shares one GPU: none runs on the real NCCL");
+    if (p.passthrough_min_members <= 1 && gpus.size() == p.real.size()) {
+      o << "every communicator runs on the real NCCL (record: every rank real, each on its own GPU)";
+    } else {
+      o << (gpus.size() > 1 ? "on: communicators of real ranks on distinct GPUs only run on the real NCCL"
+                            : "on, but every real rank here shares one GPU: none runs on the real NCCL");
+    }
   }
   o << "\n  output         " << p.out_dir << "\n";
   o << "  each worker runs\n";

@@ -60,6 +60,8 @@ struct PlanRequest {
   std::string payload_dir;
   bool one_replica = false;      // collect: the real ranks are data-parallel replica 0 (every rank with dp == 0)
   bool record_payloads = false;  // collect: PRISM_RECORD_PAYLOADS=<out>/payloads/rank<R>.bin per real rank
+  bool all_real = false;         // record: every rank of the world real, each on its own GPU, every communicator
+                                 // on the real NCCL (passthrough, one-member communicators too)
   std::string topology;
   std::string graph;
   bool preload = true;               // false (--no-preload): run without libprism.so, for launch debugging only
@@ -121,6 +123,7 @@ struct Plan {
   double hang_timeout_s = 60;      // from PlanRequest
   bool stop_on_hang = true;        // --on-hang stop
   bool passthrough = true;         // from PlanRequest
+  int passthrough_min_members = 2; // the coordinator's (1 for record: every communicator passes through)
   std::string listen;              // PlanRequest::listen
   std::vector<int> remote_ranks;   // real ranks run by prism-runs on other hosts (coordinator started here)
   int host_index = -1;             // --node-rank together with --ranks when joining: this host among the hosts

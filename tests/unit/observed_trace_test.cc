@@ -48,6 +48,8 @@ struct JobOptions {
   uint64_t act_bytes = 4 << 20;
   uint64_t grad_bytes = 4 << 20;
   bool waits = false;         // op lines carry "sseq"; stage 1's compute stream waits for its activation receive
+  bool passthrough = false;   // op lines carry "passthrough":1 (prism-run record)
+  int64_t skew_us = 0;        // odd tensor-parallel ranks run this much later
 };
 
 // Measured durations of the synthetic timeline (microseconds).
@@ -76,6 +78,7 @@ class RankWriter {
               {"nops", nops}};
     if (o_.stream_field) j["stream"] = stream;
     if (o_.waits) j["sseq"] = sseq_[stream]++;
+    if (o_.passthrough) j["passthrough"] = 1;
     seq_[comm] += nops;
     t_ += dur_us * kUs;
     return j;
@@ -104,6 +107,7 @@ RankWriter MakeRank(int rank, const JobOptions& o) {
   const int d_size = o.world / 4;
   const int tp = rank % 2, dp = (rank / 2) % d_size, pp = rank / (2 * d_size);
   RankWriter w(rank, o);
+  if (tp == 1) w.Compute(o.skew_us);
   const int base = pp * 2 * d_size + dp * 2;
   w.Comm(0, "TENSOR_MODEL_PARALLEL_GROUP", {base, base + 1}, tp);
   w.Comm(1, "PIPELINE_MODEL_PARALLEL_GROUP", {tp + 2 * dp, tp + 2 * dp + 2 * d_size}, pp);
@@ -370,6 +374,32 @@ TEST(ObservedTrace, CrossStreamWaitsBecomeEdgesAndLeaveCompute) {
     std::vector<std::string> problems = prism::replay::ValidateTrace(g->trace);
     EXPECT_TRUE(problems.empty()) << problems.front();
   }
+}
+
+// prism-run record: every member of a collective ran for real and logged its GPU stamps; the node's duration is from
+// the last member's arrival to the first release (the early member's wait for the late one is not transfer time).
+TEST(ObservedTrace, PassthroughOperationsGiveMeasuredCommunicationTimes) {
+  JobOptions o;
+  o.passthrough = true;
+  o.skew_us = 30;
+  std::string err;
+  auto g = Build(o, ReplicaZero(8), &err);
+  ASSERT_TRUE(g) << err;
+  EXPECT_GT(g->recorded_comm, 0u);
+  const auto& cls = g->trace.classes[g->trace.ranks[0].cls];
+  int checked = 0;
+  for (const auto& s : cls.streams)
+    for (const auto& n : s.nodes)
+      if (n.kind == NodeKind::kColl && n.op == prism::trace::CollOp::kAllReduce && cls.comm_slots[n.comm_slot] == "tp") {
+        EXPECT_DOUBLE_EQ(n.dur_us, kTpUs - 30) << "tensor-parallel all-reduce";
+        ++checked;
+      }
+  EXPECT_GT(checked, 0);
+  // Without the passthrough mark, communication is left to the cost model.
+  o.passthrough = false;
+  auto h = Build(o, ReplicaZero(8), &err);
+  ASSERT_TRUE(h) << err;
+  EXPECT_EQ(h->recorded_comm, 0u);
 }
 
 TEST(ObservedTrace, FusedSendRecvWithoutDetailIsSplitEvenly) {

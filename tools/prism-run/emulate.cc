@@ -134,6 +134,7 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   req.payload = opts.payload;
   req.one_replica = opts.one_replica;
   req.record_payloads = opts.record_payloads;
+  req.all_real = opts.all_real;
   req.preload = !opts.no_preload;
   req.hang_timeout_s = opts.hang_timeout;
   req.on_hang = opts.on_hang;

@@ -15,6 +15,7 @@ struct EmulateOptions {
   std::string payload_dir;       // --payload-dir (recorded payloads of a collect run)
   bool one_replica = false;      // collect: run one data-parallel replica for real
   bool record_payloads = false;  // collect: every real rank records what real data gave it
+  bool all_real = false;         // record: every rank real on its own GPU, everything on the real NCCL
   std::string out;
   bool dry_run = false;
   bool json = false;

@@ -143,7 +143,13 @@ int RunGraphBuild(const GraphBuildArgs& a) {
       std::printf("  class %-16s from rank %-6d %zu streams, %zu nodes, slots %s\n", cls.name.c_str(),
                   g->class_ranks[c], cls.streams.size(), nodes, slots.empty() ? "-" : slots.c_str());
     }
-    std::printf("  wrote %s (compute durations measured; communication left to the cost model)\n", out.c_str());
+    if (g->recorded_comm > 0) {
+      std::printf("  wrote %s (compute durations measured; %zu communication nodes measured on the real NCCL, the "
+                  "rest left to the cost model)\n",
+                  out.c_str(), g->recorded_comm);
+    } else {
+      std::printf("  wrote %s (compute durations measured; communication left to the cost model)\n", out.c_str());
+    }
   }
   return kExitOk;
 }

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   AddSimulate(app, &rc);
   AddSynth(app, &rc);
   AddCollect(app, &rc);
+  AddRecord(app, &rc);
   AddFill(app, &rc);
   AddReport(app, &rc);
   AddStatus(app, &rc);

@@ -20,6 +20,7 @@ inline constexpr int kExitHang = 4;        // emulate: prism diagnosed a hang an
 void AddSimulate(CLI::App& app, int* rc);
 void AddSynth(CLI::App& app, int* rc);
 void AddCollect(CLI::App& app, int* rc);
+void AddRecord(CLI::App& app, int* rc);
 void AddFill(CLI::App& app, int* rc);
 void AddReport(CLI::App& app, int* rc);
 void AddStatus(CLI::App& app, int* rc);
