@@ -662,8 +662,10 @@ FrVirtualResult FrVirtualDumps(const HangDetector& det, int world_size, const st
     });
     int64_t prev = -1;
     for (const HangLogEntry* le : mine) {
-      std::optional<FrEntry> e = EntryOf(*le, det.comms().at(le->op.comm_id), t.Of(le->op.comm_id), v);
+      const Pg& pg = t.Of(le->op.comm_id);
+      std::optional<FrEntry> e = EntryOf(*le, det.comms().at(le->op.comm_id), pg, v);
       if (!e) continue;
+      d.pg_config[pg.group.name] = pg.group;  // Why: torch's analyzer looks every entry's group up in this config
       // Why the model's record id (kept increasing): torch's analyzer drops every entry older than the newest first
       // record of any dump, so a virtual dump's ids must sit in the same window as the real ones'.
       e->record_id = std::max(prev + 1, e->record_id);

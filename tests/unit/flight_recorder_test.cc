@@ -619,5 +619,93 @@ TEST(FlightRecorderVirtual, ScopeAndBound) {
   ::unsetenv("PRISM_FR_VIRTUAL_MAX");
 }
 
+
+// What torch's analyzer needs, checked from CPython on the written directory (torch itself is not here; the GPU suite
+// runs it): every file loads with pickle and has the keys and entry fields its loader and matcher read, every member
+// of every group in any pg_config has a dump, and per group the first collective_seq_id where the members' entries
+// (op, sizes, state) are not all alike shows the odd real rank: the one differing from the majority, or the absent one.
+std::string FirstDisagreements(const fs::path& dir) {
+  std::string script = R"PY(
+import ast, os, pickle, re, sys
+d = sys.argv[1]
+dumps = {}
+for f in os.listdir(d):
+    m = re.fullmatch(r'nccl_trace_rank_(\d+)', f)
+    assert m, f
+    with open(os.path.join(d, f), 'rb') as fh:
+        dumps[int(m.group(1))] = pickle.load(fh)
+groups = {}
+for r, x in dumps.items():
+    assert x['version'] == '2.10' and isinstance(x['entries'], list)
+    for name, g in x['pg_config'].items():
+        ranks = set(ast.literal_eval(g['ranks']))
+        assert groups.setdefault(name, (g['desc'], ranks)) == (g['desc'], ranks), name
+need = set().union(*(rs for _, rs in groups.values()))
+assert not need - set(dumps), 'missing dumps: %s' % sorted(need - set(dumps))
+at = {}
+for r, x in dumps.items():
+    last = -1
+    for e in x['entries']:
+        backend, name = e['profiling_name'].split(':')
+        assert backend == 'nccl'
+        pg, desc = e['process_group']
+        assert desc == groups[pg][0]
+        assert e['record_id'] > last
+        last = e['record_id']
+        for k in ('p2p_seq_id', 'time_created_ns', 'is_p2p', 'input_dtypes', 'output_dtypes'):
+            assert k in e, k
+        at.setdefault(pg, {}).setdefault(e['collective_seq_id'], {})[r] = (name, e['input_sizes'], e['output_sizes'], e['state'])
+for pg in sorted(at):
+    for seq in sorted(at[pg]):
+        ops = at[pg][seq]
+        kinds = {}
+        for r, o in sorted(ops.items()):
+            kinds.setdefault(repr(o), []).append(r)
+        absent = sorted(groups[pg][1] - set(ops))
+        if len(kinds) > 1 or absent:
+            major = max(kinds.values(), key=len)
+            odd = sorted(r for v in kinds.values() if v is not major for r in v)
+            print('pg %s seq %d odd %s absent %s' % (pg, seq, odd, absent))
+            break
+)PY";
+  fs::path py = dir.parent_path() / (dir.filename().string() + ".py");
+  std::ofstream(py) << script;
+  std::string cmd = "python3 " + py.string() + " " + dir.string() + " 2>&1";
+  std::string out;
+  FILE* f = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while (f && (n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  int st = f ? pclose(f) : -1;
+  fs::remove(py);
+  if (st != 0) out = "FAILED: " + out;
+  return out;
+}
+
+TEST(FlightRecorderVirtual, CPythonSeesWhatTorchsAnalyzerNeeds) {
+  if (std::system("python3 -c 'import pickle' >/dev/null 2>&1") != 0) GTEST_SKIP() << "python3 not found";
+  {
+    HangDetector det = VirtualWorld({5, 29}, {{5, Op(1, 2u << 20)}, {29, Op(2, 2048u * 8)}});
+    fs::path dir = FreshDir("virtual-py-skip");
+    std::string err;
+    ASSERT_TRUE(WriteFrDumps(FrDumpsFromDetector(det, 64, {5, 29}), dir.string(), &err)) << err;
+    ASSERT_TRUE(WriteFrDumps(FrVirtualDumps(det, 64, {5, 29}).dumps, dir.string(), &err)) << err;
+    EXPECT_EQ(FirstDisagreements(dir), "pg 3 seq 7 odd [29] absent []\n");
+    // Without the virtual dumps torch's analyzer has too few: the check fails as torch's does.
+    for (int v : {13, 21, 37, 45, 53, 61}) fs::remove(dir / ("nccl_trace_rank_" + std::to_string(v)));
+    EXPECT_NE(FirstDisagreements(dir).find("missing dumps: [13, 21, 37, 45, 53, 61]"), std::string::npos);
+    fs::remove_all(dir);
+  }
+  {
+    HangDetector det = VirtualWorld({5, 29}, {{5, Op(1, 2u << 20)}, {29, std::nullopt}});
+    fs::path dir = FreshDir("virtual-py-absent");
+    std::string err;
+    ASSERT_TRUE(WriteFrDumps(FrDumpsFromDetector(det, 64, {5, 29}), dir.string(), &err)) << err;
+    ASSERT_TRUE(WriteFrDumps(FrVirtualDumps(det, 64, {5, 29}).dumps, dir.string(), &err)) << err;
+    EXPECT_EQ(FirstDisagreements(dir), "pg 3 seq 7 odd [] absent [29]\n");
+    fs::remove_all(dir);
+  }
+}
+
 }  // namespace
 }  // namespace prism::coord
