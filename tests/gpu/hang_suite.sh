@@ -11,6 +11,7 @@
 #                         collective type mismatch (its output is kept)
 #   hang_p2p_cycle        5 and 517 both send to each other first (HANG_CASE=p2p): the wait-for cycle 5 -> 517 -> 5
 #   hang_size_mismatch    517 all_reduces 1 MiB where 5 all_reduces 2 MiB (HANG_CASE=size): a size mismatch
+#   hang_size_fr_torch_reader  torch's analyzer on those dumps (64) reports SIZE_OR_SYNTAX_MISMATCH
 #   hang_control          no bug: the job finishes (exit 0) and no hang.json is written
 # Why two real ranks: with one real rank every virtual peer mirrors it (payload mirror), so a skipped collective is
 # invisible; a second real member that does not skip is the witness (docs/hang.md, "What makes a hang observable").
@@ -71,23 +72,27 @@ hang_skip() {
   grep -q -- "--ranks 5,517" "$out/$name.fr.txt" || { echo "FR reading does not name ranks 5,517"; return 1; }
 }
 
-hang_fr_torch() {
-  local fr=$out/hang_skip_allreduce/flight_recorder
-  [ -d "$fr" ] || { echo "no dumps (hang_skip_allreduce failed)"; return 1; }
-  # Real ranks' dumps and the virtual members' (PRISM_FR_VIRTUAL, docs/hang.md): every rank of 5's and 517's
-  # data-parallel group {5, 21, ..., 1013} (64) must have one, else torch stops at "Missing dump files".
+# hang_fr_torch_on RUN CASE_NAME KIND: torch's own analyzer on RUN's dumps, real and virtual (PRISM_FR_VIRTUAL,
+# docs/hang.md): every rank of 5's and 517's data-parallel group {5, 21, ..., 1013} (64) must have one, else torch
+# stops at "Missing dump files"; it must exit 0 and report KIND (the error type of the disagreement; which rank it
+# names as the culprit depends on which dump it loaded first, docs/hang.md).
+hang_fr_torch_on() {
+  local run=$1 name=$2 kind=$3
+  local fr=$out/$run/flight_recorder
+  [ -d "$fr" ] || { echo "no dumps ($run failed)"; return 1; }
   local n; n=$(ls "$fr" | grep -c '^nccl_trace_rank_[0-9]*$')
-  $PYTHON -m torch.distributed.flight_recorder.fr_trace "$fr" > "$out/hang_fr_torch_reader.txt" 2>&1
+  $PYTHON -m torch.distributed.flight_recorder.fr_trace "$fr" > "$out/$name.txt" 2>&1
   local rc=$?
-  local culprit; culprit=$(grep -o 'Culprit rank [0-9]*' "$out/hang_fr_torch_reader.txt" | sort -u | head -3 | tr '\n' ' ')
-  echo "rc=$rc dumps=$n $culprit: $(grep -v '^\s*$' "$out/hang_fr_torch_reader.txt" | tail -2 | tr '\n' ' ' | cut -c1-160)" \
-    > "$out/hang_fr_torch_reader.detail"
+  local culprit; culprit=$(grep -o 'Culprit rank [0-9]*' "$out/$name.txt" | sort -u | head -3 | tr '\n' ' ')
+  echo "rc=$rc dumps=$n $culprit: $(grep -v '^\s*$' "$out/$name.txt" | tail -2 | tr '\n' ' ' | cut -c1-160)" \
+    > "$out/$name.detail"
   [ "$rc" = 0 ] || return 1
   [ "$n" = 64 ] || { echo "expected 64 dumps (the data-parallel group), found $n"; return 1; }
-  # torch must find the skipped all_reduce: the op at that sequence differs (517's all_gather against the rest's
-  # all_reduce; which rank it names depends on which dump it loaded first, docs/hang.md).
-  grep -q "COLLECTIVE_TYPE_MISMATCH" "$out/hang_fr_torch_reader.txt" || { echo "torch's analyzer reports no type mismatch"; return 1; }
+  grep -q "$kind" "$out/$name.txt" || { echo "torch's analyzer does not report $kind"; return 1; }
 }
+
+hang_fr_torch() { hang_fr_torch_on hang_skip_allreduce hang_fr_torch_reader COLLECTIVE_TYPE_MISMATCH; }
+hang_size_fr_torch() { hang_fr_torch_on hang_size_mismatch hang_size_fr_torch_reader SIZE_OR_SYNTAX_MISMATCH; }
 
 hang_p2p() {
   local name=hang_p2p_cycle dir=$out/hang_p2p_cycle
@@ -128,6 +133,7 @@ hang_suite_main() {
   check hang_fr_torch_reader hang_fr_torch
   check hang_p2p_cycle hang_p2p
   check hang_size_mismatch hang_size
+  check hang_size_fr_torch_reader hang_size_fr_torch
   check hang_control hang_control
 }
 
