@@ -410,9 +410,10 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
       if (!c || ci > *c) c = ci;
     }
   }
-  d.release_ns = static_cast<uint64_t>(*c);
+  const int64_t release = c.value_or(0);  // units[0] is never empty: c is set
+  d.release_ns = static_cast<uint64_t>(release);
   for (const auto& unit : units)
-    for (const Inst& i : unit) finish_[i] = *c;
+    for (const Inst& i : unit) finish_[i] = release;
   Pump();
   return d;
 }
