@@ -370,7 +370,7 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
   Pump();
   // The unit completes when its last operation does (each with its own partners).
   ReleaseDecision d;
-  std::optional<int64_t> c;
+  int64_t release = INT64_MIN;  // units[0] is never empty, so one of the loops below sets it
   bool blocked = false;
   for (const Inst& inst : units[0]) {
     int last = -1;
@@ -379,8 +379,8 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
       blocked = true;
       break;
     }
-    if (!c || *ci > *c) {
-      c = ci;
+    if (*ci > release) {
+      release = *ci;
       d.last_rank = last;
     }
   }
@@ -393,7 +393,7 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
     Log("coord")->warn("graph: comm {} seq {}: a virtual member is blocked on a real rank's later operation; "
                        "releasing on the arrivals known",
                        comm.comm_id, seq);
-    c.reset();
+    release = INT64_MIN;
     for (const Inst& inst : units[0]) {
       std::vector<Inst> parts;
       Partners(inst, &parts);
@@ -406,11 +406,10 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
           d.last_rank = p.rank;
         }
       }
-      const int64_t ci = latest + DurationNs(parts);
-      if (!c || ci > *c) c = ci;
+      release = std::max(release, latest + DurationNs(parts));
     }
   }
-  const int64_t release = c.value_or(0);  // units[0] is never empty: c is set
+  if (release == INT64_MIN) release = 0;
   d.release_ns = static_cast<uint64_t>(release);
   for (const auto& unit : units)
     for (const Inst& i : unit) finish_[i] = release;
