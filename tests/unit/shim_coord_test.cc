@@ -30,6 +30,17 @@
 namespace prism::interpose {
 namespace {
 
+// The scripted coordinator's listening socket at `path` (a stale file is removed); -1 on failure.
+int ListenUnix(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  unlink(path.c_str());
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 1) != 0) return -1;
+  return fd;
+}
+
 TEST(ShimCoord, ParseCommInfo) {
   CoordCommInfo info;
   std::string err;
@@ -44,13 +55,8 @@ TEST(ShimCoord, ParseCommInfo) {
 
 TEST(ShimCoord, TwoRealMembersAreReleasedByTheCoordinator) {
   std::string path = "/tmp/prism_coord_test_" + std::to_string(getpid()) + ".sock";
-  int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-  unlink(path.c_str());
-  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(lfd, 1), 0);
+  int lfd = ListenUnix(path);
+  ASSERT_GE(lfd, 0) << path;
 
   std::atomic<bool> saw_hello{false}, saw_init{false}, saw_arrive{false};
   std::atomic<uint64_t> released_at{0};
@@ -135,13 +141,8 @@ TEST(ShimCoord, TwoRealMembersAreReleasedByTheCoordinator) {
 // acknowledgement, a receive from it asks. In a group every operation is posted before any waits.
 TEST(ShimCoord, ExchangeWritesTheCoordinatorsResult) {
   std::string path = "/tmp/prism_coord_xtest_" + std::to_string(getpid()) + ".sock";
-  int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-  unlink(path.c_str());
-  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(lfd, 1), 0);
+  int lfd = ListenUnix(path);
+  ASSERT_GE(lfd, 0) << path;
 
   std::vector<ipc::ExchangeHeader> data_headers;
   std::vector<std::string> data_bytes;
@@ -278,13 +279,8 @@ TEST(ShimCoord, ExchangeWritesTheCoordinatorsResult) {
 // The completed send's kOpRecord names the coordinator's communicator id (not the process-local one).
 TEST(ShimCoord, ExchangedSendWaitsForTheAcknowledgement) {
   std::string path = "/tmp/prism_coord_stest_" + std::to_string(getpid()) + ".sock";
-  int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-  unlink(path.c_str());
-  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(lfd, 1), 0);
+  int lfd = ListenUnix(path);
+  ASSERT_GE(lfd, 0) << path;
 
   std::atomic<bool> acked{false};
   std::atomic<int> sends{0};
@@ -385,13 +381,8 @@ TEST(ShimCoord, ExchangedSendWaitsForTheAcknowledgement) {
 // coordinator acknowledges the send only after the receive request came.
 TEST(ShimCoord, GroupAcrossStreamsPostsEveryUnitBeforeWaitingForItsSends) {
   std::string path = "/tmp/prism_coord_gtest_" + std::to_string(getpid()) + ".sock";
-  int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-  unlink(path.c_str());
-  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(lfd, 1), 0);
+  int lfd = ListenUnix(path);
+  ASSERT_GE(lfd, 0) << path;
 
   std::atomic<bool> recv_request{false};
   std::thread server([&] {
@@ -533,13 +524,8 @@ void Unused() { std::abort(); }
 
 TEST(ShimCoord, PassthroughCommunicatorRunsOnTheRealNccl) {
   std::string path = "/tmp/prism_coord_ptest_" + std::to_string(getpid()) + ".sock";
-  int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-  unlink(path.c_str());
-  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(lfd, 1), 0);
+  int lfd = ListenUnix(path);
+  ASSERT_GE(lfd, 0) << path;
 
   NcclFns fake;
 #define PRISM_FAKE_UNUSED(name) fake.name = reinterpret_cast<decltype(fake.name)>(&fake_nccl::Unused);

@@ -16,16 +16,8 @@ namespace prism::cli {
 namespace fs = std::filesystem;
 
 namespace {
-struct CollectOptions {
-  std::string out;
-  std::string layout;
-  std::string topology;
-  int gpus = 0;
+struct CollectOptions : LaunchSubcommandOptions {
   bool no_payloads = false;
-  bool quiet = false;
-  bool dry_run = false;
-  bool json = false;
-  double hang_timeout = 60;
 };
 }  // namespace
 
@@ -35,15 +27,8 @@ void AddCollect(CLI::App& app, int* rc) {
       "collect", "run data-parallel replica 0 for real (real data between its ranks); write the bare graph of all "
                  "ranks and the payloads each rank received");
   sub->prefix_command();
-  sub->add_option("--out", o.out, "output directory (default ./prism-out/<timestamp>)");
-  sub->add_option("--layout", o.layout, "as for emulate (default: the job's Megatron arguments)");
-  sub->add_option("--topology", o.topology, "target cluster for the modelled durations: preset or JSON file");
-  sub->add_option("--gpus", o.gpus, "GPUs of this host to use (default: all visible)")->check(CLI::PositiveNumber);
+  AddLaunchSubcommandOptions(sub, &o, "prism-collect", "GPUs of this host to use (default: all visible)");
   sub->add_flag("--no-payloads", o.no_payloads, "do not record payloads (no `--payload recorded` later)");
-  sub->add_flag("--quiet", o.quiet, "do not copy the workers' output to the terminal");
-  sub->add_flag("--dry-run", o.dry_run, "print the plan (which ranks run) and run nothing");
-  sub->add_flag("--json", o.json, "with --dry-run: the plan as JSON");
-  sub->add_option("--hang-timeout", o.hang_timeout, "as for emulate")->check(CLI::NonNegativeNumber);
   sub->callback([sub, rc] {
     std::vector<std::string> command = sub->remaining();
     if (command.empty()) {
@@ -51,24 +36,9 @@ void AddCollect(CLI::App& app, int* rc) {
       *rc = kExitBadInput;
       return;
     }
-    EmulateOptions e;
-    e.out = o.out;
-    e.layout = o.layout;
-    e.topology = o.topology;
-    e.gpus = o.gpus;
-    e.quiet = o.quiet;
-    e.dry_run = o.dry_run;
-    e.json = o.json;
-    e.hang_timeout = o.hang_timeout;
+    EmulateOptions e = ToEmulateOptions(o, "prism-collect");
     e.one_replica = true;
     e.record_payloads = !o.no_payloads;
-    if (e.out.empty()) {
-      std::error_code ec;
-      fs::path base = fs::current_path() / "prism-collect";
-      fs::path p = base;
-      for (int i = 2; fs::exists(p, ec); ++i) p = base.string() + "-" + std::to_string(i);
-      e.out = p.string();
-    }
     *rc = RunEmulate(e, command);
     if (o.dry_run) return;
     std::error_code ec;

@@ -4,6 +4,10 @@
 
 #include <string>
 
+namespace CLI {
+class App;
+}
+
 namespace prism::cli {
 
 struct EmulateOptions {
@@ -32,5 +36,22 @@ struct EmulateOptions {
   std::string listen;        // --listen: the coordinator started here also serves other hosts on this address
   std::string remote_ranks;  // --remote-ranks: real ranks that prism-runs on other hosts run
 };
+
+// The options `collect` and `record` share: each runs the emulate path (RunEmulate) with its own choice of real ranks.
+struct LaunchSubcommandOptions {
+  std::string out;
+  std::string layout;
+  std::string topology;
+  int gpus = 0;
+  bool quiet = false;
+  bool dry_run = false;
+  bool json = false;
+  double hang_timeout = 60;
+};
+// Registers them on `sub` (`default_out`: the directory name used when --out is not given).
+void AddLaunchSubcommandOptions(CLI::App* sub, LaunchSubcommandOptions* o, const std::string& default_out,
+                                const std::string& gpus_help);
+// The emulate options they stand for; without --out, ./<default_out> (then -2, -3, ... while taken).
+EmulateOptions ToEmulateOptions(const LaunchSubcommandOptions& o, const std::string& default_out);
 
 }  // namespace prism::cli

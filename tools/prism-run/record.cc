@@ -15,34 +15,15 @@
 namespace prism::cli {
 namespace fs = std::filesystem;
 
-namespace {
-struct RecordOptions {
-  std::string out;
-  std::string layout;
-  std::string topology;
-  int gpus = 0;
-  bool quiet = false;
-  bool dry_run = false;
-  bool json = false;
-  double hang_timeout = 60;
-};
-}  // namespace
 
 void AddRecord(CLI::App& app, int* rc) {
-  static RecordOptions o;
+  static LaunchSubcommandOptions o;
   auto* sub = app.add_subcommand(
       "record", "run every rank of the job for real on this host's GPUs, on the real NCCL, and write its timed graph "
                 "(observed.prism) from GPU timestamps");
   sub->prefix_command();
-  sub->add_option("--out", o.out, "output directory (default ./prism-record[-N])");
-  sub->add_option("--layout", o.layout, "as for emulate (default: the job's Megatron arguments)");
-  sub->add_option("--topology", o.topology, "target cluster for the graph's cost-model fallbacks: preset or JSON file");
-  sub->add_option("--gpus", o.gpus, "GPUs of this host to use (default: all visible); the world must fit")
-      ->check(CLI::PositiveNumber);
-  sub->add_flag("--quiet", o.quiet, "do not copy the workers' output to the terminal");
-  sub->add_flag("--dry-run", o.dry_run, "print the plan and run nothing");
-  sub->add_flag("--json", o.json, "with --dry-run: the plan as JSON");
-  sub->add_option("--hang-timeout", o.hang_timeout, "as for emulate")->check(CLI::NonNegativeNumber);
+  AddLaunchSubcommandOptions(sub, &o, "prism-record",
+                             "GPUs of this host to use (default: all visible); the world must fit");
   sub->callback([sub, rc] {
     std::vector<std::string> command = sub->remaining();
     if (command.empty()) {
@@ -50,23 +31,8 @@ void AddRecord(CLI::App& app, int* rc) {
       *rc = kExitBadInput;
       return;
     }
-    EmulateOptions e;
-    e.out = o.out;
-    e.layout = o.layout;
-    e.topology = o.topology;
-    e.gpus = o.gpus;
-    e.quiet = o.quiet;
-    e.dry_run = o.dry_run;
-    e.json = o.json;
-    e.hang_timeout = o.hang_timeout;
+    EmulateOptions e = ToEmulateOptions(o, "prism-record");
     e.all_real = true;
-    if (e.out.empty()) {
-      std::error_code ec;
-      fs::path base = fs::current_path() / "prism-record";
-      fs::path p = base;
-      for (int i = 2; fs::exists(p, ec); ++i) p = base.string() + "-" + std::to_string(i);
-      e.out = p.string();
-    }
     *rc = RunEmulate(e, command);
     if (o.dry_run) return;
     std::error_code ec;

@@ -123,6 +123,32 @@ bool SendJson(ipc::MsgType type, const nlohmann::json& j) {
   return ipc::SendFrame(c.fd, type, text.data(), text.size(), &err) == ipc::IoStatus::kOk;
 }
 
+enum class Wait { kGot, kTimeout, kLost };
+
+// Sends one request and waits up to timeout_ms for the first reply after it that `accept` takes; that reply leaves
+// the queue into *out. The reader thread queues replies (kHelloAck, kCommInfo, kError, kRealNcclIdInfo) in order.
+template <typename Accept>
+Wait Request(ipc::MsgType type, const nlohmann::json& j, int timeout_ms, Accept accept, ipc::Frame* out) {
+  Conn& c = C();
+  std::unique_lock<std::mutex> lock(c.mu);
+  size_t seen = c.replies.size();
+  lock.unlock();
+  if (!SendJson(type, j)) return Wait::kLost;
+  lock.lock();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    seen = std::min(seen, c.replies.size());  // Why: another thread's request may have taken earlier replies
+    for (size_t i = seen; i < c.replies.size(); ++i) {
+      if (!accept(c.replies[i])) continue;
+      *out = std::move(c.replies[i]);
+      c.replies.erase(c.replies.begin() + static_cast<long>(i));
+      return Wait::kGot;
+    }
+    if (!c.active.load()) return Wait::kLost;
+    if (c.cv.wait_until(lock, deadline) == std::cv_status::timeout) return Wait::kTimeout;
+  }
+}
+
 }  // namespace
 
 bool CoordConnect() {
@@ -201,44 +227,29 @@ bool CoordRealNcclId(uint32_t comm_id, const std::string& post_hex, int timeout_
     *error = "no coordinator";
     return false;
   }
-  Conn& c = C();
   try {
     nlohmann::json j = {{"comm_id", comm_id}};
     if (!post_hex.empty()) j["id"] = post_hex;
-    std::unique_lock<std::mutex> lock(c.mu);
-    size_t seen = c.replies.size();
-    lock.unlock();
-    if (!SendJson(ipc::MsgType::kRealNcclId, j)) {
-      *error = "coordinator connection lost";
-      return false;
-    }
-    lock.lock();
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    for (;;) {
-      for (size_t i = seen; i < c.replies.size(); ++i) {
-        ipc::Frame& f = c.replies[i];
-        if (f.type != ipc::MsgType::kRealNcclIdInfo) continue;
-        nlohmann::json r = nlohmann::json::parse(f.payload, nullptr, false);
-        if (r.is_discarded() || r.value("comm_id", 0u) != comm_id) continue;
-        c.replies.erase(c.replies.begin() + static_cast<long>(i));
-        if (r.contains("error")) {
-          *error = "coordinator: " + r.value("error", std::string());
-          return false;
-        }
-        *id_hex = r.value("id", std::string());
-        return true;
-      }
-      if (!c.active.load()) {
-        *error = "coordinator connection lost";
-        return false;
-      }
-      if (c.cv.wait_until(lock, deadline) == std::cv_status::timeout) {
+    auto mine = [comm_id](const ipc::Frame& f) {
+      if (f.type != ipc::MsgType::kRealNcclIdInfo) return false;
+      nlohmann::json r = nlohmann::json::parse(f.payload, nullptr, false);
+      return !r.is_discarded() && r.value("comm_id", 0u) == comm_id;
+    };
+    ipc::Frame f;
+    switch (Request(ipc::MsgType::kRealNcclId, j, timeout_ms, mine, &f)) {
+      case Wait::kLost: *error = "coordinator connection lost"; return false;
+      case Wait::kTimeout:
         *error = "no real NCCL unique id from communicator rank 0 within " + std::to_string(timeout_ms / 1000) + " s";
         return false;
-      }
-      // Why from the start again: another thread's request may have erased an earlier reply.
-      seen = std::min(seen, c.replies.size());
+      case Wait::kGot: break;
     }
+    nlohmann::json r = nlohmann::json::parse(f.payload);
+    if (r.contains("error")) {
+      *error = "coordinator: " + r.value("error", std::string());
+      return false;
+    }
+    *id_hex = r.value("id", std::string());
+    return true;
   } catch (...) {
     *error = "exception";
     return false;
@@ -280,46 +291,35 @@ CoordReply CoordCommInit(const std::string& key, int nranks, int rank, const std
                          const std::string& name, int64_t parent_comm_id, int color, int timeout_ms,
                          CoordCommInfo* out) {
   if (!CoordConnect()) return CoordReply::kNoAnswer;
-  Conn& c = C();
   try {
     nlohmann::json j = {{"key", key}, {"nranks", nranks}, {"rank", rank}, {"desc", desc}, {"name", name}};
     if (parent_comm_id >= 0) {
       j["parent"] = parent_comm_id;
       j["color"] = color;
     }
-    std::unique_lock<std::mutex> lock(c.mu);
-    size_t seen = c.replies.size();
-    lock.unlock();
-    if (!SendJson(ipc::MsgType::kCommInit, j)) return CoordReply::kNoAnswer;
-    lock.lock();
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    for (;;) {
-      for (size_t i = seen; i < c.replies.size(); ++i) {
-        ipc::Frame& f = c.replies[i];
-        if (f.type == ipc::MsgType::kCommInfo) {
-          std::string err;
-          CoordCommInfo info;
-          bool ok = ParseCommInfo(f.payload, &info, &err);
-          c.replies.erase(c.replies.begin() + static_cast<long>(i));
-          if (!ok) {
-            Log("interpose")->warn("communicator {}: {}", key.substr(0, 16), err);
-            return CoordReply::kRefused;
-          }
-          *out = std::move(info);
-          return CoordReply::kOk;
-        }
-        if (f.type == ipc::MsgType::kError) {
-          Log("interpose")->error("coordinator refused communicator {}: {}", key.substr(0, 16), f.payload);
-          c.replies.erase(c.replies.begin() + static_cast<long>(i));
-          return CoordReply::kRefused;
-        }
-      }
-      if (!c.active.load()) return CoordReply::kNoAnswer;
-      if (c.cv.wait_until(lock, deadline) == std::cv_status::timeout) {
+    auto answer = [](const ipc::Frame& f) {
+      return f.type == ipc::MsgType::kCommInfo || f.type == ipc::MsgType::kError;
+    };
+    ipc::Frame f;
+    switch (Request(ipc::MsgType::kCommInit, j, timeout_ms, answer, &f)) {
+      case Wait::kLost: return CoordReply::kNoAnswer;
+      case Wait::kTimeout:
         Log("interpose")->error("coordinator did not answer kCommInit within {} ms", timeout_ms);
         return CoordReply::kNoAnswer;
-      }
+      case Wait::kGot: break;
     }
+    if (f.type == ipc::MsgType::kError) {
+      Log("interpose")->error("coordinator refused communicator {}: {}", key.substr(0, 16), f.payload);
+      return CoordReply::kRefused;
+    }
+    std::string err;
+    CoordCommInfo info;
+    if (!ParseCommInfo(f.payload, &info, &err)) {
+      Log("interpose")->warn("communicator {}: {}", key.substr(0, 16), err);
+      return CoordReply::kRefused;
+    }
+    *out = std::move(info);
+    return CoordReply::kOk;
   } catch (...) {
     return CoordReply::kNoAnswer;
   }

@@ -222,10 +222,19 @@ StreamTable& Streams() {
 
 // The index of a stream that carried a unit, or -1 (never adds one: only units number streams).
 int KnownStreamIndex(CUstream s) {
+  // Why a cache of hits only: torch records events on a few streams over and over (a hot path); an index, once
+  // given, never changes, while a stream unknown now may carry a unit later.
+  thread_local CUstream last = nullptr;
+  thread_local int last_idx = -1;
+  if (last_idx >= 0 && last == s) return last_idx;
   StreamTable& t = Streams();
   std::lock_guard<std::mutex> lock(t.mu);
-  for (size_t i = 0; i < t.seen.size() && i < kCountedStreams; ++i)
-    if (t.seen[i] == s) return static_cast<int>(i);
+  for (size_t i = 0; i < t.seen.size() && i < kCountedStreams; ++i) {
+    if (t.seen[i] != s) continue;
+    last = s;
+    last_idx = static_cast<int>(i);
+    return last_idx;
+  }
   return -1;
 }
 
@@ -251,6 +260,30 @@ uint16_t StreamIndex(CUstream s) {
   last_idx = static_cast<uint16_t>(std::min<size_t>(i, 65535));
   has_last = true;
   return last_idx;
+}
+
+// The op line's description of a unit (emulated or passthrough): what it ran, on which communicator and stream,
+// and its position among that stream's units. `first` is its first operation, `seq` that operation's sequence.
+void FillUnitEvent(const OpCall& first, uint64_t seq, size_t n, bool mixed, uint64_t bytes, uint64_t dur,
+                   const OpCost& last, CUstream stream, OpEvent* e) {
+  const Comm* c0 = first.comm;
+  const OpKind k = first.op;
+  const bool rooted = k == OpKind::kBroadcast || k == OpKind::kReduce || k == OpKind::kGather || k == OpKind::kScatter;
+  e->comm_id = c0->id;
+  e->coord_comm_id = c0->coord_comm_id;
+  e->seq = seq;
+  e->op = mixed ? 0xff : static_cast<uint8_t>(k);
+  e->dtype = static_cast<uint8_t>(first.dtype);
+  e->bytes = bytes;
+  e->peer = n == 1 && IsP2p(k) ? first.peer : -1;
+  e->root = n == 1 && rooted ? first.root : -1;
+  e->model_dur_ns = dur;
+  e->algo = last.algo;
+  e->proto = last.proto;
+  e->source = static_cast<uint8_t>(last.source);
+  e->nops = static_cast<uint16_t>(std::min<size_t>(n, 65535));
+  e->stream = StreamIndex(stream);
+  if (e->stream < kCountedStreams) e->stream_seq = g_stream_units[e->stream].fetch_add(1);
 }
 
 // Whether an operation moves real data through the coordinator: a collective of a communicator with several real
@@ -616,25 +649,7 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   u.coord_comm_id = c0->coord_comm_id;
   u.comm_ops = 0;
   for (const Prepared& p : prep) u.comm_ops += p.call.comm == c0 ? 1 : 0;
-  u.event.comm_id = c0->id;
-  u.event.coord_comm_id = c0->coord_comm_id;
-  u.event.seq = prep[0].seq;
-  u.event.op = mixed ? 0xff : static_cast<uint8_t>(prep[0].call.op);
-  u.event.dtype = static_cast<uint8_t>(prep[0].call.dtype);
-  u.event.bytes = total;
-  u.event.peer = n == 1 && IsP2p(prep[0].call.op) ? prep[0].call.peer : -1;
-  {
-    const OpKind k = prep[0].call.op;
-    const bool rooted = k == OpKind::kBroadcast || k == OpKind::kReduce || k == OpKind::kGather || k == OpKind::kScatter;
-    u.event.root = n == 1 && rooted ? prep[0].call.root : -1;
-  }
-  u.event.model_dur_ns = dur;
-  u.event.algo = last.algo;
-  u.event.proto = last.proto;
-  u.event.source = static_cast<uint8_t>(last.source);
-  u.event.nops = static_cast<uint16_t>(std::min<size_t>(n, 65535));
-  u.event.stream = StreamIndex(stream);
-  if (u.event.stream < kCountedStreams) u.event.stream_seq = g_stream_units[u.event.stream].fetch_add(1);
+  FillUnitEvent(prep[0].call, prep[0].seq, n, mixed, total, dur, last, stream, &u.event);
   for (const Prepared& p : prep) u.event.exchanged += p.xkind != XKind::kNone && !p.local ? 1 : 0;
   if (!ProgressPush(u)) {
     LogOnce(&warned_full, "more than 16384 operations in flight: releasing gates immediately");
@@ -711,23 +726,7 @@ void PushRealUnit(const std::pair<OpCall, uint64_t>* ops, size_t n, uint32_t slo
   u.dur_ns = dur;
   u.comm_ops = 0;
   for (size_t k = 0; k < n; ++k) u.comm_ops += ops[k].first.comm == c0 ? 1 : 0;
-  u.event.comm_id = c0->id;
-  u.event.coord_comm_id = c0->coord_comm_id;
-  u.event.seq = ops[0].second;
-  u.event.op = mixed ? 0xff : static_cast<uint8_t>(first.op);
-  u.event.dtype = static_cast<uint8_t>(first.dtype);
-  u.event.bytes = total;
-  u.event.peer = n == 1 && IsP2p(first.op) ? first.peer : -1;
-  const bool rooted = first.op == OpKind::kBroadcast || first.op == OpKind::kReduce || first.op == OpKind::kGather ||
-                      first.op == OpKind::kScatter;
-  u.event.root = n == 1 && rooted ? first.root : -1;
-  u.event.model_dur_ns = dur;
-  u.event.algo = last.algo;
-  u.event.proto = last.proto;
-  u.event.source = static_cast<uint8_t>(last.source);
-  u.event.nops = static_cast<uint16_t>(std::min<size_t>(n, 65535));
-  u.event.stream = StreamIndex(reinterpret_cast<CUstream>(first.stream));
-  if (u.event.stream < kCountedStreams) u.event.stream_seq = g_stream_units[u.event.stream].fetch_add(1);
+  FillUnitEvent(first, ops[0].second, n, mixed, total, dur, last, reinterpret_cast<CUstream>(first.stream), &u.event);
   u.event.passthrough = true;
   ProgressPush(u);
 }
