@@ -25,7 +25,8 @@ enum class MsgType : uint16_t {
   kHello = 1,        // JSON: {rank, world_size, local_rank, pid, host, gpu, gpu_id, passthrough, version}: gpu_id
                      // names the physical GPU ("host/CUDA_VISIBLE_DEVICES entry"), passthrough whether this rank
                      // can run real NCCL (PRISM_PASSTHROUGH and a real libnccl found)
-  kCommInit = 2,     // JSON: {key, nranks, rank, desc, parent?, color?} ; answered by kCommInfo
+  kCommInit = 2,     // JSON: {key, nranks, rank, desc, parent?, color?, members?} ; answered by kCommInfo. members:
+                     // global ranks, sent for a split or shrink (the coordinator cannot derive them otherwise)
   kOpArrive = 3,     // OpArrive: the GPU reached an operation that needs the coordinator's release time
   kOpRecord = 4,     // OpRecord: one completed operation, for reports and status
   kMemory = 5,       // MemorySample

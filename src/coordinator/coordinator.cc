@@ -893,6 +893,15 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
       how = "description";
     }
   }
+  if (members.empty() && j.contains("members") && j["members"].is_array()) {
+    // A split or shrink: the member named them (from the hook's scope or the parent); every member of the same
+    // child sends the same key (its stable id), so the first one's list names the communicator.
+    for (const json& m : j["members"]) {
+      if (m.is_number_integer() && m.get<int>() >= 0 && m.get<int>() < opts_.world_size) members.push_back(m.get<int>());
+    }
+    comm_key = key;
+    how = "the member's list";
+  }
   if (members.empty() && nranks == opts_.world_size) {
     members.resize(static_cast<size_t>(nranks));
     for (int i = 0; i < nranks; ++i) members[static_cast<size_t>(i)] = i;

@@ -265,6 +265,33 @@ TEST_F(CoordinatorTest, RealMembersSharingAGpuOrUnableToRunNcclDoNotPassThrough)
   EXPECT_EQ(q0.CommInit(id2, 2, 0)["passthrough"], false);
 }
 
+TEST_F(CoordinatorTest, SplitChildNamedByItsMembersListPassesThrough) {
+  // torch with device_id bound makes new_group a ncclCommSplit of the world: no unique id, no name; the real
+  // members send the child's stable key and the members they know (found on the GPU: world 8, ranks 0,1 real; here 0 and 5).
+  FakeShim r0(coord_->endpoints().socket_path, 0);
+  FakeShim r1(coord_->endpoints().socket_path, 5);
+  r0.Hello({{"gpu_id", "h/0"}, {"passthrough", true}});
+  r1.Hello({{"gpu_id", "h/1"}, {"passthrough", true}});
+  auto init = [](FakeShim& s, int rank, json members) {
+    EXPECT_TRUE(s.SendJson(ipc::MsgType::kCommInit,
+                           {{"key", "split:00000000deadbeef"}, {"nranks", 2}, {"rank", rank}, {"members", members}}));
+    ipc::Frame f;
+    EXPECT_TRUE(s.Recv(&f));
+    return json::parse(f.payload);
+  };
+  json c0 = init(r0, 0, {0, 5});
+  json c1 = init(r1, 1, {0, 5});
+  ASSERT_FALSE(c0.contains("error")) << c0.dump();
+  ASSERT_FALSE(c1.contains("error")) << c1.dump();
+  EXPECT_EQ(c0["comm_id"], c1["comm_id"]);
+  EXPECT_EQ(c0["members"], json::array({0, 5}));
+  EXPECT_EQ(c0["passthrough"], true);
+  // A list that does not hold the sender at its communicator rank is refused, as is one out of the world.
+  EXPECT_TRUE(init(r0, 0, {5, 0}).contains("error"));
+  json bad = init(r0, 0, {0, 999});
+  EXPECT_TRUE(bad.contains("error")) << bad.dump();
+}
+
 TEST_F(CoordinatorTest, VirtualLeaderCommWithOneRealMember) {
   auto s5 = Store();
   ASSERT_TRUE(s5->Set("/default_pg/0//1//__prism_group__", R"({"name":"1","ranks":[4,5,6],"desc":"TP"})"));

@@ -160,14 +160,15 @@ std::vector<int32_t> ResolveMembers(Registry& r, int nranks, int rank, const std
 
 // Returns whether the coordinator made this a passthrough communicator that still needs its real NCCL communicator
 // (SetupPassthrough, called without the registry lock: it waits for the other members).
-bool FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key) {
+bool FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key, bool send_members = false) {
   const Config& cfg = Cfg();
   bool want_passthrough = false;
   c->real_members = CountReal(c->members);
   if ((!cfg.coord_socket.empty() || !cfg.coord_addr.empty()) && !r.coord_comm_init_broken.load()) {
     CoordCommInfo info;
     CoordReply reply =
-        CoordCommInit(coord_key.empty() ? c->key : coord_key, c->nranks, c->rank, c->desc, c->name, -1, 0, 5000, &info);
+        CoordCommInit(coord_key.empty() ? c->key : coord_key, c->nranks, c->rank, c->desc, c->name, -1, 0, 5000, &info,
+                      send_members ? &c->members : nullptr);
     if (reply == CoordReply::kOk) {
       c->coord_comm_id = info.comm_id;
       if (static_cast<int>(info.members.size()) == c->nranks) c->members = info.members;
@@ -460,6 +461,9 @@ ncclResult_t CommSplit(Comm* parent, int color, int key, ncclComm_t* out, const 
       return e;
     }
   }
+  // Why count NOCOLOR calls too: a split is a collective over the whole parent, so every member counts every split
+  // alike and the child's stable id (hence its coordinator key) agrees on all members whichever groups they join.
+  uint32_t n = parent->splits.fetch_add(1);
   if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;  // this rank joins no communicator
   if (color < 0) {
     SetLastError("ncclCommSplit: color must be >= 0 or NCCL_SPLIT_NOCOLOR");
@@ -495,7 +499,6 @@ ncclResult_t CommSplit(Comm* parent, int color, int key, ncclComm_t* out, const 
       delete c;
       return ncclInvalidUsage;
     }
-    uint32_t n = parent->splits.fetch_add(1);
     c->id = r.next_id++;
     c->members = members;
     c->nranks = static_cast<int>(members.size());
@@ -508,7 +511,10 @@ ncclResult_t CommSplit(Comm* parent, int color, int key, ncclComm_t* out, const 
     c->name = comm_name.empty() ? std::string() : GroupNameFromCommName(comm_name);
     c->desc = comm_name;
     c->real = real_child;
-    passthrough = FinishComm(r, c, blocking, std::string());
+    // Why a key of its own and the members: the coordinator cannot derive a split's members (no unique id went
+    // through the store); this rank knows them from the hook's scope, and the stable id names the split alike on
+    // every member (the local key holds this process's parent id and torch's per-rank split key).
+    passthrough = FinishComm(r, c, blocking, fmt::format("split:{:016x}", c->stable_id), true);
   } catch (...) {
     return ncclSystemError;
   }
@@ -565,7 +571,9 @@ ncclResult_t CommShrink(Comm* parent, const int* exclude, int nexclude, ncclComm
     c->desc = comm_name.empty() ? parent->desc : comm_name;
     // Why no passthrough: shrinking a real communicator would need the real ncclCommShrink on every survivor;
     // the shrunk communicator is libprism's own (docs/libprism.md, passthrough).
-    if (FinishComm(r, c, blocking, std::string())) c->use_coordinator = c->real_members > 1 && CoordActive();
+    const bool known = static_cast<int>(c->members.size()) == c->nranks;
+    if (FinishComm(r, c, blocking, known ? fmt::format("shrink:{:016x}", c->stable_id) : std::string(), known))
+      c->use_coordinator = c->real_members > 1 && CoordActive();
   } catch (...) {
     return ncclSystemError;
   }

@@ -289,7 +289,7 @@ bool ParseCommInfo(const std::string& text, CoordCommInfo* out, std::string* err
 
 CoordReply CoordCommInit(const std::string& key, int nranks, int rank, const std::string& desc,
                          const std::string& name, int64_t parent_comm_id, int color, int timeout_ms,
-                         CoordCommInfo* out) {
+                         CoordCommInfo* out, const std::vector<int32_t>* members) {
   if (!CoordConnect()) return CoordReply::kNoAnswer;
   try {
     nlohmann::json j = {{"key", key}, {"nranks", nranks}, {"rank", rank}, {"desc", desc}, {"name", name}};
@@ -297,6 +297,7 @@ CoordReply CoordCommInit(const std::string& key, int nranks, int rank, const std
       j["parent"] = parent_comm_id;
       j["color"] = color;
     }
+    if (members != nullptr && !members->empty()) j["members"] = *members;
     auto answer = [](const ipc::Frame& f) {
       return f.type == ipc::MsgType::kCommInfo || f.type == ipc::MsgType::kError;
     };

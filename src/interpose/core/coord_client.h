@@ -27,10 +27,12 @@ struct CoordCommInfo {
   bool passthrough = false;  // every member is real, on its own GPU: build a real NCCL communicator (ipc.h)
 };
 enum class CoordReply { kOk, kRefused, kNoAnswer };
-// kCommInit {key, nranks, rank, desc, name, parent?, color?}; waits up to timeout_ms for kCommInfo.
+// kCommInit {key, nranks, rank, desc, name, parent?, color?, members?}; waits up to timeout_ms for kCommInfo.
+// members: the global ranks when this rank knows them (a split or shrink), for the coordinator to adopt.
 // kRefused: the coordinator answered but does not know the members (its "error").
 CoordReply CoordCommInit(const std::string& key, int nranks, int rank, const std::string& desc, const std::string& name,
-                   int64_t parent_comm_id, int color, int timeout_ms, CoordCommInfo* out);
+                   int64_t parent_comm_id, int color, int timeout_ms, CoordCommInfo* out,
+                   const std::vector<int32_t>* members = nullptr);
 
 // Passthrough (ipc.h kRealNcclId): communicator rank 0 posts the real NCCL unique id (`post_hex` not empty), the
 // others ask for it; both wait up to timeout_ms for kRealNcclIdInfo and get the id (hex) in *id_hex.
