@@ -46,7 +46,10 @@ FID_MODEL_ARGS=(--num-layers "${FIDELITY_LAYERS:-8}" --hidden-size "${FIDELITY_H
   --eval-interval 1000 --mock-data --tokenizer-type NullTokenizer --vocab-size 32000 --transformer-impl local
   --lr 1e-4 --bf16 --no-gradient-accumulation-fusion --disable-gloo-process-groups --no-persist-layer-norm
   --no-masked-softmax-fusion)
-FID_MOE_ARGS=(--moe-router-topk 2 --moe-token-dispatcher-type alltoall)
+# Why --swiglu: with --num-experts, Megatron fuses the bias activation with the router's per-token scale only for
+# swiglu and quick_geglu (gelu raises "Only support fusion of swiglu and quick_gelu with per_token_scale", seen on the
+# GPU machine).
+FID_MOE_ARGS=(--moe-router-topk 2 --moe-token-dispatcher-type alltoall --swiglu)
 
 # The GPUs of this host: CUDA_VISIBLE_DEVICES entries when set, else nvidia-smi -L (else torch), first FIDELITY_GPUS.
 fid_detect_gpus() {
