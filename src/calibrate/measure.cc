@@ -102,7 +102,9 @@ std::string WheelNcclDir(const std::string& python) {
 
 std::vector<std::string> NcclCandidates(const std::string& explicit_path) {
   if (!explicit_path.empty()) return {explicit_path};
-  std::vector<std::string> out = {"libnccl.so.2"};
+  // Why the wheel first: the jobs prism models load PyTorch's NCCL; on the GPU machine the loader's libnccl.so.2
+  // was the system's 2.28.3 while torch's wheel is 2.28.9 (found by the first calibration there).
+  std::vector<std::string> out;
   std::vector<std::string> pythons;
   for (const char* var : {"PRISM_PYTHON", "PYTHON"}) {
     if (const char* v = std::getenv(var); v && *v) pythons.emplace_back(v);
@@ -114,6 +116,7 @@ std::vector<std::string> NcclCandidates(const std::string& explicit_path) {
     std::string p = dir + "/libnccl.so.2";
     if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
   }
+  out.emplace_back("libnccl.so.2");                        // the loader's search path
   out.emplace_back("/usr/local/cuda/lib64/libnccl.so.2");  // the toolkit's, where it is not in the loader's path
   return out;
 }

@@ -31,7 +31,7 @@ struct MeasureOptions {
   int min_iters = 5;
   int max_iters = 1000;
   double timeout_s = 300.0;              // one point taking longer than this aborts the process (a hung NCCL)
-  std::string nccl_path;                 // "" = libnccl.so.2, then the PyTorch wheel's (NcclCandidates)
+  std::string nccl_path;                 // "" = the PyTorch wheel's, then libnccl.so.2 (NcclCandidates)
   std::string cuda_path = "libcuda.so.1";
 };
 

@@ -79,8 +79,8 @@ void AddCalibrate(CLI::App& app, int* rc) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   sub->add_option("--nccl", o->measure.nccl_path,
-                  "NCCL library to load (default: libnccl.so.2, then the nvidia.nccl package of $PRISM_PYTHON, "
-                  "$PYTHON or python3)");
+                  "NCCL library to load (default: the nvidia.nccl package of $PRISM_PYTHON, $PYTHON or python3 "
+                  "(PyTorch's), then libnccl.so.2)");
   sub->add_flag("--quiet", [o](int64_t) { o->per_point = false; }, "print the fit's summary, not every point");
   sub->callback([rc, o, min_bytes, max_bytes, ops] {
     std::string error;
