@@ -40,12 +40,7 @@ FIDELITY_SKIP=${FIDELITY_SKIP:-10}
 FIDELITY_T=${FIDELITY_T:-300}
 FIDELITY_PAYLOAD=${FIDELITY_PAYLOAD:-auto}
 FIDELITY_RUNS=${FIDELITY_RUNS:-native r0 rlast r01}
-FID_MODEL_ARGS=(--num-layers "${FIDELITY_LAYERS:-8}" --hidden-size "${FIDELITY_HIDDEN:-2048}"
-  --num-attention-heads "${FIDELITY_HEADS:-16}" --seq-length "${FIDELITY_SEQ:-1024}"
-  --max-position-embeddings "${FIDELITY_SEQ:-1024}" --micro-batch-size 2 --log-interval 1 --eval-iters 1
-  --eval-interval 1000 --mock-data --tokenizer-type NullTokenizer --vocab-size 32000 --transformer-impl local
-  --lr 1e-4 --bf16 --no-gradient-accumulation-fusion --disable-gloo-process-groups --no-persist-layer-norm
-  --no-masked-softmax-fusion)
+FID_MODEL_ARGS=("${MEGATRON_MEDIUM_ARGS[@]}")
 # Why --swiglu: with --num-experts, Megatron fuses the bias activation with the router's per-token scale only for
 # swiglu and quick_geglu (gelu raises "Only support fusion of swiglu and quick_gelu with per_token_scale", seen on the
 # GPU machine).
@@ -100,7 +95,7 @@ fid_all_cases="tp2 pp2 dp2 dp2_distopt_ovl moe_ep2 tp2pp2 tp4 moe_ep4 tp2pp2dp2 
 # max(4, 2 x pp), so that pipelines have several in flight; global batch = micro-batch (2) x dp x that.
 fid_job_args() {
   local dp=$((fid_w / (fid_tp * fid_pp))) mb=$((fid_pp * 2 > 4 ? fid_pp * 2 : 4))
-  fid_gbs=$((2 * dp * mb))
+  fid_gbs=$((${FIDELITY_MBS:-2} * dp * mb))
   fid_args=(pretrain_gpt.py "${FID_MODEL_ARGS[@]}" --train-iters "$1" --global-batch-size "$fid_gbs"
     --tensor-model-parallel-size "$fid_tp" --pipeline-model-parallel-size "$fid_pp")
   ((fid_ep > 1)) && fid_args+=(--expert-model-parallel-size "$fid_ep")

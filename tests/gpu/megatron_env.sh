@@ -9,3 +9,11 @@ MEGATRON_TINY_ARGS=(--num-layers 2 --hidden-size 256 --num-attention-heads 4 --s
   --mock-data --tokenizer-type NullTokenizer --vocab-size 1024 --transformer-impl local --lr 1e-4 --bf16
   --no-gradient-accumulation-fusion --disable-gloo-process-groups --no-persist-layer-norm
   --no-masked-softmax-fusion)
+# The fidelity and record suites' model (docs/fidelity.md "The model"): about 470 M parameters, GPU-bound
+# iterations; FIDELITY_LAYERS / _HIDDEN / _HEADS / _SEQ change it.
+MEGATRON_MEDIUM_ARGS=(--num-layers "${FIDELITY_LAYERS:-8}" --hidden-size "${FIDELITY_HIDDEN:-2048}"
+  --num-attention-heads "${FIDELITY_HEADS:-16}" --seq-length "${FIDELITY_SEQ:-1024}"
+  --max-position-embeddings "${FIDELITY_SEQ:-1024}" --micro-batch-size "${FIDELITY_MBS:-2}" --log-interval 1
+  --eval-iters 1 --eval-interval 1000 --mock-data --tokenizer-type NullTokenizer --vocab-size 32000
+  --transformer-impl local --lr 1e-4 --bf16 --no-gradient-accumulation-fusion --disable-gloo-process-groups
+  --no-persist-layer-norm --no-masked-softmax-fusion)
