@@ -1,0 +1,395 @@
+#include "coordinator/swap_scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+#include <tuple>
+
+#include <fmt/format.h>
+
+namespace prism::coord {
+
+const char* SwapPhaseName(SwapPhase p) {
+  switch (p) {
+    case SwapPhase::kUnstarted: return "unstarted";
+    case SwapPhase::kAdmitted: return "admitted";
+    case SwapPhase::kResident: return "resident";
+    case SwapPhase::kSwappingOut: return "swapping out";
+    case SwapPhase::kOut: return "swapped out";
+    case SwapPhase::kSwappingIn: return "swapping in";
+    case SwapPhase::kDone: return "done";
+  }
+  return "?";
+}
+
+const char* SwapActionName(SwapAction::Kind k) {
+  switch (k) {
+    case SwapAction::kAdmit: return "start";
+    case SwapAction::kSwapOut: return "swap out";
+    case SwapAction::kSwapIn: return "swap in";
+  }
+  return "?";
+}
+
+SwapScheduler::SwapScheduler(SwapConfig cfg) : cfg_(std::move(cfg)) {}
+
+void SwapScheduler::AddRank(int rank, const std::string& gpu) {
+  Rank& r = ranks_[rank];
+  r.rank = rank;
+  r.gpu = gpu;
+}
+
+void SwapScheduler::Started(int rank, int pid, const std::string& gpu, uint64_t now_ns) {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) {
+    Rank& r = ranks_[rank];
+    r.rank = rank;
+    r.gpu = gpu;
+    r.phase = SwapPhase::kResident;
+    it = ranks_.find(rank);
+  }
+  Rank& r = it->second;
+  if (r.gpu.empty()) r.gpu = gpu;
+  r.pid = pid;
+  r.last_activity_ns = now_ns;
+  // Why also from kUnstarted: a rank started without asking (a second connection, another launcher) is on the GPU.
+  if (r.phase == SwapPhase::kUnstarted || r.phase == SwapPhase::kAdmitted) r.phase = SwapPhase::kResident;
+  UpdatePeaks();
+}
+
+void SwapScheduler::Memory(int rank, uint64_t peak_bytes) {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return;
+  it->second.peak = std::max(it->second.peak, peak_bytes);
+  it->second.sampled = true;
+  UpdatePeaks();
+}
+
+void SwapScheduler::Activity(int rank, uint64_t now_ns) {
+  auto it = ranks_.find(rank);
+  if (it != ranks_.end()) it->second.last_activity_ns = std::max(it->second.last_activity_ns, now_ns);
+}
+
+void SwapScheduler::SetWaits(int rank, std::vector<int> waiting_for) {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return;
+  std::sort(waiting_for.begin(), waiting_for.end());
+  waiting_for.erase(std::unique(waiting_for.begin(), waiting_for.end()), waiting_for.end());
+  Rank& r = it->second;
+  const bool was = Blocked(r);
+  r.waiting_for = std::move(waiting_for);
+  if (was && !Blocked(r) && r.phase == SwapPhase::kOut) r.ready_since_ns = r.last_activity_ns;
+}
+
+void SwapScheduler::Done(int rank) {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second.phase == SwapPhase::kDone) return;
+  it->second.phase = SwapPhase::kDone;
+  it->second.waiting_for.clear();
+  it->second.out_bytes = 0;
+  ++stats_.finished;
+}
+
+uint64_t SwapScheduler::Estimate() const {
+  if (cfg_.rank_estimate_bytes > 0) return cfg_.rank_estimate_bytes;
+  uint64_t best = 0;
+  for (const auto& [k, r] : ranks_) {
+    if (r.sampled) best = std::max(best, r.peak + cfg_.context_bytes);
+  }
+  return best;
+}
+
+uint64_t SwapScheduler::Footprint(int rank) const {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return 0;
+  const Rank& r = it->second;
+  if (r.sampled) return r.peak + cfg_.context_bytes;
+  return std::max(Estimate(), cfg_.context_bytes);
+}
+
+uint64_t SwapScheduler::GpuUsed(const std::string& gpu) const {
+  uint64_t used = 0;
+  for (const auto& [k, r] : ranks_) {
+    if (r.gpu == gpu && OnGpu(r)) used += Footprint(k);
+  }
+  return used;
+}
+
+uint64_t SwapScheduler::HostUsed() const {
+  uint64_t used = 0;
+  for (const auto& [k, r] : ranks_) {
+    if (r.phase == SwapPhase::kOut || r.phase == SwapPhase::kSwappingIn) used += r.out_bytes;
+  }
+  return used;
+}
+
+int SwapScheduler::Needers(int rank) const {
+  int n = 0;
+  for (const auto& [k, r] : ranks_) {
+    if (k != rank && r.phase != SwapPhase::kDone &&
+        std::binary_search(r.waiting_for.begin(), r.waiting_for.end(), rank))
+      ++n;
+  }
+  return n;
+}
+
+bool SwapScheduler::Admitted(int rank) const {
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() || it->second.phase != SwapPhase::kUnstarted;
+}
+
+SwapPhase SwapScheduler::phase(int rank) const {
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() ? SwapPhase::kUnstarted : it->second.phase;
+}
+
+void SwapScheduler::Notice(const std::string& key, const std::string& text) {
+  if (noticed_[key]) return;
+  noticed_[key] = true;
+  notices_.push_back(text);
+}
+
+std::vector<std::string> SwapScheduler::TakeNotices() {
+  std::vector<std::string> out;
+  out.swap(notices_);
+  return out;
+}
+
+void SwapScheduler::UpdatePeaks() {
+  std::set<std::string> gpus;
+  for (const auto& [k, r] : ranks_) gpus.insert(r.gpu);
+  for (const std::string& g : gpus) stats_.peak_gpu_bytes = std::max(stats_.peak_gpu_bytes, GpuUsed(g));
+  stats_.peak_host_bytes = std::max(stats_.peak_host_bytes, HostUsed());
+}
+
+std::optional<SwapAction> SwapScheduler::Next(uint64_t now_ns) {
+  if (in_flight_) return std::nullopt;
+  std::set<std::string> gpus;
+  for (const auto& [k, r] : ranks_) {
+    if (r.phase != SwapPhase::kDone) gpus.insert(r.gpu);
+  }
+  for (const std::string& g : gpus) {
+    if (auto a = DecideGpu(g, now_ns)) {
+      if (a->kind != SwapAction::kAdmit) in_flight_ = true;
+      Rank& r = ranks_[a->rank];
+      if (a->kind == SwapAction::kAdmit) {
+        r.phase = SwapPhase::kAdmitted;
+        ++stats_.admits;
+      } else if (a->kind == SwapAction::kSwapOut) {
+        r.phase = SwapPhase::kSwappingOut;
+        r.out_bytes = a->bytes;
+      } else {
+        r.phase = SwapPhase::kSwappingIn;
+      }
+      UpdatePeaks();
+      return a;
+    }
+  }
+  return std::nullopt;
+}
+
+void SwapScheduler::Finished(const SwapAction& a, bool ok, double seconds, uint64_t now_ns) {
+  if (a.kind == SwapAction::kAdmit) return;
+  in_flight_ = false;
+  auto it = ranks_.find(a.rank);
+  if (it == ranks_.end()) return;
+  Rank& r = it->second;
+  if (r.phase == SwapPhase::kDone) return;
+  if (a.kind == SwapAction::kSwapOut) {
+    if (ok) {
+      r.phase = SwapPhase::kOut;
+      ++stats_.swaps_out;
+      stats_.bytes_out += a.bytes;
+      stats_.seconds_out += seconds;
+      if (!Blocked(r)) r.ready_since_ns = now_ns;  // its wait ended while it was being swapped out
+    } else {
+      // Why resident again: a failed lock leaves the process running (driver API); a failed checkpoint is undone by
+      // the driver wrapper's unlock. It stays on the GPU and is not picked again until it blocks anew.
+      r.phase = SwapPhase::kResident;
+      r.out_bytes = 0;
+      ++stats_.failures;
+    }
+  } else {
+    if (ok) {
+      r.phase = SwapPhase::kResident;
+      r.out_bytes = 0;
+      ++stats_.swaps_in;
+      stats_.bytes_in += a.bytes;
+      stats_.seconds_in += seconds;
+      r.last_activity_ns = now_ns;
+    } else {
+      // Why not retried: a failed restore leaves the process in an unknown state (the driver may have marked it
+      // FAILED); the rank is reported and given up on, and the run continues with the others.
+      r.phase = SwapPhase::kDone;
+      r.out_bytes = 0;
+      ++stats_.failures;
+      ++stats_.finished;
+    }
+  }
+  UpdatePeaks();
+}
+
+std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint64_t now_ns) {
+  const uint64_t cap = cfg_.gpu_cap_bytes;
+  const uint64_t stall_ns = static_cast<uint64_t>(std::max(cfg_.stall_s, 0.0) * 1e9);
+  std::vector<Rank*> resident, candidates;
+  bool stalled = true, unsampled_resident = false;
+  for (auto& [k, r] : ranks_) {
+    if (r.gpu != gpu) continue;
+    if (OnGpu(r)) {
+      resident.push_back(&r);
+      if (r.phase == SwapPhase::kAdmitted || (!r.sampled && r.phase == SwapPhase::kResident)) unsampled_resident = true;
+      // Why silence counts after stall_s: a rank waiting outside an exchange (a store key, its start-up) never says
+      // so; the GPU must not wait for it forever. A rank still starting (admitted, no hello) is not stalled.
+      const bool silent = r.phase == SwapPhase::kResident && now_ns > r.last_activity_ns + stall_ns;
+      if (!(r.phase == SwapPhase::kResident && (Blocked(r) || silent))) stalled = false;
+    } else if (r.phase == SwapPhase::kUnstarted || (r.phase == SwapPhase::kOut && !Blocked(r))) {
+      candidates.push_back(&r);
+    }
+  }
+  const uint64_t used = GpuUsed(gpu);
+  const uint64_t host_used = HostUsed();
+  auto victim = [&](const Rank* keep) -> Rank* {
+    // Blocked residents, those fewest others wait for first, then the largest (frees most), then the highest rank.
+    Rank* best = nullptr;
+    std::tuple<int, uint64_t, int> best_key{};
+    for (Rank* r : resident) {
+      if (r == keep || r->phase != SwapPhase::kResident || !Blocked(*r) || r->pid <= 0) continue;
+      const uint64_t fp = Footprint(r->rank);
+      if (cfg_.host_cap_bytes > 0 && host_used + fp > cfg_.host_cap_bytes) {
+        Notice("host:" + std::to_string(r->rank),
+               fmt::format("swap: rank {} ({}) cannot be swapped out: the host budget {} holds {} already "
+                           "(--host-mem-cap)",
+                           r->rank, FormatBytes(fp), FormatBytes(cfg_.host_cap_bytes), FormatBytes(host_used)));
+        continue;
+      }
+      auto key = std::make_tuple(-Needers(r->rank), fp, r->rank);
+      if (!best || key > best_key) {
+        best = r;
+        best_key = key;
+      }
+    }
+    return best;
+  };
+  auto out_action = [&](Rank* v, const std::string& why) {
+    SwapAction a;
+    a.kind = SwapAction::kSwapOut;
+    a.rank = v->rank;
+    a.pid = v->pid;
+    a.bytes = Footprint(v->rank);
+    a.gpu = gpu;
+    a.why = why;
+    return a;
+  };
+
+  // Over the cap (footprints grew after the ranks were placed): make room as soon as a rank blocks.
+  if (cap > 0 && used > cap && resident.size() > 1) {
+    if (Rank* v = victim(nullptr)) {
+      return out_action(v, fmt::format("GPU {} holds {} of its {}", gpu, FormatBytes(used), FormatBytes(cap)));
+    }
+  }
+  if (candidates.empty()) return std::nullopt;
+
+  std::sort(candidates.begin(), candidates.end(), [&](const Rank* a, const Rank* b) {
+    const int na = Needers(a->rank), nb = Needers(b->rank);
+    if (na != nb) return na > nb;
+    const bool oa = a->phase == SwapPhase::kOut, ob = b->phase == SwapPhase::kOut;
+    if (oa != ob) return oa;
+    if (oa && a->ready_since_ns != b->ready_since_ns) return a->ready_since_ns < b->ready_since_ns;
+    return a->rank < b->rank;
+  });
+  Rank* c = candidates.front();
+  const uint64_t need = c->phase == SwapPhase::kOut ? c->out_bytes : Footprint(c->rank);
+  const int needers = Needers(c->rank);
+  auto in_action = [&](const std::string& why) {
+    SwapAction a;
+    a.kind = c->phase == SwapPhase::kOut ? SwapAction::kSwapIn : SwapAction::kAdmit;
+    a.rank = c->rank;
+    a.pid = c->pid;
+    a.bytes = need;
+    a.gpu = gpu;
+    a.why = why;
+    return a;
+  };
+  const std::string reason =
+      needers > 0 ? fmt::format("{} blocked rank(s) wait for it", needers)
+                  : (c->phase == SwapPhase::kOut ? std::string("its exchange completed") : std::string("not started"));
+  const bool fits = cap == 0 || used + need <= cap;
+  if (fits) {
+    // Why one unsampled rank at a time (without --rank-mem-estimate): its footprint is unknown, so the next one's
+    // estimate would be a guess; once it reported memory or blocked, the next may follow.
+    if (c->phase == SwapPhase::kUnstarted && unsampled_resident && cfg_.rank_estimate_bytes == 0 && !stalled) {
+      return std::nullopt;
+    }
+    return in_action(reason);
+  }
+  if (!stalled) return std::nullopt;  // a resident rank still works: its progress may free the GPU or unblock others
+  if (Rank* v = victim(c)) {
+    return out_action(v, fmt::format("every rank on GPU {} is blocked; rank {} ({}) waits for the GPU: {}", gpu,
+                                      c->rank, FormatBytes(need), reason));
+  }
+  // Nothing can be swapped out (nothing resident, every resident waits outside an exchange, or the host budget is
+  // full): start or restore over the cap rather than deadlock, and say so.
+  const bool host_full = std::any_of(resident.begin(), resident.end(), [&](const Rank* r) {
+    return r->phase == SwapPhase::kResident && Blocked(*r) && cfg_.host_cap_bytes > 0 &&
+           host_used + Footprint(r->rank) > cfg_.host_cap_bytes;
+  });
+  if (host_full) return std::nullopt;  // the budget notice was printed; wait for a swapped-out rank to come back
+  Notice(fmt::format("over:{}:{}", gpu, c->rank),
+         resident.empty()
+             ? fmt::format("swap: rank {} needs {}, more than GPU {}'s cap {} alone; it runs alone there", c->rank,
+                           FormatBytes(need), gpu, FormatBytes(cap))
+             : fmt::format("swap: every rank on GPU {} waits outside an exchange (store, start-up) and cannot be "
+                           "swapped out; rank {} goes on the GPU over the cap ({} + {} > {})",
+                           gpu, c->rank, FormatBytes(used), FormatBytes(need), FormatBytes(cap)));
+  return in_action(reason + "; over the cap");
+}
+
+SwapStats SwapScheduler::Stats() const {
+  SwapStats s = stats_;
+  s.ranks = static_cast<int>(ranks_.size());
+  s.resident = s.out = s.unstarted = 0;
+  for (const auto& [k, r] : ranks_) {
+    if (OnGpu(r)) ++s.resident;
+    if (r.phase == SwapPhase::kOut) ++s.out;
+    if (r.phase == SwapPhase::kUnstarted) ++s.unstarted;
+  }
+  return s;
+}
+
+bool ParseBytes(const std::string& text, uint64_t* bytes) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || !std::isfinite(v) || v < 0) return false;
+  std::string unit(end);
+  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (unit.size() == 2 && (unit[1] == 'i' || unit[1] == 'I')) unit.pop_back();
+  double mul = 1;
+  if (unit.empty()) {
+    mul = 1;
+  } else if (unit.size() == 1) {
+    switch (unit[0]) {
+      case 'k': case 'K': mul = 1024.0; break;
+      case 'm': case 'M': mul = 1024.0 * 1024; break;
+      case 'g': case 'G': mul = 1024.0 * 1024 * 1024; break;
+      case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; break;
+      default: return false;
+    }
+  } else {
+    return false;
+  }
+  *bytes = static_cast<uint64_t>(v * mul);
+  return true;
+}
+
+std::string FormatBytes(uint64_t b) {
+  const double v = static_cast<double>(b);
+  if (b >= (1ull << 30)) return fmt::format("{:.1f} GiB", v / (1ull << 30));
+  if (b >= (1ull << 20)) return fmt::format("{:.1f} MiB", v / (1ull << 20));
+  if (b >= (1ull << 10)) return fmt::format("{:.1f} KiB", v / (1ull << 10));
+  return fmt::format("{} B", b);
+}
+
+}  // namespace prism::coord

@@ -1,0 +1,140 @@
+// Context switching for `prism-run collect` (issue 7, docs/collect.md "Context switching"): which real rank is on
+// which GPU, and when one is swapped out of GPU memory (cuCheckpointProcessLock + Checkpoint: its GPU memory moves to
+// host RAM) or back in (Restore + Unlock), or allowed to start at all. Pure logic, no driver and no clock: the
+// coordinator feeds it what it learns from the ranks (hello, memory samples, exchange waits, activity, goodbye) and
+// runs the one action it returns at a time on a worker thread (swap_driver.h), then reports the outcome.
+//
+// Rules (each one is a unit test in swap_scheduler_test.cc):
+//  - A GPU never holds more than its cap: the sum of the footprints of its resident ranks (each rank's peak device
+//    bytes from its memory samples plus the CUDA context, or the estimate for a rank that reported nothing yet).
+//    The exceptions are printed as notices: a rank that alone is bigger than the cap, and a stalled GPU whose
+//    resident ranks all wait outside an exchange (they cannot be swapped), where the next rank starts over the cap.
+//  - Only a rank blocked in an exchange (a collective or a receive with real peers; it has synchronised its stream
+//    and waits on the host, no GPU work in flight) is swapped out, and only while the host budget (the sum of the
+//    footprints of swapped-out ranks) stays within its cap; otherwise the scheduler waits and says why.
+//  - A rank is started only when its GPU has room for it (start-at-admission: the launcher asks before spawning).
+//  - Who goes on the GPU next: ranks whose exchange completed while they were out, and ranks not started yet; first
+//    those that most blocked ranks wait for (a pending collective or receive needs them: the paper's Appendix A),
+//    then swapped-out ranks before new ones, then the one that waited longest.
+//  - No deadlock: a GPU is stalled when every resident rank is blocked (or has been silent for `stall_s`); only then
+//    does a resident rank make room for a waiting one. A GPU with nothing resident always takes the next rank.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace prism::coord {
+
+struct SwapConfig {
+  bool enabled = false;
+  uint64_t gpu_cap_bytes = 0;   // per GPU; the coordinator fills it from the driver when 0 (total memory - margin)
+  uint64_t host_cap_bytes = 0;  // bytes of host RAM swapped-out ranks may hold in all; 0: unlimited
+  uint64_t context_bytes = 512ull << 20;  // added to each rank's tracked bytes (CUDA context, cuBLAS workspaces)
+  // Footprint assumed for a rank that reported no memory yet; 0: the largest footprint learned so far, and at most
+  // one such rank resident per GPU unless the GPU is stalled.
+  uint64_t rank_estimate_bytes = 0;
+  double stall_s = 10;  // a resident rank silent this long (no bus message) counts as blocked for the stall rule
+  std::map<int, std::string> rank_gpu;  // rank -> GPU key (host/device); a rank not listed uses its hello's
+  std::string driver = "libcuda.so.1";  // the library the checkpoint driver dlopens
+  int lock_timeout_ms = 60000;          // cuCheckpointProcessLock's timeout
+};
+
+enum class SwapPhase { kUnstarted, kAdmitted, kResident, kSwappingOut, kOut, kSwappingIn, kDone };
+const char* SwapPhaseName(SwapPhase p);
+
+struct SwapAction {
+  enum Kind { kAdmit, kSwapOut, kSwapIn } kind = kAdmit;
+  int rank = -1;
+  int pid = 0;
+  uint64_t bytes = 0;  // the footprint the decision used
+  std::string gpu;
+  std::string why;  // one line for people
+};
+const char* SwapActionName(SwapAction::Kind k);
+
+struct SwapStats {
+  uint64_t swaps_out = 0, swaps_in = 0, admits = 0, failures = 0;
+  uint64_t bytes_out = 0, bytes_in = 0;
+  double seconds_out = 0, seconds_in = 0;
+  uint64_t peak_gpu_bytes = 0;   // the largest resident sum of any GPU (footprints as the scheduler counts them)
+  uint64_t peak_host_bytes = 0;  // the largest swapped-out sum
+  int ranks = 0, finished = 0, resident = 0, out = 0, unstarted = 0;
+};
+
+class SwapScheduler {
+ public:
+  explicit SwapScheduler(SwapConfig cfg);
+
+  const SwapConfig& config() const { return cfg_; }
+  void SetGpuCap(uint64_t bytes) { cfg_.gpu_cap_bytes = bytes; }
+
+  // A real rank of the run, not started yet (the launcher asks Admitted before starting it).
+  void AddRank(int rank, const std::string& gpu);
+  // The rank said hello (its process id is what the checkpoint calls take). A rank never added is added resident
+  // (e.g. started by another launcher); `gpu` is used when AddRank gave none.
+  void Started(int rank, int pid, const std::string& gpu, uint64_t now_ns);
+  // A memory sample: the rank's peak tracked device bytes so far.
+  void Memory(int rank, uint64_t peak_bytes);
+  // Any message from the rank.
+  void Activity(int rank, uint64_t now_ns);
+  // The real ranks `rank` now waits for in exchanges (empty: it is not blocked). Only waits that block the rank's
+  // host thread count (collectives, receives).
+  void SetWaits(int rank, std::vector<int> waiting_for);
+  // The rank is gone (goodbye, lost connection, exited).
+  void Done(int rank);
+
+  // The next action, or nullopt (nothing to do, or an action is still running). The caller runs it and calls
+  // Finished; admissions finish at once (the launcher starts the process).
+  std::optional<SwapAction> Next(uint64_t now_ns);
+  void Finished(const SwapAction& a, bool ok, double seconds, uint64_t now_ns);
+
+  bool Admitted(int rank) const;  // may the launcher start it
+  bool busy() const { return in_flight_; }
+  SwapPhase phase(int rank) const;
+  uint64_t Footprint(int rank) const;
+  uint64_t GpuUsed(const std::string& gpu) const;
+  uint64_t HostUsed() const;
+  SwapStats Stats() const;
+  // Lines for people that appeared since the last call (budget waits, over-cap starts); each said once per cause.
+  std::vector<std::string> TakeNotices();
+
+ private:
+  struct Rank {
+    int rank = -1;
+    std::string gpu;
+    SwapPhase phase = SwapPhase::kUnstarted;
+    int pid = 0;
+    uint64_t peak = 0;
+    bool sampled = false;
+    std::vector<int> waiting_for;
+    uint64_t last_activity_ns = 0;
+    uint64_t ready_since_ns = 0;  // out with its wait over, or unstarted: since when it wants the GPU
+    uint64_t out_bytes = 0;       // what it holds in host RAM while out
+  };
+  bool OnGpu(const Rank& r) const {
+    return r.phase == SwapPhase::kAdmitted || r.phase == SwapPhase::kResident || r.phase == SwapPhase::kSwappingIn ||
+           r.phase == SwapPhase::kSwappingOut;
+  }
+  bool Blocked(const Rank& r) const { return !r.waiting_for.empty(); }
+  uint64_t Estimate() const;
+  int Needers(int rank) const;
+  std::optional<SwapAction> DecideGpu(const std::string& gpu, uint64_t now_ns);
+  void Notice(const std::string& key, const std::string& text);
+  void UpdatePeaks();
+
+  SwapConfig cfg_;
+  std::map<int, Rank> ranks_;
+  bool in_flight_ = false;
+  SwapStats stats_;
+  std::vector<std::string> notices_;
+  std::map<std::string, bool> noticed_;
+};
+
+// "80G", "80GiB", "512M", "1.5T", "123456" (bytes) -> bytes; false for anything else.
+bool ParseBytes(const std::string& text, uint64_t* bytes);
+std::string FormatBytes(uint64_t bytes);
+
+}  // namespace prism::coord
