@@ -240,6 +240,35 @@ std::optional<int64_t> GraphRelease::Completion(const Inst& i, int* last_rank) {
   return latest + DurationNs(parts);
 }
 
+int64_t GraphRelease::ComputeNs(int rank, const trace::Node& n) const {
+  const double f = compute_scale_.empty() ? 1.0 : compute_scale_[static_cast<size_t>(rank)];
+  return UsToNs(n.dur_us * f);
+}
+
+bool GraphRelease::SetStragglers(const std::vector<std::pair<int32_t, double>>& stragglers, std::string* error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<double> scale(trace_.ranks.size(), 1.0);
+  for (auto [rank, f] : stragglers) {
+    if (rank < 0 || static_cast<size_t>(rank) >= trace_.ranks.size()) {
+      *error = "straggler rank " + std::to_string(rank) + " is outside the graph's world (size " +
+               std::to_string(trace_.ranks.size()) + ")";
+      return false;
+    }
+    if (!(f > 0)) {
+      *error = "straggler factor for rank " + std::to_string(rank) + " must be > 0";
+      return false;
+    }
+    if (IsReal(rank)) {
+      *error = "straggler rank " + std::to_string(rank) +
+               " runs for real: its compute is measured on the GPU, not replayed; name a virtual rank";
+      return false;
+    }
+    scale[static_cast<size_t>(rank)] = f;
+  }
+  compute_scale_ = std::move(scale);
+  return true;
+}
+
 int64_t GraphRelease::LocalOffsetNs(int rank, uint32_t target) {
   // The rank alone, communication taking no time: when it reaches `target` after its own compute.
   const trace::RoleClass& rc = trace_.classes[trace_.ranks[rank].cls];
@@ -262,7 +291,7 @@ int64_t GraphRelease::LocalOffsetNs(int rank, uint32_t target) {
         }
         if (!ready) break;
         if (n.id == target) return start;
-        fin[n.id] = start + (n.kind == trace::NodeKind::kCompute ? UsToNs(n.dur_us) : 0);
+        fin[n.id] = start + (n.kind == trace::NodeKind::kCompute ? ComputeNs(rank, n) : 0);
         ++cur[s];
         progress = true;
       }
@@ -307,7 +336,7 @@ void GraphRelease::Pump() {
           arrival_.emplace(inst, start);
           int64_t end = 0;
           if (n.kind == trace::NodeKind::kCompute) {
-            end = start + UsToNs(n.dur_us);
+            end = start + ComputeNs(v, n);
           } else {
             std::optional<int64_t> c = Completion(inst, nullptr);
             if (!c) break;  // a participant has not arrived: conservative, wait for it

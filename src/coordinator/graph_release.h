@@ -40,6 +40,11 @@ class GraphRelease : public ReleasePolicy {
 
   ReleaseDecision Decide(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals) override;
 
+  // What-if straggler in emulation (`--what-if straggler=R:F`): virtual rank R's compute nodes take F times their
+  // graph duration, as `prism-run simulate --what-if` scales them. False with *error for a real rank (its compute is
+  // measured, not replayed), a rank outside the graph or a factor <= 0. Call before the first Decide.
+  bool SetStragglers(const std::vector<std::pair<int32_t, double>>& stragglers, std::string* error);
+
   // Counters, for tests and status.
   struct Stats {
     uint64_t decided = 0;     // releases computed from the graph
@@ -87,6 +92,7 @@ class GraphRelease : public ReleasePolicy {
   std::optional<int64_t> Completion(const Inst& i, int* last_rank);
   int64_t DurationNs(const std::vector<Inst>& parts);
   int64_t LocalOffsetNs(int rank, uint32_t node);
+  int64_t ComputeNs(int rank, const trace::Node& n) const;
   void Pump();
   bool IsReal(int rank) const;
 
@@ -97,6 +103,7 @@ class GraphRelease : public ReleasePolicy {
   uint32_t steady_iter_ = 0;
   bool Steady(int rank, uint32_t node) const;
   std::vector<ClassInfo> classes_;
+  std::vector<double> compute_scale_;  // per rank (empty: every rank 1)
   // sorted members -> indices in trace_.comms, in graph order (CommView::member_twin picks one)
   std::map<std::vector<int32_t>, std::vector<int>> comm_by_members_;
 

@@ -55,8 +55,11 @@ uint32_t SteadyIter(const trace::Trace& t) {
 // nodes take what GraphRelease decides; their per-communicator sequence is their issue order (node id order within
 // the slot), as libprism counts them; repetitions after the first skip the set-up iteration (the job does not
 // repeat it).
-LoopResult ClosedLoop(const trace::Trace& t, int real, uint32_t reps) {
+LoopResult ClosedLoop(const trace::Trace& t, int real, uint32_t reps,
+                      const std::vector<std::pair<int32_t, double>>& stragglers = {}) {
   GraphRelease gr(t, {real});
+  std::string err;
+  EXPECT_TRUE(gr.SetStragglers(stragglers, &err)) << err;
   const trace::RoleClass& rc = t.classes[t.ranks[real].cls];
   const uint32_t steady = SteadyIter(t);
   std::map<uint32_t, uint32_t> iter_of;
@@ -194,11 +197,13 @@ class GraphClosedLoop : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  double SimulatedEndNs(int rank) {
+  double SimulatedEndNs(int rank, const std::vector<std::pair<int32_t, double>>& stragglers = {}) {
     replay::CostModel model;
     std::string err;
     EXPECT_TRUE(model.Init(replay::Topology{}, replay::CostModelOptions{}, &err)) << err;
-    replay::Simulator sim(t_, model);
+    replay::EngineOptions eo;
+    eo.compute_scale = stragglers;
+    replay::Simulator sim(t_, model, eo);
     replay::SimResult r = sim.Run();
     if (const char* d = std::getenv("CLOSED_LOOP_DEBUG")) {
       std::ofstream(std::string(d) + "/sim" + std::to_string(rank) + ".json") << sim.ChromeTrace({rank}).dump();
@@ -227,6 +232,33 @@ TEST_F(GraphClosedLoop, RealRankFinishesWhereTheReplayEngineSays) {
     EXPECT_NEAR(static_cast<double>(loop.end_ns), sim, 0.02 * sim)
         << "closed loop " << loop.end_ns / 1e6 << " ms, simulate " << sim / 1e6 << " ms";
   }
+}
+
+// Issue 8's straggler what-if in emulation: a virtual rank 14 % slower (the paper's thermal throttling) moves the
+// real rank the way `simulate --what-if straggler=R:1.14` says. Rank 32 is rank 0's pipeline peer (stage 1 of the
+// same replica): it must slow rank 0 down. Rank 33 (rank 32's tensor-parallel partner), rank 2 (a data-parallel
+// peer of rank 0) and rank 35 (another replica's stage 1): in this graph simulate says they leave rank 0 as it was
+// (their compute has slack at 1.14x), and the closed loop must agree either way.
+TEST_F(GraphClosedLoop, VirtualStragglerMovesTheRealRankAsSimulateSays) {
+  const double base = SimulatedEndNs(0);
+  for (int slow : {32, 33, 2, 35}) {
+    SCOPED_TRACE("straggler rank " + std::to_string(slow));
+    const std::vector<std::pair<int32_t, double>> what_if = {{slow, 1.14}};
+    const double sim = SimulatedEndNs(0, what_if);
+    LoopResult loop = ClosedLoop(t_, 0, 1, what_if);
+    EXPECT_EQ(loop.stats.blocked, 0u);
+    EXPECT_EQ(loop.stats.unmatched, 0u);
+    std::printf("straggler %d x1.14: rank 0 closed loop %.3f ms, simulate %.3f ms (no straggler %.3f ms)\n", slow,
+                loop.end_ns / 1e6, sim / 1e6, base / 1e6);
+    if (slow == 32) EXPECT_GT(sim, base * 1.01) << "the what-if should slow rank 0 down";
+    EXPECT_NEAR(static_cast<double>(loop.end_ns), sim, 0.01 * sim);
+  }
+  GraphRelease gr(t_, {0});
+  std::string err;
+  EXPECT_FALSE(gr.SetStragglers({{0, 1.14}}, &err)) << "rank 0 is real";
+  EXPECT_NE(err.find("runs for real"), std::string::npos) << err;
+  EXPECT_FALSE(gr.SetStragglers({{64, 1.14}}, &err));
+  EXPECT_FALSE(gr.SetStragglers({{3, 0.0}}, &err));
 }
 
 // A live run longer than the collected one: the graph repeats, from its steady iterations (the job does not repeat
