@@ -1,0 +1,121 @@
+#include "launcher/graph_compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+namespace prism::launcher {
+
+namespace {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double ErrPct(double emulated, double simulated) { return 100.0 * (emulated / simulated - 1.0); }
+
+}  // namespace
+
+std::optional<RankGraphComparison> CompareWithGraph(int rank, const std::vector<std::optional<double>>& emulated,
+                                                    const std::vector<int>& graph_iterations,
+                                                    const std::vector<double>& simulated, std::string* error) {
+  if (graph_iterations.empty() || graph_iterations.size() != simulated.size()) {
+    *error = "the simulation has no per-iteration times for rank " + std::to_string(rank);
+    return std::nullopt;
+  }
+  std::map<int, double> sim_of;  // graph iteration -> simulated seconds
+  for (size_t k = 0; k < graph_iterations.size(); ++k) {
+    if (simulated[k] > 0) sim_of[graph_iterations[k]] = simulated[k];
+  }
+  if (sim_of.empty()) {
+    *error = "rank " + std::to_string(rank) + " has no iteration in the graph";
+    return std::nullopt;
+  }
+  // Why this repetition rule: it is GraphRelease's (a graph that starts at iteration 0 holds the job's set-up and
+  // repeats from its second iteration; any other graph repeats whole).
+  std::vector<int> order;
+  for (const auto& [g, s] : sim_of) order.push_back(g);
+  const size_t first_repeat = order.size() >= 2 && order.front() == 0 ? 1 : 0;
+  RankGraphComparison c;
+  c.rank = rank;
+  for (size_t i = 0; i < emulated.size(); ++i) {
+    if (!emulated[i] || *emulated[i] <= 0) continue;
+    const int it = static_cast<int>(i);
+    int g;
+    if (sim_of.count(it)) {
+      g = it;
+    } else if (it > order.back()) {
+      const size_t period = order.size() - first_repeat;
+      const size_t past = static_cast<size_t>(it - order.back() - 1);
+      g = order[first_repeat + past % period];
+    } else {
+      continue;  // an iteration the graph does not hold (a graph built with --skip-iterations): nothing to match
+    }
+    c.pairs.push_back(IterationPair{it, g, *emulated[i], sim_of[g], false});
+  }
+  if (c.pairs.empty()) {
+    *error = "no measured iteration of rank " + std::to_string(rank) + " matches an iteration of the graph";
+    return std::nullopt;
+  }
+  std::vector<double> errs, sims;
+  for (const IterationPair& p : c.pairs) {
+    errs.push_back(ErrPct(p.emulated_s, p.simulated_s));
+    sims.push_back(p.simulated_s);
+  }
+  c.median_error_pct = Median(errs);
+  const double sim_median = Median(sims);
+  std::vector<double> se, ss;
+  double abs_sum = 0;
+  for (IterationPair& p : c.pairs) {
+    p.steady = p.simulated_s <= 1.5 * sim_median;
+    if (!p.steady) continue;
+    se.push_back(p.emulated_s);
+    ss.push_back(p.simulated_s);
+    abs_sum += std::fabs(ErrPct(p.emulated_s, p.simulated_s));
+  }
+  c.steady_count = static_cast<int>(se.size());
+  if (!se.empty()) {
+    c.steady_mean_abs_error_pct = abs_sum / static_cast<double>(se.size());
+    c.steady_median_error_pct = ErrPct(Median(se), Median(ss));
+  }
+  return c;
+}
+
+nlohmann::json ToJson(const RankGraphComparison& c) {
+  nlohmann::json it = nlohmann::json::array();
+  for (const IterationPair& p : c.pairs) {
+    it.push_back({{"iteration", p.iteration},
+                  {"graph_iteration", p.graph_iteration},
+                  {"emulated_s", p.emulated_s},
+                  {"simulated_s", p.simulated_s},
+                  {"steady", p.steady}});
+  }
+  return {{"rank", c.rank},
+          {"median_error_pct", c.median_error_pct},
+          {"steady_iterations", c.steady_count},
+          {"steady_mean_abs_error_pct", c.steady_mean_abs_error_pct},
+          {"steady_median_error_pct", c.steady_median_error_pct},
+          {"iterations", std::move(it)}};
+}
+
+std::string Describe(const RankGraphComparison& c) {
+  std::vector<double> se, ss;
+  for (const IterationPair& p : c.pairs) {
+    if (!p.steady) continue;
+    se.push_back(p.emulated_s);
+    ss.push_back(p.simulated_s);
+  }
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "rank %d: emulated vs simulate(graph): median error %+.2f %% over %zu iterations; steady (%d): mean "
+                "|error| %.2f %%, median %.1f vs %.1f ms (%+.2f %%)",
+                c.rank, c.median_error_pct, c.pairs.size(), c.steady_count, c.steady_mean_abs_error_pct,
+                Median(se) * 1e3, Median(ss) * 1e3, c.steady_median_error_pct);
+  return buf;
+}
+
+}  // namespace prism::launcher

@@ -1,0 +1,51 @@
+// Emulated vs simulated, per real rank (issue 8): after `prism-run --graph G ...`, how each real rank's measured
+// iteration times compare with `prism-run simulate G` for the same rank (same topology, same what-ifs).
+//
+// Iterations are matched by number: live iteration i against the graph's iteration i while the graph has it, then
+// against its steady iterations repeated (the graph repeats from its second iteration when it starts at iteration
+// 0, as the coordinator's GraphRelease does; docs/coordinator.md). Warm-up iterations (torch compiling, first
+// allocations) are in both and differ from run to run, so the summary figures are robust to them:
+//   median_error_pct   the median over matched iterations of (emulated - simulated) / simulated
+//   steady_*           over the matched iterations whose simulated time is within 1.5x of the median simulated
+//                      time of the matched iterations (drops the warm-up outliers): mean |error|, and the error of
+//                      the emulated median against the simulated median over those iterations.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace prism::launcher {
+
+struct IterationPair {
+  int iteration = 0;        // live iteration number
+  int graph_iteration = 0;  // the graph's iteration it was matched with
+  double emulated_s = 0, simulated_s = 0;
+  bool steady = false;
+};
+
+struct RankGraphComparison {
+  int rank = 0;
+  std::vector<IterationPair> pairs;
+  double median_error_pct = 0;
+  int steady_count = 0;
+  double steady_mean_abs_error_pct = 0;
+  double steady_median_error_pct = 0;  // median(emulated) vs median(simulated) over the steady pairs
+};
+
+// emulated: the run's per-iteration times of one rank (index = iteration number; null or <= 0 = not measured).
+// graph_iterations: the graph's iteration numbers in order (SimResult::iteration_ids; simulate's report
+// "iteration_ids"), simulated: that rank's time per graph iteration (same order; <= 0 = the rank has none).
+// nullopt with *error when no iteration can be matched.
+std::optional<RankGraphComparison> CompareWithGraph(int rank, const std::vector<std::optional<double>>& emulated,
+                                                    const std::vector<int>& graph_iterations,
+                                                    const std::vector<double>& simulated, std::string* error);
+
+nlohmann::json ToJson(const RankGraphComparison& c);
+// One line for people: "rank 0: emulated vs simulate(graph): median error -0.94 % over 9 iterations; steady (7):
+// mean |error| 1.19 %, median 270.4 vs 274.0 ms (-1.32 %)".
+std::string Describe(const RankGraphComparison& c);
+
+}  // namespace prism::launcher

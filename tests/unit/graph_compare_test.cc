@@ -1,0 +1,87 @@
+#include "launcher/graph_compare.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace prism::launcher {
+namespace {
+
+// Measured on the GPU (2026-11-29, build 289b321, docs/fill.md): Megatron tiny GPT world 64, rank 0 emulated with
+// the filled graph (report.json iteration_times_s), and `prism-run simulate` of that graph (rank 0's times).
+const std::vector<std::optional<double>> kEmulated = {std::nullopt, 2.8537262080, 0.5288072,  0.265842432,
+                                                      0.277922784,  0.290277408,  0.286922496, 0.270376544,
+                                                      0.257615072,  0.2582488};
+const std::vector<double> kSimulated = {11.408249734, 4.794600195, 0.647216134, 0.274007398, 0.287972134,
+                                        0.292155014,  0.286761005, 0.270274339, 0.257876348, 0.260700742};
+
+std::vector<int> Iota(int n, int from = 0) {
+  std::vector<int> v;
+  for (int i = 0; i < n; ++i) v.push_back(from + i);
+  return v;
+}
+
+TEST(GraphCompare, TheGpuRunOfIssue8AgreesWithinTwoPercentIterationByIteration) {
+  std::string err;
+  auto c = CompareWithGraph(0, kEmulated, Iota(10), kSimulated, &err);
+  ASSERT_TRUE(c) << err;
+  ASSERT_EQ(c->pairs.size(), 9u);  // iteration 0 is not measured live
+  EXPECT_EQ(c->pairs[0].iteration, 1);
+  EXPECT_EQ(c->pairs[0].graph_iteration, 1);
+  // Iterations 1 and 2 (compilation, first allocations) are warm-up outliers, not steady.
+  EXPECT_FALSE(c->pairs[0].steady);
+  EXPECT_FALSE(c->pairs[1].steady);
+  EXPECT_EQ(c->steady_count, 7);
+  EXPECT_NEAR(c->median_error_pct, -0.94, 0.05);
+  EXPECT_NEAR(c->steady_mean_abs_error_pct, 1.18, 0.05);
+  EXPECT_NEAR(c->steady_median_error_pct, -1.32, 0.05);
+  EXPECT_LT(std::fabs(c->steady_median_error_pct), 2.0);
+  std::string line = Describe(*c);
+  EXPECT_NE(line.find("rank 0"), std::string::npos) << line;
+  EXPECT_NE(line.find("steady (7)"), std::string::npos) << line;
+  nlohmann::json j = ToJson(*c);
+  EXPECT_EQ(j["iterations"].size(), 9u);
+  EXPECT_EQ(j["steady_iterations"], 7);
+}
+
+TEST(GraphCompare, ALongerRunRepeatsTheGraphsSteadyIterations) {
+  // The graph holds iterations 0..3 (0 is set-up): live iterations 4, 5, 6, 7 match 1, 2, 3, 1.
+  std::vector<std::optional<double>> live = {std::nullopt, 1.0, 1.1, 1.2, 1.0, 1.1, 1.2, 2.0};
+  std::string err;
+  auto c = CompareWithGraph(0, live, Iota(4), {5.0, 1.0, 1.1, 1.2}, &err);
+  ASSERT_TRUE(c) << err;
+  ASSERT_EQ(c->pairs.size(), 7u);
+  EXPECT_EQ(c->pairs[3].graph_iteration, 1);
+  EXPECT_EQ(c->pairs[4].graph_iteration, 2);
+  EXPECT_EQ(c->pairs[5].graph_iteration, 3);
+  EXPECT_EQ(c->pairs[6].graph_iteration, 1);
+  EXPECT_NEAR(c->pairs[6].simulated_s, 1.0, 1e-12);
+  // Six exact iterations and one twice as slow: the median error is 0, the mean |error| shows the outlier.
+  EXPECT_NEAR(c->median_error_pct, 0.0, 1e-9);
+  EXPECT_NEAR(c->steady_mean_abs_error_pct, 100.0 / 7, 1e-6);
+}
+
+TEST(GraphCompare, AGraphWithoutItsSetUpIterationRepeatsWhole) {
+  // Built with --skip-iterations 2: iterations 2, 3. Live 0, 1 are not in it; 4, 5 repeat 2, 3.
+  std::vector<std::optional<double>> live = {0.5, 0.6, 1.0, 2.0, 1.0, 2.0};
+  std::string err;
+  auto c = CompareWithGraph(3, live, {2, 3}, {1.0, 2.0}, &err);
+  ASSERT_TRUE(c) << err;
+  ASSERT_EQ(c->pairs.size(), 4u);
+  EXPECT_EQ(c->pairs[0].iteration, 2);
+  EXPECT_EQ(c->pairs[2].graph_iteration, 2);
+  EXPECT_EQ(c->pairs[3].graph_iteration, 3);
+  EXPECT_NEAR(c->median_error_pct, 0.0, 1e-9);
+}
+
+TEST(GraphCompare, NothingToCompareIsAnError) {
+  std::string err;
+  EXPECT_FALSE(CompareWithGraph(0, {std::nullopt, 1.0}, {}, {}, &err));
+  EXPECT_FALSE(err.empty());
+  EXPECT_FALSE(CompareWithGraph(0, {std::nullopt, std::nullopt}, {0, 1}, {1.0, 1.0}, &err));
+  EXPECT_NE(err.find("no measured iteration"), std::string::npos) << err;
+  EXPECT_FALSE(CompareWithGraph(0, {1.0}, {0, 1}, {0.0, 0.0}, &err));
+}
+
+}  // namespace
+}  // namespace prism::launcher
