@@ -85,6 +85,52 @@ std::optional<RankGraphComparison> CompareWithGraph(int rank, const std::vector<
   return c;
 }
 
+std::vector<RankGraphComparison> CompareReports(const nlohmann::json& emulated, const nlohmann::json& simulated,
+                                                std::string* error) {
+  std::vector<RankGraphComparison> out;
+  std::vector<int> ids;
+  if (simulated.contains("iteration_ids") && simulated["iteration_ids"].is_array()) {
+    for (const auto& v : simulated["iteration_ids"]) ids.push_back(v.get<int>());
+  }
+  std::map<int, std::vector<double>> sim_by_rank;
+  if (simulated.contains("ranks") && simulated["ranks"].is_array()) {
+    for (const auto& r : simulated["ranks"]) {
+      std::vector<double> t;
+      if (r.contains("iteration_times_s") && r["iteration_times_s"].is_array()) {
+        for (const auto& v : r["iteration_times_s"]) t.push_back(v.is_number() ? v.get<double>() : 0.0);
+      } else if (r.contains("iteration_time_s") && r["iteration_time_s"].is_number() && ids.size() == 1) {
+        t.push_back(r["iteration_time_s"].get<double>());  // one iteration: simulate writes no list
+      }
+      sim_by_rank[r.value("rank", -1)] = std::move(t);
+    }
+  }
+  std::string why;
+  if (emulated.contains("ranks") && emulated["ranks"].is_array()) {
+    for (const auto& r : emulated["ranks"]) {
+      const int rank = r.value("rank", -1);
+      std::vector<std::optional<double>> live;
+      if (r.contains("iteration_times_s") && r["iteration_times_s"].is_array()) {
+        for (const auto& v : r["iteration_times_s"]) {
+          live.push_back(v.is_number() ? std::optional<double>(v.get<double>()) : std::nullopt);
+        }
+      }
+      auto it = sim_by_rank.find(rank);
+      if (it == sim_by_rank.end()) {
+        why = "rank " + std::to_string(rank) + " is not in the simulation";
+        continue;
+      }
+      std::string e;
+      if (auto c = CompareWithGraph(rank, live, ids, it->second, &e)) {
+        out.push_back(std::move(*c));
+      } else {
+        why = e;
+      }
+    }
+  }
+  if (out.empty()) *error = why.empty() ? "the emulation report has no ranks" : why;
+  return out;
+}
+
 nlohmann::json ToJson(const RankGraphComparison& c) {
   nlohmann::json it = nlohmann::json::array();
   for (const IterationPair& p : c.pairs) {

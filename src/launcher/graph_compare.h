@@ -43,6 +43,12 @@ std::optional<RankGraphComparison> CompareWithGraph(int rank, const std::vector<
                                                     const std::vector<int>& graph_iterations,
                                                     const std::vector<double>& simulated, std::string* error);
 
+// Every real rank of an emulation report (report.json: ranks[].iteration_times_s) against a simulate report of the
+// graph (report.json: iteration_ids, ranks[].iteration_times_s). Ranks without measured iterations are left out;
+// empty with *error when none could be compared.
+std::vector<RankGraphComparison> CompareReports(const nlohmann::json& emulated, const nlohmann::json& simulated,
+                                                std::string* error);
+
 nlohmann::json ToJson(const RankGraphComparison& c);
 // One line for people: "rank 0: emulated vs simulate(graph): median error -0.94 % over 9 iterations; steady (7):
 // mean |error| 1.19 %, median 270.4 vs 274.0 ms (-1.32 %)".

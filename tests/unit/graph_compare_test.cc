@@ -74,6 +74,24 @@ TEST(GraphCompare, AGraphWithoutItsSetUpIterationRepeatsWhole) {
   EXPECT_NEAR(c->median_error_pct, 0.0, 1e-9);
 }
 
+TEST(GraphCompare, ReportsOfBothSides) {
+  nlohmann::json live = {{"mode", "emulate"},
+                         {"ranks", {{{"rank", 0}, {"iteration_times_s", kEmulated.size()}}, {{"rank", 7}}}}};
+  nlohmann::json times = nlohmann::json::array();
+  for (const auto& v : kEmulated) times.push_back(v ? nlohmann::json(*v) : nlohmann::json());
+  live["ranks"][0]["iteration_times_s"] = times;
+  nlohmann::json sim = {{"mode", "simulate"}, {"iteration_ids", Iota(10)}, {"ranks", nlohmann::json::array()}};
+  for (int r = 0; r < 8; ++r) sim["ranks"].push_back({{"rank", r}, {"iteration_times_s", kSimulated}});
+  std::string err;
+  auto cs = CompareReports(live, sim, &err);
+  ASSERT_EQ(cs.size(), 1u) << err;  // rank 7 has no measured iteration
+  EXPECT_EQ(cs[0].rank, 0);
+  EXPECT_NEAR(cs[0].median_error_pct, -0.94, 0.05);
+  sim["ranks"] = nlohmann::json::array();
+  EXPECT_TRUE(CompareReports(live, sim, &err).empty());
+  EXPECT_NE(err.find("not in the simulation"), std::string::npos) << err;
+}
+
 TEST(GraphCompare, NothingToCompareIsAnError) {
   std::string err;
   EXPECT_FALSE(CompareWithGraph(0, {std::nullopt, 1.0}, {}, {}, &err));
