@@ -30,20 +30,37 @@ megatron_check() {  # NAME RANKS NNODES TP PP GBS [args]: trains 10 iterations, 
     echo "loss=$(tail -1 "$out/$name.loss" | sed -E 's/.*lm loss: ([0-9.E+-]+).*/\1/')" >> "$out/$name.detail"
   fi
 }
-# collect (issue 7): data-parallel replica 0 of world 64 tp2 pp2 (ranks 0, 1, 32, 33) on the one GPU, real data
-# between them; then rank 63 replays rank 33's recorded payloads.
+# collect (issue 7) and fill (issue 8) take their job's shape from FILL_SHAPE:
+#   w64      world 64 (8 x 8), tp 2, pp 2, global batch 64 (2 micro-batches per replica), 10 iterations (default)
+#   w128pp4  world 128 (16 x 8), tp 2, pp 4, global batch 256 (8 micro-batches: a large 1F1B bubble), 10 iterations
+fill_shape() {
+  case ${FILL_SHAPE:-w64} in
+    w64) shape_tag=w64 shape_nnodes=8 shape_pp=2 shape_gbs=64 ;;
+    w128pp4) shape_tag=w128pp4 shape_nnodes=16 shape_pp=4 shape_gbs=256 ;;
+    *) echo "unknown FILL_SHAPE ${FILL_SHAPE}"; return 1 ;;
+  esac
+  shape_job=(torchrun --nnodes "$shape_nnodes" --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_TINY_ARGS[@]}"
+    --tensor-model-parallel-size 2 --pipeline-model-parallel-size "$shape_pp" --global-batch-size "$shape_gbs"
+    --train-iters 10)
+  # Replica 0's ranks: tp 0/1 of every stage (a stage is world / pp ranks apart in Megatron's default order).
+  local st=$((shape_nnodes * 8 / shape_pp)) p
+  shape_replica=()
+  for ((p = 0; p < shape_pp; p++)); do shape_replica+=($((p * st)) $((p * st + 1))); done
+  shape_last=$(((shape_pp - 1) * st + 1))
+}
+# collect: data-parallel replica 0 on the one GPU, real data between its ranks; then (w64r63rec) rank 63 replays
+# rank 33's recorded payloads.
 megatron_collect() {
-  local name=megatron_w64_collect dir=$out/megatron_w64_collect
+  fill_shape || return 1
+  local name=megatron_${shape_tag}_collect dir=$out/megatron_${shape_tag}_collect
   (cd "$MEGATRON" && timeout -s INT -k 20 "${MEGATRON_TIMEOUT:-400}" "$PRISM_RUN" collect --out "$dir" \
-     torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_TINY_ARGS[@]}" \
-     --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --global-batch-size 64 --train-iters 10) \
-     > "$out/$name.out" 2>&1 || { echo "collect exit $?"; tail -20 "$out/$name.out"; return 1; }
+     "${shape_job[@]}") > "$out/$name.out" 2>&1 || { echo "collect exit $?"; tail -20 "$out/$name.out"; return 1; }
   local rep=$dir/report.json
   json_get "$rep" '"iterations=%s iter_s=%.4f ranks=%s" % (r["iterations"], r["iteration_time_s"] or 0, [x["rank"] for x in r["ranks"]])' > "$out/$name.detail"
   echo "payload_MiB=$(du -sm "$dir/payloads" | cut -f1) graph=$([ -f "$dir/observed.prism" ] && echo yes || echo no)" >> "$out/$name.detail"
   grep -h "lm loss:" "$dir"/logs/*.log | tail -1 | sed -E 's/.*lm loss: ([0-9.E+-]+).*/loss=\1/' >> "$out/$name.detail"
   [ "$(json_get "$rep" 'r["iterations"]')" -ge 9 ] || return 1
-  for r in 0 1 32 33; do [ -s "$dir/payloads/rank$r.bin" ] || { echo "no payloads for rank $r"; return 1; }; done
+  for r in "${shape_replica[@]}"; do [ -s "$dir/payloads/rank$r.bin" ] || { echo "no payloads for rank $r"; return 1; }; done
   [ -f "$dir/observed.prism" ] || { echo "no observed.prism"; grep -i "observed\|graph\|class" "$out/$name.out" | tail -5; return 1; }
   "$PRISM_RUN" simulate "$dir/observed.prism" --out "$dir/simulate" > "$out/$name.simulate.log" 2>&1 || true
 }
@@ -62,24 +79,41 @@ ops_prism() {  # NAME NNODES
   [ $rc -eq 0 ] && [[ "$ops" == *PASS* ]]
 }
 # fill (issue 8): from the collect run above, each class alone against the others replayed from the graph; then
-# ranks 0 and 33 (different pipeline stages) emulated with the filled graph, compared with simulate's estimate.
+# the first and last stage's tp-0 ranks (FILL_EMULATE_RANKS, default 0 and the last stage's) emulated with the
+# filled graph: the report compares each with simulate of the graph iteration by iteration (graph_comparison);
+# then rank 0 with the mirror policy and no graph (which cannot see the pipeline bubble), and rank 0 with
+# FILL_WHATIF (default straggler=<rank 0's next-stage peer>:1.14) against `simulate --what-if` of the same graph.
 megatron_fill() {
-  local name=megatron_w64_fill dir=$out/megatron_w64_fill col=$out/megatron_w64_collect
-  local -a job=(torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_TINY_ARGS[@]}"
-    --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --global-batch-size 64 --train-iters 10)
+  fill_shape || return 1
+  local name=megatron_${shape_tag}_fill dir=$out/megatron_${shape_tag}_fill col=$out/megatron_${shape_tag}_collect
   [ -f "$col/report.json" ] || { echo "needs the collect case first"; return 1; }
   (cd "$MEGATRON" && timeout -s INT -k 20 "${FILL_TIMEOUT:-420}" "$PRISM_RUN" fill --from "$col" --out "$dir" \
-     --rounds "${FILL_ROUNDS:-2}" "${job[@]}") > "$out/$name.out" 2>&1 || { echo "fill exit $?"; tail -20 "$out/$name.out"; return 1; }
+     --rounds "${FILL_ROUNDS:-2}" "${shape_job[@]}") > "$out/$name.out" 2>&1 || { echo "fill exit $?"; tail -20 "$out/$name.out"; return 1; }
   grep "prism fill: estimate" "$out/$name.out" | sed 's/prism fill: //' > "$out/$name.detail"
-  local r
-  for r in ${FILL_EMULATE_RANKS:-0 33}; do
-    (cd "$MEGATRON" && timeout -s INT -k 20 200 "$PRISM_RUN" --ranks $r --graph "$dir/filled.prism" \
-       --payload recorded --payload-dir "$col" --out "$dir/emulate_rank$r" "${job[@]}") > "$out/$name.rank$r.out" 2>&1 \
-       || { echo "emulate rank $r with the graph: exit $?"; return 1; }
-    echo "rank$r: $(json_get "$dir/emulate_rank$r/report.json" '"emulated %.2f ms" % (1e3*(r["iteration_time_s"] or 0))')" \
-      "graph blocked $(grep -c 'blocked on a real rank' "$out/$name.rank$r.out") unmatched $(grep -c 'does not match the graph' "$out/$name.rank$r.out")" >> "$out/$name.detail"
-  done
   json_get "$dir/fill.json" '"simulate(filled) %.2f ms" % (1e3*r["calibrated_iteration_time_s"])' >> "$out/$name.detail"
+  local r ok=0 peer=$((shape_nnodes * 8 / shape_pp))
+  for r in ${FILL_EMULATE_RANKS:-0 $((shape_last - 1))}; do
+    (cd "$MEGATRON" && timeout -s INT -k 20 200 "$PRISM_RUN" --ranks "$r" --graph "$dir/filled.prism" \
+       --payload recorded --payload-dir "$col" --out "$dir/emulate_rank$r" "${shape_job[@]}") > "$out/$name.rank$r.out" 2>&1 \
+       || { echo "emulate rank $r with the graph: exit $?"; ok=1; continue; }
+    echo "rank$r: $(json_get "$dir/emulate_rank$r/report.json" '"emulated %.2f ms" % (1e3*(r["iteration_time_s"] or 0))')" \
+      "graph blocked $(grep -c 'blocked on a real rank' "$out/$name.rank$r.out") unmatched $(grep -c 'does not match the graph' "$out/$name.rank$r.out");" \
+      "$(grep -h 'emulated vs simulate(graph)' "$out/$name.rank$r.out" | head -1)" >> "$out/$name.detail"
+    grep -q 'emulated vs simulate(graph)' "$out/$name.rank$r.out" || ok=1
+  done
+  if [ "${FILL_MIRROR:-1}" = 1 ]; then
+    (cd "$MEGATRON" && timeout -s INT -k 20 200 "$PRISM_RUN" --ranks 0 --payload recorded --payload-dir "$col" \
+       --out "$dir/mirror_rank0" "${shape_job[@]}") > "$out/$name.mirror0.out" 2>&1 || { echo "mirror rank 0: exit $?"; ok=1; }
+    echo "rank0 mirror (no graph): $(json_get "$dir/mirror_rank0/report.json" '"%.2f ms" % (1e3*(r["iteration_time_s"] or 0))')" >> "$out/$name.detail"
+  fi
+  local what=${FILL_WHATIF:-straggler=$peer:1.14}
+  if [ "$what" != none ]; then
+    (cd "$MEGATRON" && timeout -s INT -k 20 200 "$PRISM_RUN" --ranks 0 --graph "$dir/filled.prism" --what-if "$what" \
+       --payload recorded --payload-dir "$col" --out "$dir/whatif_rank0" "${shape_job[@]}") > "$out/$name.whatif0.out" 2>&1 \
+       || { echo "what-if rank 0: exit $?"; ok=1; }
+    echo "rank0 --what-if $what: $(grep -h 'emulated vs simulate(graph)' "$out/$name.whatif0.out" | head -1)" >> "$out/$name.detail"
+  fi
+  return $ok
 }
 megatron_cases=${MEGATRON_CASES:-w64r0 w64r63 w64r01 w1024r0 mem}
 for c in $megatron_cases; do
@@ -88,8 +122,8 @@ for c in $megatron_cases; do
     w64r63) check megatron_w64_tp2pp2_rank63 megatron_check megatron_w64_tp2pp2_rank63 63 8 2 2 64 ;;
     w64r01) check megatron_w64_tp2pp2_ranks01 megatron_check megatron_w64_tp2pp2_ranks01 0,1 8 2 2 64 ;;
     w1024r0) check megatron_w1024_tp2pp2_rank0 megatron_check megatron_w1024_tp2pp2_rank0 0 128 2 2 512 ;;
-    collect) check megatron_w64_collect megatron_collect ;;
-    fill) check megatron_w64_fill megatron_fill ;;
+    collect) fill_shape && check "megatron_${shape_tag}_collect" megatron_collect ;;
+    fill) fill_shape && check "megatron_${shape_tag}_fill" megatron_fill ;;
     ops1024) check torch_ops_prism_w1024_rank5 ops_prism torch_ops_prism_w1024_rank5 128 ;;
     ops8192) check torch_ops_prism_w8192_rank5 ops_prism torch_ops_prism_w8192_rank5 1024 ;;
     w64r63rec) PRISM_ARGS="--payload recorded --payload-dir $out/megatron_w64_collect" \
