@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -164,6 +165,10 @@ class Coordinator::Impl {
     store_.RetryWaits();
   }
 
+  bool SwapAdmitted(int rank);
+  void SwapRankExited(int rank);
+  SwapStats SwapSummary();
+
   CoordinatorOptions opts_;
   CoordinatorEndpoints ep_;
   std::unique_ptr<VirtualRanks> vr_;
@@ -231,6 +236,16 @@ class Coordinator::Impl {
   void CheckHang();
   // <out>/flight_recorder/nccl_trace_rank_<R> for every real rank (flight_recorder.h); at a hang and at stop.
   void WriteFlightRecorder();
+  // Context switching (swap_scheduler.h). StartSwap: the driver, the caps, the worker thread. PumpSwap (under mu_):
+  // the next action goes to the worker; notices and progress lines. UpdateSwapWaits (under mu_): who waits for whom
+  // in exchanges, after every kOpData. SwapWorker: runs one checkpoint call at a time outside mu_.
+  bool StartSwap(std::string* error);
+  void PumpSwap();
+  void UpdateSwapWaits();
+  void SwapWorker();
+  void SwapPrint(const std::string& line);
+  std::string SwapProgressLine();
+  json SwapJsonLocked();
 
   store::StoreServer store_;
   std::thread thread_;
@@ -261,6 +276,15 @@ class Coordinator::Impl {
   ExchangeHub xhub_;   // real data between real members; under mu_
   std::map<std::pair<uint32_t, uint64_t>, std::string> held_;  // (comm, seq) -> what differs; under mu_
   std::map<uint32_t, std::vector<BusId>> real_id_waiters_;  // passthrough comm -> members asking for its id
+  std::unique_ptr<SwapScheduler> swap_;  // under mu_; null without --swap
+  std::shared_ptr<SwapDriver> swap_driver_;
+  std::thread swap_thread_;
+  std::mutex swap_mu_;  // the worker's job; taken after mu_, never around it
+  std::condition_variable swap_cv_;
+  std::optional<SwapAction> swap_job_;
+  bool swap_stop_ = false;
+  std::chrono::steady_clock::time_point swap_last_progress_{};
+  uint64_t swap_progress_mark_ = 0;  // swaps + finished at the last progress line
 };
 
 bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error) {
@@ -295,6 +319,7 @@ bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error
   vr_ = std::make_unique<VirtualRanks>(vo);
   for (int r : opts_.real_ranks) ranks_[r] = RankState{};
   hang_.set_timeout(opts_.hang_timeout_s);
+  if (opts_.swap.enabled && !StartSwap(error)) return false;
 
   store::StoreServerOptions so;
   so.host = opts_.store_host;
@@ -441,6 +466,14 @@ void Coordinator::Impl::WriteInfo(const char* state) {
 void Coordinator::Impl::Stop() {
   if (stopped_) return;
   stopped_ = true;
+  if (swap_thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(swap_mu_);
+      swap_stop_ = true;
+    }
+    swap_cv_.notify_all();
+    swap_thread_.join();
+  }
   if (thread_.joinable()) {
     stop_ = true;
     uint64_t one = 1;
@@ -513,6 +546,7 @@ void Coordinator::Impl::Loop() {
         if (!c.drop_reason.empty()) drop.push_back(id);
       }
       for (BusId id : drop) DropClient(id);
+      if (swap_) PumpSwap();
     }
     if (tick) {
       MaybeWriteStatus(false);
@@ -626,6 +660,7 @@ void Coordinator::Impl::DropClient(BusId id) {
       if (lost) {
         r.state = "lost";
         hang_.SetState(c.rank, "lost");
+        if (swap_) swap_->Done(c.rank);
       }
       r.conn = 0;
     }
@@ -644,6 +679,7 @@ void Coordinator::Impl::DropClient(BusId id) {
 void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f) {
   using ipc::MsgType;
   status_dirty_ = true;
+  if (swap_ && c.rank >= 0) swap_->Activity(c.rank, NowNs());
   auto parse = [&](json* j) {
     *j = json::parse(f.payload, nullptr, false);
     if (j->is_discarded() || !j->is_object()) {
@@ -717,6 +753,7 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
         s.current_bytes = current;
         s.peak_bytes = std::max(s.peak_bytes, peak);
         s.last_seen_ns = NowNs();
+        if (swap_) swap_->Memory(c.rank, std::max(s.peak_bytes, current));
         return;
       }
       case MsgType::kIteration: {
@@ -734,6 +771,7 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
         s.peak_bytes = std::max(s.peak_bytes, peak);
         s.torch_max_allocated = std::max(s.torch_max_allocated, torch_max);
         s.last_seen_ns = NowNs();
+        if (swap_ && s.peak_bytes > 0) swap_->Memory(c.rank, s.peak_bytes);
         hang_.Progress(c.rank, s.last_seen_ns);
         return;
       }
@@ -773,6 +811,7 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
           cl->second.out.append(o.frames);
           Flush(cl->first, cl->second);
         }
+        if (swap_) UpdateSwapWaits();
         return;
       }
       case MsgType::kBye: {
@@ -783,6 +822,7 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
         hang_.SetState(c.rank, "bye");
         s.bye_reason = (j.is_object() ? j.value("reason", std::string()) : std::string());
         s.last_seen_ns = NowNs();
+        if (swap_) swap_->Done(c.rank);
         Log("coord")->info("rank {} said goodbye{}", c.rank, s.bye_reason.empty() ? "" : ": " + s.bye_reason);
         return;
       }
@@ -829,6 +869,7 @@ void Coordinator::Impl::HandleHello(BusId id, BusClient& c, const json& j) {
   s.local_rank = j.value("local_rank", -1);
   s.connected_ns = s.last_seen_ns = NowNs();
   c.peer = fmt::format("rank {} (pid {})", rank, s.pid);
+  if (swap_) swap_->Started(rank, s.pid, !s.gpu_id.empty() ? s.gpu_id : fmt::format("{}/{}", s.host, s.gpu), NowNs());
   json ack = {{"version", ipc::kVersion},     {"run_id", opts_.run_id},        {"payload", opts_.payload},
               {"topology", opts_.topology},   {"graph", opts_.graph},          {"layout", opts_.layout},
               {"out_dir", opts_.out_dir},     {"world_size", opts_.world_size}, {"real_ranks", opts_.real_ranks},
@@ -1162,6 +1203,7 @@ json Coordinator::Impl::StatusLocked() {
               {"ops_recorded", s.ops_recorded},
               {"last_seen_ns", s.last_seen_ns}};
     if (!s.bye_reason.empty()) x["bye_reason"] = s.bye_reason;
+    if (swap_) x["swap"] = SwapPhaseName(swap_->phase(r));
     if (s.has_record) {
       uint32_t comm = s.last_record.comm_id, op = s.last_record.op;
       uint64_t seq = s.last_record.seq, bytes = s.last_record.bytes;
@@ -1187,6 +1229,7 @@ json Coordinator::Impl::StatusLocked() {
   json held = json::array();
   for (const auto& [key, what] : held_) held.push_back({{"comm", key.first}, {"seq", key.second}, {"differs", what}});
   j["held"] = std::move(held);
+  if (swap_) j["swap"] = SwapJsonLocked();
   AddPositions(hang_, &j);
   return j;
 }
@@ -1281,6 +1324,217 @@ void Coordinator::Impl::WriteFlightRecorder() {
   });
 }
 
+// ---- Context switching (swap_scheduler.h, docs/collect.md "Context switching") ----
+
+namespace {
+// MemAvailable of /proc/meminfo in bytes (0 when unknown).
+uint64_t HostMemAvailable() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+}  // namespace
+
+bool Coordinator::Impl::StartSwap(std::string* error) {
+  swap_driver_ = opts_.swap_driver;
+  if (!swap_driver_) {
+    std::string why;
+    std::unique_ptr<SwapDriver> d = OpenCudaCheckpointDriver(opts_.swap.driver, &why);
+    if (!d) {
+      *error = "coordinator: context switching (--swap) needs the CUDA driver's checkpoint API: " + why;
+      return false;
+    }
+    swap_driver_ = std::move(d);
+  }
+  SwapConfig cfg = opts_.swap;
+  std::string cap_from = "--gpu-mem-cap";
+  if (cfg.gpu_cap_bytes == 0) {
+    const uint64_t total = swap_driver_->DeviceMemory(0);
+    if (total == 0) {
+      *error = "coordinator: --swap: the driver did not say how much memory GPU 0 has; give --gpu-mem-cap";
+      return false;
+    }
+    // Why a margin: the driver, other processes and fragmentation take some of it.
+    const uint64_t margin = std::max<uint64_t>(2ull << 30, total / 20);
+    cfg.gpu_cap_bytes = total > margin ? total - margin : total;
+    cap_from = fmt::format("GPU 0's {} less {}", FormatBytes(total), FormatBytes(margin));
+  }
+  std::string host_from = "--host-mem-cap";
+  if (cfg.host_cap_bytes == 0) {
+    const uint64_t avail = HostMemAvailable();
+    // Why 80 % of what is available: a checkpointed rank lives in host RAM; 3 x 60 GiB on a 128 GB host killed one.
+    cfg.host_cap_bytes = avail / 10 * 8;
+    host_from = avail ? fmt::format("80% of the {} available", FormatBytes(avail)) : "unknown: unlimited";
+  }
+  swap_ = std::make_unique<SwapScheduler>(cfg);
+  for (int r : opts_.real_ranks) {
+    auto g = cfg.rank_gpu.find(r);
+    swap_->AddRank(r, g == cfg.rank_gpu.end() ? std::string() : g->second);
+  }
+  SwapPrint(fmt::format("prism: swap: on; GPU cap {} ({}), host budget {} ({}), {} rank(s) start as GPUs have room",
+                        FormatBytes(cfg.gpu_cap_bytes), cap_from,
+                        cfg.host_cap_bytes ? FormatBytes(cfg.host_cap_bytes) : std::string("unlimited"), host_from,
+                        opts_.real_ranks.size()));
+  swap_last_progress_ = std::chrono::steady_clock::now();
+  swap_thread_ = std::thread([this] { SwapWorker(); });
+  return true;
+}
+
+void Coordinator::Impl::SwapPrint(const std::string& line) {
+  if (opts_.swap_print) {
+    opts_.swap_print(line);
+  } else {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+}
+
+std::string Coordinator::Impl::SwapProgressLine() {
+  SwapStats s = swap_->Stats();
+  return fmt::format("prism: swap: ranks finished {}/{}, on GPU {}, swapped out {}, not started {}; swaps {} out + {} "
+                     "in, {} moved, {:.1f} s swapping",
+                     s.finished, s.ranks, s.resident, s.out, s.unstarted, s.swaps_out, s.swaps_in,
+                     FormatBytes(s.bytes_out + s.bytes_in), s.seconds_out + s.seconds_in);
+}
+
+void Coordinator::Impl::PumpSwap() {
+  const uint64_t now = NowNs();
+  for (;;) {
+    std::optional<SwapAction> a = swap_->Next(now);
+    if (!a) break;
+    if (a->kind == SwapAction::kAdmit) {
+      Log("coord")->info("swap: rank {} may start on GPU {} ({})", a->rank, a->gpu, a->why);
+      status_dirty_ = true;
+      continue;  // the launcher polls SwapAdmitted; look for more
+    }
+    Log("coord")->info("swap: {} rank {} (pid {}, {}) on GPU {}: {}", SwapActionName(a->kind), a->rank, a->pid,
+                       FormatBytes(a->bytes), a->gpu, a->why);
+    {
+      std::lock_guard<std::mutex> lock(swap_mu_);
+      swap_job_ = *a;
+    }
+    swap_cv_.notify_all();
+    break;  // one checkpoint call at a time
+  }
+  for (const std::string& n : swap_->TakeNotices()) SwapPrint("prism: " + n);
+  const SwapStats s = swap_->Stats();
+  const uint64_t mark = s.swaps_out + s.swaps_in + static_cast<uint64_t>(s.finished);
+  const auto t = std::chrono::steady_clock::now();
+  if (mark != swap_progress_mark_ &&
+      t - swap_last_progress_ >= std::chrono::duration<double>(std::max(opts_.swap_progress_s, 0.0))) {
+    swap_progress_mark_ = mark;
+    swap_last_progress_ = t;
+    SwapPrint(SwapProgressLine());
+  }
+}
+
+void Coordinator::Impl::SwapWorker() {
+  for (;;) {
+    SwapAction a;
+    {
+      std::unique_lock<std::mutex> lock(swap_mu_);
+      swap_cv_.wait(lock, [&] { return swap_stop_ || swap_job_.has_value(); });
+      if (swap_stop_) return;
+      a = *swap_job_;
+      swap_job_.reset();
+    }
+    SwapResult r = a.kind == SwapAction::kSwapOut ? swap_driver_->SwapOut(a.pid, swap_->config().lock_timeout_ms)
+                                                  : swap_driver_->SwapIn(a.pid);
+    std::lock_guard<std::mutex> lock(mu_);
+    swap_->Finished(a, r.ok, r.seconds, NowNs());
+    status_dirty_ = true;
+    // Why progress: a long checkpoint is the run moving on; the hang diagnosis must not take it for a stall.
+    if (r.ok) hang_.Progress(a.rank, NowNs());
+    if (r.ok) {
+      Log("coord")->info("swap: rank {} {} in {:.3f} s ({:.2f} GB/s); GPU {} holds {}, host {}", a.rank,
+                         a.kind == SwapAction::kSwapOut ? "out" : "in", r.seconds,
+                         r.seconds > 0 ? static_cast<double>(a.bytes) / r.seconds / 1e9 : 0.0, a.gpu,
+                         FormatBytes(swap_->GpuUsed(a.gpu)), FormatBytes(swap_->HostUsed()));
+    } else {
+      SwapPrint(fmt::format("prism: swap: {} rank {} failed: {}{}", SwapActionName(a.kind), a.rank, r.error,
+                            a.kind == SwapAction::kSwapOut ? "; it stays on the GPU"
+                                                           : "; the rank is given up on (its process may be stuck)"));
+    }
+    PumpSwap();
+  }
+}
+
+void Coordinator::Impl::UpdateSwapWaits() {
+  std::map<int, std::vector<int>> waiting_for;
+  std::map<uint32_t, std::vector<int>> posted;  // comm -> real members blocked in one of its collectives
+  for (const ExchangeHub::Wait& w : xhub_.Waits()) {
+    if (!w.begin || w.rank < 0) continue;
+    // Why not sends: unless PRISM_SEND_RENDEZVOUS=1 a send completes when posted; its rank is not blocked.
+    if (w.op == 103) continue;
+    if (w.op == 104) {
+      waiting_for[w.rank].push_back(w.peer >= 0 ? w.peer : w.rank);
+      continue;
+    }
+    posted[w.comm_id].push_back(w.rank);
+  }
+  for (const auto& [comm_id, ranks] : posted) {
+    std::vector<int> missing;
+    if (comm_id >= 1 && comm_id <= comms_.size()) {
+      for (int m : comms_[comm_id - 1].real_members) {
+        if (std::find(ranks.begin(), ranks.end(), m) == ranks.end()) missing.push_back(m);
+      }
+    }
+    for (int r : ranks) {
+      auto& v = waiting_for[r];
+      v.insert(v.end(), missing.begin(), missing.end());
+      if (missing.empty()) v.push_back(r);  // blocked all the same (the answer is on its way)
+    }
+  }
+  for (const auto& [r, s] : ranks_) {
+    auto it = waiting_for.find(r);
+    swap_->SetWaits(r, it == waiting_for.end() ? std::vector<int>{} : it->second);
+  }
+}
+
+json Coordinator::Impl::SwapJsonLocked() {
+  SwapStats s = swap_->Stats();
+  const SwapConfig& cfg = swap_->config();
+  return {{"gpu_cap_bytes", cfg.gpu_cap_bytes},
+          {"host_cap_bytes", cfg.host_cap_bytes},
+          {"ranks", s.ranks},
+          {"finished", s.finished},
+          {"on_gpu", s.resident},
+          {"swapped_out", s.out},
+          {"not_started", s.unstarted},
+          {"swaps_out", s.swaps_out},
+          {"swaps_in", s.swaps_in},
+          {"failures", s.failures},
+          {"bytes_out", s.bytes_out},
+          {"bytes_in", s.bytes_in},
+          {"seconds_out", s.seconds_out},
+          {"seconds_in", s.seconds_in},
+          {"peak_gpu_bytes", s.peak_gpu_bytes},
+          {"peak_host_bytes", s.peak_host_bytes}};
+}
+
+bool Coordinator::Impl::SwapAdmitted(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!swap_) return true;
+  return swap_->Admitted(rank);
+}
+
+void Coordinator::Impl::SwapRankExited(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!swap_) return;
+  swap_->Done(rank);
+  PumpSwap();
+}
+
+SwapStats Coordinator::Impl::SwapSummary() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return swap_ ? swap_->Stats() : SwapStats{};
+}
+
 Coordinator::Coordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Coordinator::~Coordinator() { Stop(); }
 
@@ -1302,5 +1556,8 @@ void Coordinator::RegisterGroup(const std::string& name, std::vector<int> member
 }
 std::string Coordinator::StatusJson() { return impl_->StatusJson(); }
 VirtualRanks& Coordinator::virtual_ranks() { return *impl_->vr_; }
+bool Coordinator::SwapAdmitted(int rank) { return impl_->SwapAdmitted(rank); }
+void Coordinator::SwapRankExited(int rank) { impl_->SwapRankExited(rank); }
+SwapStats Coordinator::SwapSummary() { return impl_->SwapSummary(); }
 
 }  // namespace prism::coord

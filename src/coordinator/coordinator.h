@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/swap_driver.h"
+#include "coordinator/swap_scheduler.h"
 #include "coordinator/virtual_ranks.h"
 #include "prism/ipc.h"
 
@@ -86,6 +88,12 @@ struct CoordinatorOptions {
   // Called once per stall on the bus thread, after hang.json is written (argument: its path), e.g. to stop the
   // workers (--on-hang stop). Must not call back into the coordinator. Empty: keep running (--on-hang wait).
   std::function<void(const std::string& hang_json)> on_hang;
+  // Context switching (collect, swap_scheduler.h): when enabled, ranks start only when the launcher's
+  // SwapAdmitted says so, and ranks blocked in an exchange are swapped out of GPU memory to make room for others.
+  SwapConfig swap;
+  std::shared_ptr<SwapDriver> swap_driver;  // tests: a driver to use; nullptr: OpenCudaCheckpointDriver(swap.driver)
+  std::function<void(const std::string&)> swap_print;  // progress and notices (default: stdout)
+  double swap_progress_s = 10;                          // at most one progress line this often
 };
 
 struct CoordinatorEndpoints {
@@ -113,6 +121,11 @@ class Coordinator {
   // The status document (what status.json holds), built now.
   std::string StatusJson();
   VirtualRanks& virtual_ranks();
+  // Context switching: may the launcher start this rank now (always true without --swap); the rank's process ended
+  // (it never said hello, or died): it leaves the scheduler; the scheduler's figures (zeros without --swap).
+  bool SwapAdmitted(int rank);
+  void SwapRankExited(int rank);
+  SwapStats SwapSummary();
 
   class Impl;
 

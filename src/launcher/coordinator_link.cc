@@ -1,5 +1,7 @@
 #include "launcher/coordinator_link.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <chrono>
@@ -65,6 +67,13 @@ class LocalCoordinator : public CoordinatorLink {
       std::lock_guard<std::mutex> lock(hang_mu_);
       hang_.push_back(path);
     };
+    o.swap = plan->swap;
+    if (o.swap.enabled) {
+      // Why host/device: the key libprism's hello sends as gpu_id (the CUDA_VISIBLE_DEVICES entry it got).
+      char host[256] = {0};
+      ::gethostname(host, sizeof(host) - 1);
+      for (const RealRank& r : plan->real) o.swap.rank_gpu[r.rank] = std::string(host) + "/" + r.device;
+    }
     if (!o.graph.empty()) {
       graph_release_ = coord::GraphRelease::Load(o.graph, o.world_size, o.real_ranks, error);
       if (!graph_release_) return false;
@@ -110,6 +119,11 @@ class LocalCoordinator : public CoordinatorLink {
     hang_.erase(hang_.begin());
     had_hang_ = true;
     return p;
+  }
+
+  bool Admitted(int rank) override { return !coord_ || coord_->SwapAdmitted(rank); }
+  void RankExited(int rank) override {
+    if (coord_) coord_->SwapRankExited(rank);
   }
 
   std::string Describe() const override {

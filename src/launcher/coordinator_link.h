@@ -27,6 +27,10 @@ class CoordinatorLink {
   // The path of hang.json once the coordinator diagnosed a hang (plan.hang_timeout_s), once per diagnosis;
   // nullopt otherwise. Polled by the launcher, which stops the job under --on-hang stop.
   virtual std::optional<std::string> TakeHang() { return std::nullopt; }
+  // Context switching (collect --swap): may the launcher start this rank's worker now (its GPU has room); the
+  // worker of this rank ended (the scheduler forgets it). Without --swap every rank may start at once.
+  virtual bool Admitted(int rank) { return true; }
+  virtual void RankExited(int rank) {}
 };
 
 // The in-process coordinator.

@@ -237,7 +237,8 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
     kill_at = term_at + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
   };
 
-  for (const Worker& w : plan.workers) {
+  // Returns false when the worker could not be started (the rest are not started either).
+  auto spawn = [&](const Worker& w) -> bool {
     auto p = std::make_unique<Proc>();
     p->rank = w.rank;
     p->log_path = (fs::path(plan.out_dir) / "logs" / ("rank" + std::to_string(w.rank) + ".log")).string();
@@ -245,7 +246,7 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
     int out[2], err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
       res.error = std::string("pipe: ") + std::strerror(errno);
-      break;
+      return false;
     }
     std::vector<std::string> env = WorkerEnvironment(plan, w, base_env);
     std::vector<char*> argv_c, env_c;
@@ -298,13 +299,29 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
         res.exit_code = 127;
       }
       procs.push_back(std::move(p));
-      break;  // do not start the rest
+      return false;  // do not start the rest
     }
     p->pid = pid;
     p->running = true;
     report.rank(w.rank).status = "running";
     print("prism: rank " + std::to_string(w.rank) + " started (pid " + std::to_string(pid) + "), log " + p->log_path);
     procs.push_back(std::move(p));
+    return true;
+  };
+  // Context switching (collect --swap): a rank starts only when the coordinator admits it (its GPU has room); the
+  // others wait here and are started from the loop below.
+  std::vector<const Worker*> deferred;
+  bool spawn_failed = false;
+  for (const Worker& w : plan.workers) {
+    if (spawn_failed) break;
+    if (coordinator && !coordinator->Admitted(w.rank)) {
+      deferred.push_back(&w);
+      continue;
+    }
+    if (!spawn(w)) spawn_failed = true;
+  }
+  if (!deferred.empty()) {
+    print("prism: " + std::to_string(deferred.size()) + " rank(s) wait for room on their GPU before they start");
   }
   if (res.failed_rank >= 0 || !res.error.empty()) {
     signal_all(SIGTERM);
@@ -360,6 +377,30 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
   };
 
   while (true) {
+    if (!deferred.empty() && !stopping && !spawn_failed) {
+      for (auto it = deferred.begin(); it != deferred.end();) {
+        if (!coordinator->Admitted((*it)->rank)) {
+          ++it;
+          continue;
+        }
+        const Worker& w = **it;
+        it = deferred.erase(it);
+        if (!spawn(w)) {
+          spawn_failed = true;
+          signal_all(SIGTERM);
+          begin_stop(opts.failure_grace_s);
+          termed = true;
+          break;
+        }
+      }
+    }
+    if (stopping && !deferred.empty()) {
+      for (const Worker* w : deferred) {
+        report.rank(w->rank).status = "not started";
+        print("prism: rank " + std::to_string(w->rank) + " not started (the run is stopping)");
+      }
+      deferred.clear();
+    }
     std::vector<pollfd> fds;
     std::vector<std::pair<Proc*, Stream*>> owners;
     if (signals.fd() >= 0) {
@@ -417,6 +458,7 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
         ev.status = "failed";
       }
       print("prism: rank " + std::to_string(p->rank) + " ended with " + DescribeStatus(st));
+      if (coordinator) coordinator->RankExited(p->rank);
       if (code != 0 && !stopping && res.failed_rank < 0) {
         res.failed_rank = p->rank;
         res.exit_code = code;
@@ -472,7 +514,7 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
       write_report();
       last_report = Clock::now();
     }
-    bool all_done = true;
+    bool all_done = deferred.empty();
     for (auto& p : procs)
       if (!p->reaped || p->out.fd >= 0 || p->err.fd >= 0) all_done = false;
     if (all_done) break;

@@ -280,6 +280,7 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
   p.hang_timeout_s = req.hang_timeout_s;
   p.stop_on_hang = req.on_hang == "stop";
   p.passthrough = req.passthrough;
+  p.swap = req.swap;
 
   // Real ranks.
   std::vector<int> ranks;

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "coordinator/swap_scheduler.h"
 #include "coordinator/world.h"
 #include "launcher/torchrun_args.h"
 
@@ -84,6 +85,8 @@ struct PlanRequest {
   // On a joining host, with `coordinator` = HOST:PORT: the coordinator's published coordinator.json (the store's
   // key coord::kInfoKey, fetched by the caller), which gives the event bus port and the real ranks; "" = unknown.
   std::string coordinator_doc;
+  // collect --swap: context switching (swap_scheduler.h); rank_gpu is filled when the coordinator starts.
+  coord::SwapConfig swap;
 };
 
 struct RealRank {
@@ -127,6 +130,7 @@ struct Plan {
   std::string listen;              // PlanRequest::listen
   std::vector<int> remote_ranks;   // real ranks run by prism-runs on other hosts (coordinator started here)
   int host_index = -1;             // --node-rank together with --ranks when joining: this host among the hosts
+  coord::SwapConfig swap;          // from PlanRequest (collect --swap)
 };
 
 std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std::string* error);

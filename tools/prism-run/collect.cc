@@ -3,11 +3,17 @@
 // each received from real data (payloads/rank<R>.bin, for `--payload recorded`), and writes the bare graph of all
 // ranks (observed.prism) from their event files. The same launcher path as emulate (emulate_options.h).
 //
-// Not built yet (docs/collect.md says so): context switching with the CUDA checkpoint API when the replica does
-// not fit on this host's GPUs at once, --real-routing (expert-parallel ranks), and stopping after K iterations
-// (the job's own --train-iters decides).
+// Context switching (--swap, docs/collect.md "Context switching"): when the replica's ranks do not all fit in GPU
+// memory, ranks start as their GPU has room and ranks blocked in an exchange are swapped out to host RAM with the
+// CUDA checkpoint API (coordinator/swap_scheduler.h, swap_driver.h). Not built yet: --real-routing (expert-parallel
+// ranks) and stopping after K iterations (the job's own --train-iters decides).
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "coordinator/swap_scheduler.h"
 
 #include "emulate_options.h"
 #include "subcommands.h"
@@ -18,7 +24,44 @@ namespace fs = std::filesystem;
 namespace {
 struct CollectOptions : LaunchSubcommandOptions {
   bool no_payloads = false;
+  std::string swap;  // on | off | "" (on when --gpu-mem-cap is given)
+  std::string gpu_mem_cap, host_mem_cap, rank_mem, context_mem = "512M";
+  std::string swap_driver = "libcuda.so.1";
+  double swap_stall = 10;
+  bool no_preload = false;
 };
+
+// The context-switching figures the coordinator left in status.json ("swap"), printed and copied into report.json.
+void SwapSummary(const fs::path& out) {
+  using nlohmann::json;
+  std::ifstream in(out / "status.json");
+  json st = in ? json::parse(in, nullptr, false) : json();
+  if (st.is_discarded() || !st.contains("swap")) {
+    std::printf("prism collect: context switching: no figures (status.json has none)\n");
+    return;
+  }
+  const json& s = st["swap"];
+  auto b = [&](const char* k) { return coord::FormatBytes(s.value(k, uint64_t{0})); };
+  std::printf("prism collect: context switching: %d/%d rank(s) finished; %llu swap(s) out (%s, %.1f s) and %llu in "
+              "(%s, %.1f s); peak on one GPU %s of its cap %s; peak in host RAM %s of %s%s\n",
+              s.value("finished", 0), s.value("ranks", 0),
+              static_cast<unsigned long long>(s.value("swaps_out", uint64_t{0})), b("bytes_out").c_str(),
+              s.value("seconds_out", 0.0), static_cast<unsigned long long>(s.value("swaps_in", uint64_t{0})),
+              b("bytes_in").c_str(), s.value("seconds_in", 0.0), b("peak_gpu_bytes").c_str(),
+              b("gpu_cap_bytes").c_str(), b("peak_host_bytes").c_str(),
+              s.value("host_cap_bytes", uint64_t{0}) ? b("host_cap_bytes").c_str() : "no budget",
+              (s.value("failures", 0) ? "; " + std::to_string(s.value("failures", 0)) + " swap(s) FAILED (see the lines above)" : std::string()).c_str());
+  std::ifstream rin(out / "report.json");
+  json rep = rin ? json::parse(rin, nullptr, false) : json();
+  rin.close();
+  if (rep.is_discarded() || !rep.is_object()) return;
+  rep["swap"] = s;
+  std::ofstream rout(out / "report.json.tmp", std::ios::trunc);
+  rout << rep.dump(2) << "\n";
+  rout.close();
+  std::error_code ec;
+  fs::rename(out / "report.json.tmp", out / "report.json", ec);
+}
 }  // namespace
 
 void AddCollect(CLI::App& app, int* rc) {
@@ -29,6 +72,26 @@ void AddCollect(CLI::App& app, int* rc) {
   sub->prefix_command();
   AddLaunchSubcommandOptions(sub, &o, "prism-collect", "GPUs of this host to use (default: all visible)");
   sub->add_flag("--no-payloads", o.no_payloads, "do not record payloads (no `--payload recorded` later)");
+  sub->add_option("--swap", o.swap,
+                  "context switching: on = ranks start as their GPU has room and ranks blocked in an exchange are "
+                  "swapped out to host RAM (CUDA checkpoint API); off (default, unless --gpu-mem-cap is given)")
+      ->check(CLI::IsMember({"on", "off"}));
+  sub->add_option("--gpu-mem-cap", o.gpu_mem_cap,
+                  "with --swap: bytes of each GPU the ranks may hold together, e.g. 60G (default: the GPU's memory "
+                  "less max(2 GiB, 5 %)); implies --swap on");
+  sub->add_option("--host-mem-cap", o.host_mem_cap,
+                  "with --swap: host RAM swapped-out ranks may hold in all, e.g. 100G (default: 80 % of MemAvailable)");
+  sub->add_option("--rank-mem", o.rank_mem,
+                  "with --swap: footprint assumed for a rank before it reports memory (default: the largest learned, "
+                  "and ranks of unknown size start one at a time per GPU)");
+  sub->add_option("--context-mem", o.context_mem,
+                  "with --swap: GPU memory per rank beyond its allocations (CUDA context), default 512M");
+  sub->add_option("--swap-stall", o.swap_stall,
+                  "with --swap: seconds a rank may stay silent outside an exchange before its GPU counts as stalled "
+                  "(default 10)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_flag("--no-preload", o.no_preload, "run the workers without libprism.so (launch debugging, tests)");
+  sub->add_option("--swap-driver", o.swap_driver, "with --swap: the CUDA driver library to load (default libcuda.so.1)");
   sub->callback([sub, rc] {
     std::vector<std::string> command = sub->remaining();
     if (command.empty()) {
@@ -39,6 +102,34 @@ void AddCollect(CLI::App& app, int* rc) {
     EmulateOptions e = ToEmulateOptions(o, "prism-collect");
     e.one_replica = true;
     e.record_payloads = !o.no_payloads;
+    e.no_preload = o.no_preload;
+    e.swap.enabled = o.swap == "on" || (o.swap.empty() && !o.gpu_mem_cap.empty());
+    if (e.swap.enabled) {
+      struct {
+        const char* name;
+        const std::string& text;
+        uint64_t* to;
+      } sizes[] = {{"--gpu-mem-cap", o.gpu_mem_cap, &e.swap.gpu_cap_bytes},
+                   {"--host-mem-cap", o.host_mem_cap, &e.swap.host_cap_bytes},
+                   {"--rank-mem", o.rank_mem, &e.swap.rank_estimate_bytes},
+                   {"--context-mem", o.context_mem, &e.swap.context_bytes}};
+      for (const auto& sz : sizes) {
+        if (!sz.text.empty() && !coord::ParseBytes(sz.text, sz.to)) {
+          std::fprintf(stderr, "prism-run collect: %s %s: expected bytes such as 60G, 512M or 1073741824\n", sz.name,
+                       sz.text.c_str());
+          *rc = kExitBadInput;
+          return;
+        }
+      }
+      e.swap.driver = o.swap_driver;
+      e.swap.stall_s = o.swap_stall;
+      // Why: a process holding a real NCCL communicator cannot be checkpointed; every communicator stays libprism's.
+      e.no_passthrough = true;
+    } else if (!o.host_mem_cap.empty() || !o.rank_mem.empty()) {
+      std::fprintf(stderr, "prism-run collect: --host-mem-cap and --rank-mem apply with --swap on only\n");
+      *rc = kExitBadInput;
+      return;
+    }
     *rc = RunEmulate(e, command);
     if (o.dry_run) return;
     std::error_code ec;
@@ -51,6 +142,7 @@ void AddCollect(CLI::App& app, int* rc) {
     }
     std::printf("prism collect: bare graph %s%s\n", (out / "observed.prism").string().c_str(),
                 fs::exists(out / "observed.prism", ec) ? "" : " (NOT written: see the lines above)");
+    if (e.swap.enabled) SwapSummary(out);
     if (!o.no_payloads) {
       std::printf("prism collect: payloads of %d rank(s), %.1f MiB, in %s (use: prism-run --payload recorded "
                   "--payload-dir %s --ranks R torchrun ...)\n",

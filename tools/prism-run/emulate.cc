@@ -142,6 +142,7 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   req.kernels = opts.kernels_nvtx ? 2 : (opts.kernels ? 1 : 0);
   req.listen = opts.listen;
   req.remote_ranks = opts.remote_ranks;
+  req.swap = opts.swap;
   if (!opts.coordinator.empty() && !opts.dry_run) {
     // Why before the plan: the coordinator's document (event bus port, real ranks) lives in its store.
     std::string host;

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "coordinator/swap_scheduler.h"
+
 namespace CLI {
 class App;
 }
@@ -35,6 +37,7 @@ struct EmulateOptions {
   bool kernels_nvtx = false;    // --kernels-nvtx: also the job's NVTX ranges
   std::string listen;        // --listen: the coordinator started here also serves other hosts on this address
   std::string remote_ranks;  // --remote-ranks: real ranks that prism-runs on other hosts run
+  coord::SwapConfig swap;    // collect --swap: context switching (docs/collect.md)
 };
 
 // The options `collect` and `record` share: each runs the emulate path (RunEmulate) with its own choice of real ranks.
