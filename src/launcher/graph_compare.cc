@@ -5,6 +5,12 @@
 #include <cstdio>
 #include <map>
 
+#include "replay/cost_model.h"
+#include "replay/engine.h"
+#include "replay/simulate.h"
+#include "replay/topology.h"
+#include "replay/trace_io.h"
+
 namespace prism::launcher {
 
 namespace {
@@ -129,6 +135,35 @@ std::vector<RankGraphComparison> CompareReports(const nlohmann::json& emulated, 
   }
   if (out.empty()) *error = why.empty() ? "the emulation report has no ranks" : why;
   return out;
+}
+
+std::optional<nlohmann::json> SimulateGraph(const std::string& graph, const std::string& topology,
+                                            const std::vector<std::pair<int32_t, double>>& stragglers,
+                                            std::string* error) {
+  trace::Trace t;
+  if (!replay::ReadTrace(graph, &t, error)) return std::nullopt;
+  const std::string spec = !topology.empty() ? topology : (t.topology.empty() ? "h100-8x400g" : t.topology);
+  replay::Topology topo;
+  std::string e;
+  if (!replay::LoadTopology(spec, &topo, &e)) {
+    *error = "topology " + spec + ": " + e;
+    return std::nullopt;
+  }
+  replay::CostModel model;
+  if (!model.Init(topo, replay::CostModelOptions{}, &e)) {
+    *error = e;
+    return std::nullopt;
+  }
+  replay::EngineOptions eo;
+  eo.compute_scale = stragglers;
+  eo.symmetric = true;  // every rank's results either way (the fast path copies replica 0's)
+  replay::Simulator sim(t, model, eo);
+  replay::SimResult res = sim.Run();
+  if (res.status != replay::SimResult::Status::kOk) {
+    *error = graph + ": the simulation did not finish: " + res.error;
+    return std::nullopt;
+  }
+  return nlohmann::json::parse(replay::SimReportJson(t, res).dump());
 }
 
 nlohmann::json ToJson(const RankGraphComparison& c) {

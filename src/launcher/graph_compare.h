@@ -49,6 +49,13 @@ std::optional<RankGraphComparison> CompareWithGraph(int rank, const std::vector<
 std::vector<RankGraphComparison> CompareReports(const nlohmann::json& emulated, const nlohmann::json& simulated,
                                                 std::string* error);
 
+// Simulates `graph` on `topology` (preset name or file; "" = the graph's own, else h100-8x400g) with virtual ranks'
+// compute slowed per `stragglers` (what-if straggler=R:F), and returns simulate's report (replay::SimReportJson:
+// iteration_ids and every rank's iteration_times_s). nullopt with *error naming the graph or the topology.
+std::optional<nlohmann::json> SimulateGraph(const std::string& graph, const std::string& topology,
+                                            const std::vector<std::pair<int32_t, double>>& stragglers,
+                                            std::string* error);
+
 nlohmann::json ToJson(const RankGraphComparison& c);
 // One line for people: "rank 0: emulated vs simulate(graph): median error -0.94 % over 9 iterations; steady (7):
 // mean |error| 1.19 %, median 270.4 vs 274.0 ms (-1.32 %)".

@@ -92,6 +92,21 @@ TEST(GraphCompare, ReportsOfBothSides) {
   EXPECT_NE(err.find("not in the simulation"), std::string::npos) << err;
 }
 
+TEST(GraphCompare, SimulateGraphWithAStraggler) {
+  const std::string g = std::string(PRISM_SOURCE_DIR) + "/examples/graphs/gpt-tp2-pp2-dp2.prism.json";
+  std::string err;
+  auto base = SimulateGraph(g, "", {}, &err);
+  ASSERT_TRUE(base) << err;
+  auto slow = SimulateGraph(g, "", {{4, 1.5}}, &err);
+  ASSERT_TRUE(slow) << err;
+  ASSERT_FALSE((*base)["iteration_ids"].empty());
+  ASSERT_EQ((*base)["ranks"].size(), 8u);
+  EXPECT_GT((*slow)["iteration_time_s"].get<double>(), (*base)["iteration_time_s"].get<double>());
+  EXPECT_FALSE(SimulateGraph(g, "no-such-topology", {}, &err));
+  EXPECT_NE(err.find("no-such-topology"), std::string::npos) << err;
+  EXPECT_FALSE(SimulateGraph("/nonexistent.prism", "", {}, &err));
+}
+
 TEST(GraphCompare, NothingToCompareIsAnError) {
   std::string err;
   EXPECT_FALSE(CompareWithGraph(0, {std::nullopt, 1.0}, {}, {}, &err));
