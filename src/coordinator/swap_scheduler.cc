@@ -299,43 +299,56 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
     if (oa && a->ready_since_ns != b->ready_since_ns) return a->ready_since_ns < b->ready_since_ns;
     return a->rank < b->rank;
   });
-  Rank* c = candidates.front();
-  const uint64_t need = c->phase == SwapPhase::kOut ? c->out_bytes : Footprint(c->rank);
-  const int needers = Needers(c->rank);
-  auto in_action = [&](const std::string& why) {
+  auto need_of = [&](const Rank* r) { return r->phase == SwapPhase::kOut ? r->out_bytes : Footprint(r->rank); };
+  auto reason_of = [&](const Rank* r) {
+    const int n = Needers(r->rank);
+    return n > 0 ? fmt::format("{} blocked rank(s) wait for it", n)
+                 : (r->phase == SwapPhase::kOut ? std::string("its exchange completed") : std::string("not started"));
+  };
+  auto in_action = [&](const Rank* r, const std::string& why) {
     SwapAction a;
-    a.kind = c->phase == SwapPhase::kOut ? SwapAction::kSwapIn : SwapAction::kAdmit;
-    a.rank = c->rank;
-    a.pid = c->pid;
-    a.bytes = need;
+    a.kind = r->phase == SwapPhase::kOut ? SwapAction::kSwapIn : SwapAction::kAdmit;
+    a.rank = r->rank;
+    a.pid = r->pid;
+    a.bytes = need_of(r);
     a.gpu = gpu;
     a.why = why;
     return a;
   };
-  const std::string reason =
-      needers > 0 ? fmt::format("{} blocked rank(s) wait for it", needers)
-                  : (c->phase == SwapPhase::kOut ? std::string("its exchange completed") : std::string("not started"));
-  const bool fits = cap == 0 || used + need <= cap;
-  if (fits) {
-    // Why one unsampled rank at a time (without --rank-mem-estimate): its footprint is unknown, so the next one's
-    // estimate would be a guess; once it reported memory or blocked, the next may follow.
-    if (c->phase == SwapPhase::kUnstarted && unsampled_resident && cfg_.rank_estimate_bytes == 0 && !stalled) {
-      return std::nullopt;
+  auto fits = [&](const Rank* r) { return cap == 0 || used + need_of(r) <= cap; };
+  // Why one unsampled rank at a time (without --rank-mem): its footprint is unknown, so the next one's estimate
+  // would be a guess; once it reported memory or blocked, the next may follow.
+  auto may_start = [&](const Rank* r) {
+    return r->phase != SwapPhase::kUnstarted || !unsampled_resident || cfg_.rank_estimate_bytes > 0 || stalled;
+  };
+  Rank* c = candidates.front();
+  const uint64_t need = need_of(c);
+  if (fits(c)) {
+    if (!may_start(c)) return std::nullopt;
+    return in_action(c, reason_of(c));
+  }
+  if (stalled) {
+    if (Rank* v = victim(c)) {
+      return out_action(v, fmt::format("every rank on GPU {} is blocked; rank {} ({}) waits for the GPU: {}", gpu,
+                                       c->rank, FormatBytes(need), reason_of(c)));
     }
-    return in_action(reason);
+  }
+  // The first in line does not fit and nothing makes room for it now: a later one that fits may use the room. Why:
+  // with full GPUs and a full host budget, restoring a smaller rank is what frees host RAM for the next swap out.
+  for (Rank* r : candidates) {
+    if (r != c && fits(r) && may_start(r)) {
+      return in_action(r, reason_of(r) + fmt::format("; rank {} ({}) does not fit yet", c->rank, FormatBytes(need)));
+    }
   }
   if (!stalled) return std::nullopt;  // a resident rank still works: its progress may free the GPU or unblock others
-  if (Rank* v = victim(c)) {
-    return out_action(v, fmt::format("every rank on GPU {} is blocked; rank {} ({}) waits for the GPU: {}", gpu,
-                                      c->rank, FormatBytes(need), reason));
-  }
   // Nothing can be swapped out (nothing resident, every resident waits outside an exchange, or the host budget is
-  // full): start or restore over the cap rather than deadlock, and say so.
+  // full): start or restore over the cap rather than deadlock, and say so -- except at a full host budget, where the
+  // notice was printed and the scheduler waits for a swapped-out rank to come back.
   const bool host_full = std::any_of(resident.begin(), resident.end(), [&](const Rank* r) {
     return r->phase == SwapPhase::kResident && Blocked(*r) && cfg_.host_cap_bytes > 0 &&
            host_used + Footprint(r->rank) > cfg_.host_cap_bytes;
   });
-  if (host_full) return std::nullopt;  // the budget notice was printed; wait for a swapped-out rank to come back
+  if (host_full) return std::nullopt;
   Notice(fmt::format("over:{}:{}", gpu, c->rank),
          resident.empty()
              ? fmt::format("swap: rank {} needs {}, more than GPU {}'s cap {} alone; it runs alone there", c->rank,
@@ -343,7 +356,7 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
              : fmt::format("swap: every rank on GPU {} waits outside an exchange (store, start-up) and cannot be "
                            "swapped out; rank {} goes on the GPU over the cap ({} + {} > {})",
                            gpu, c->rank, FormatBytes(used), FormatBytes(need), FormatBytes(cap)));
-  return in_action(reason + "; over the cap");
+  return in_action(c, reason_of(c) + "; over the cap");
 }
 
 SwapStats SwapScheduler::Stats() const {

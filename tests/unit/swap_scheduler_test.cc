@@ -1,0 +1,363 @@
+// The context-switching scheduler (coordinator/swap_scheduler.h): its rules one by one, then simulated jobs (ranks
+// doing collectives in lockstep on one or two GPUs) that must finish without ever holding more than the cap on a GPU
+// or more than the budget in host RAM.
+#include "coordinator/swap_scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <vector>
+
+namespace prism::coord {
+namespace {
+
+constexpr uint64_t kF = 1ull << 30;  // one rank's footprint
+constexpr uint64_t kSec = 1000000000ull;
+
+SwapConfig Config(uint64_t cap, uint64_t host = 0) {
+  SwapConfig c;
+  c.enabled = true;
+  c.gpu_cap_bytes = cap;
+  c.host_cap_bytes = host;
+  c.context_bytes = 0;
+  c.stall_s = 10;
+  return c;
+}
+
+// Admits the next rank and says hello with pid 1000 + rank and footprint kF.
+void StartNext(SwapScheduler& s, int want_rank, uint64_t now = 0) {
+  auto a = s.Next(now);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->kind, SwapAction::kAdmit);
+  EXPECT_EQ(a->rank, want_rank);
+  EXPECT_TRUE(s.Admitted(want_rank));
+  s.Started(want_rank, 1000 + want_rank, "g", now);
+  s.Memory(want_rank, kF);
+}
+
+TEST(SwapScheduler, StartsRanksOfUnknownSizeOneAtATimeThenByFootprint) {
+  SwapScheduler s(Config(2 * kF));
+  for (int r = 0; r < 4; ++r) s.AddRank(r, "g");
+  for (int r = 0; r < 4; ++r) EXPECT_FALSE(s.Admitted(r));
+  auto a = s.Next(0);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->kind, SwapAction::kAdmit);
+  EXPECT_EQ(a->rank, 0);
+  // Rank 0 has not said how big it is: rank 1 waits.
+  EXPECT_FALSE(s.Next(0));
+  s.Started(0, 1000, "g", 0);
+  EXPECT_FALSE(s.Next(0));
+  s.Memory(0, kF);
+  StartNext(s, 1);
+  // The GPU holds 2F of 2F: ranks 2 and 3 wait while 0 and 1 run.
+  EXPECT_FALSE(s.Next(kSec));
+  EXPECT_FALSE(s.Admitted(2));
+  EXPECT_EQ(s.GpuUsed("g"), 2 * kF);
+}
+
+TEST(SwapScheduler, SwapsOutOnlyWhenEveryResidentRankIsBlockedAndPicksOneNobodyWaitsFor) {
+  SwapScheduler s(Config(2 * kF));
+  for (int r = 0; r < 4; ++r) s.AddRank(r, "g");
+  StartNext(s, 0);
+  StartNext(s, 1);
+  s.SetWaits(0, {1, 2, 3});
+  EXPECT_FALSE(s.Next(kSec)) << "rank 1 still runs: nothing is swapped out";
+  s.SetWaits(1, {2, 3});
+  auto a = s.Next(kSec);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->kind, SwapAction::kSwapOut);
+  EXPECT_EQ(a->rank, 0) << "rank 1 is waited for by rank 0; rank 0 by nobody";
+  EXPECT_EQ(a->pid, 1000);
+  EXPECT_EQ(a->bytes, kF);
+  EXPECT_FALSE(s.Next(kSec)) << "one checkpoint call at a time";
+  s.Finished(*a, true, 0.5, kSec);
+  EXPECT_EQ(s.phase(0), SwapPhase::kOut);
+  EXPECT_EQ(s.HostUsed(), kF);
+  EXPECT_EQ(s.GpuUsed("g"), kF);
+  // Ranks 2 and 3 are waited for by both blocked ranks: one of them starts now.
+  auto b = s.Next(kSec);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->kind, SwapAction::kAdmit);
+  EXPECT_EQ(b->rank, 2);
+  SwapStats st = s.Stats();
+  EXPECT_EQ(st.swaps_out, 1u);
+  EXPECT_EQ(st.bytes_out, kF);
+  EXPECT_DOUBLE_EQ(st.seconds_out, 0.5);
+}
+
+TEST(SwapScheduler, ResumesARankWhoseExchangeCompletedBeforeANewOne) {
+  SwapScheduler s(Config(2 * kF));
+  for (int r = 0; r < 4; ++r) s.AddRank(r, "g");
+  StartNext(s, 0);
+  StartNext(s, 1);
+  s.SetWaits(0, {2});
+  s.SetWaits(1, {2});
+  auto out0 = s.Next(kSec);
+  ASSERT_TRUE(out0 && out0->kind == SwapAction::kSwapOut);
+  s.Finished(*out0, true, 0.1, kSec);
+  StartNext(s, 2, kSec);
+  // Rank 2 answered rank out0's exchange: that rank is ready, rank 3 has not started. Everyone on the GPU blocks.
+  const int out_rank = out0->rank, other = 1 - out_rank;
+  s.SetWaits(out_rank, {});
+  s.SetWaits(other, {3});
+  s.SetWaits(2, {3});
+  // Rank 3 is needed by two blocked ranks: it goes first, making room by swapping one of them out.
+  auto a = s.Next(2 * kSec);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->kind, SwapAction::kSwapOut);
+  s.Finished(*a, true, 0.1, 2 * kSec);
+  auto b = s.Next(2 * kSec);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->kind, SwapAction::kAdmit);
+  EXPECT_EQ(b->rank, 3);
+  s.Started(3, 1003, "g", 2 * kSec);
+  s.Memory(3, kF);
+  // Rank 3 completes the collective: every blocked rank is ready; rank 3 blocks next. The ready swapped-out rank
+  // that waited longest comes back first.
+  s.SetWaits(other, {});
+  s.SetWaits(2, {});
+  s.SetWaits(3, {out_rank});
+  s.SetWaits(a->rank, {});
+  EXPECT_EQ(a->rank, 2) << "of two blocked ranks nobody waits for, the higher one goes";
+  EXPECT_FALSE(s.Next(3 * kSec)) << "a resident rank runs: nothing moves although rank 3 waits for a swapped-out one";
+}
+
+TEST(SwapScheduler, NeverSwapsOutARankThatIsNotBlocked) {
+  SwapScheduler s(Config(kF));
+  for (int r = 0; r < 2; ++r) s.AddRank(r, "g");
+  StartNext(s, 0);
+  // Rank 0 runs (not blocked, active): rank 1 waits, whatever the time.
+  for (uint64_t t = 0; t < 5; ++t) {
+    s.Activity(0, t * kSec);
+    EXPECT_FALSE(s.Next(t * kSec));
+  }
+  EXPECT_EQ(s.phase(0), SwapPhase::kResident);
+}
+
+TEST(SwapScheduler, HostBudgetStopsSwapOutsAndSaysWhy) {
+  SwapScheduler s(Config(2 * kF, kF));
+  for (int r = 0; r < 4; ++r) s.AddRank(r, "g");
+  StartNext(s, 0);
+  StartNext(s, 1);
+  s.SetWaits(0, {2, 3});
+  s.SetWaits(1, {2, 3});
+  auto a = s.Next(kSec);
+  ASSERT_TRUE(a && a->kind == SwapAction::kSwapOut);
+  s.Finished(*a, true, 0.1, kSec);
+  StartNext(s, 2, kSec);
+  s.SetWaits(2, {3});
+  // The GPU is full and blocked, rank 3 waits, but host RAM holds kF of kF: no second swap out, no start over the
+  // cap; the scheduler waits and says why.
+  EXPECT_FALSE(s.Next(2 * kSec));
+  auto notes = s.TakeNotices();
+  ASSERT_FALSE(notes.empty());
+  EXPECT_NE(notes[0].find("host budget"), std::string::npos) << notes[0];
+  EXPECT_LE(s.HostUsed(), kF);
+  EXPECT_LE(s.GpuUsed("g"), 2 * kF);
+}
+
+TEST(SwapScheduler, AStalledGpuWhoseRanksWaitOutsideAnExchangeTakesTheNextRankOverTheCap) {
+  SwapConfig c = Config(kF);
+  c.stall_s = 5;
+  SwapScheduler s(c);
+  for (int r = 0; r < 2; ++r) s.AddRank(r, "g");
+  StartNext(s, 0);
+  // Rank 0 waits on the store for rank 1 (no exchange): silent. Before stall_s nothing; after, rank 1 starts.
+  EXPECT_FALSE(s.Next(4 * kSec));
+  auto a = s.Next(6 * kSec);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->kind, SwapAction::kAdmit);
+  EXPECT_EQ(a->rank, 1);
+  auto notes = s.TakeNotices();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("over the cap"), std::string::npos) << notes[0];
+}
+
+TEST(SwapScheduler, FailedSwapOutLeavesTheRankOnTheGpu) {
+  SwapScheduler s(Config(kF));
+  for (int r = 0; r < 2; ++r) s.AddRank(r, "g");
+  StartNext(s, 0);
+  s.SetWaits(0, {1});
+  auto a = s.Next(kSec);
+  ASSERT_TRUE(a && a->kind == SwapAction::kSwapOut);
+  s.Finished(*a, false, 0.01, kSec);
+  EXPECT_EQ(s.phase(0), SwapPhase::kResident);
+  EXPECT_EQ(s.HostUsed(), 0u);
+  EXPECT_EQ(s.Stats().failures, 1u);
+}
+
+TEST(SwapScheduler, GrowthOverTheCapIsUndoneWhenARankBlocks) {
+  SwapScheduler s(Config(2 * kF));
+  for (int r = 0; r < 2; ++r) s.AddRank(r, "g");
+  StartNext(s, 0);
+  StartNext(s, 1);
+  s.Memory(1, 2 * kF);  // rank 1 grew: 3F on a 2F GPU
+  EXPECT_FALSE(s.Next(kSec)) << "nobody is blocked yet";
+  s.SetWaits(0, {1});
+  auto a = s.Next(kSec);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->kind, SwapAction::kSwapOut);
+  EXPECT_EQ(a->rank, 0);
+}
+
+TEST(SwapScheduler, ParseBytes) {
+  uint64_t b = 0;
+  EXPECT_TRUE(ParseBytes("80G", &b));
+  EXPECT_EQ(b, 80ull << 30);
+  EXPECT_TRUE(ParseBytes("512MiB", &b));
+  EXPECT_EQ(b, 512ull << 20);
+  EXPECT_TRUE(ParseBytes("1.5T", &b));
+  EXPECT_EQ(b, 3ull << 39);
+  EXPECT_TRUE(ParseBytes("123", &b));
+  EXPECT_EQ(b, 123u);
+  EXPECT_FALSE(ParseBytes("", &b));
+  EXPECT_FALSE(ParseBytes("12X", &b));
+  EXPECT_FALSE(ParseBytes("-1G", &b));
+  EXPECT_FALSE(ParseBytes("G", &b));
+}
+
+// A simulated job: every rank runs `rounds` rounds; each round it takes part, in order, in every group it belongs to
+// (a collective: it blocks until every member posted). The scheduler's actions are applied at once. Checks after
+// every step that no GPU holds more than its cap and host RAM no more than its budget, and that the job finishes.
+struct SimResult {
+  bool finished = false;
+  std::string state;  // where each rank stood at the end (for failure messages)
+  SwapStats stats;
+  uint64_t max_gpu = 0, max_host = 0;
+};
+
+SimResult Simulate(SwapConfig cfg, const std::map<int, std::string>& rank_gpu,
+                   const std::vector<std::vector<int>>& groups, int rounds, const std::map<int, uint64_t>& sizes) {
+  SwapScheduler s(cfg);
+  std::set<std::string> gpus;
+  for (const auto& [r, g] : rank_gpu) {
+    s.AddRank(r, g);
+    gpus.insert(g);
+  }
+  std::map<int, size_t> pos;                 // next op index (round * groups + group) per rank
+  std::map<size_t, std::set<int>> posted;   // op index -> members that posted
+  std::map<int, bool> started;
+  auto ops_of = [&](int r) {
+    std::vector<size_t> v;
+    for (int k = 0; k < rounds; ++k)
+      for (size_t g = 0; g < groups.size(); ++g)
+        if (std::count(groups[g].begin(), groups[g].end(), r)) v.push_back(static_cast<size_t>(k) * groups.size() + g);
+    return v;
+  };
+  std::map<int, std::vector<size_t>> plan;
+  for (const auto& [r, g] : rank_gpu) plan[r] = ops_of(r);
+  SimResult res;
+  uint64_t now = 0;
+  int idle = 0;
+  for (int step = 0; step < 100000 && idle < 50; ++step) {
+    now += kSec / 100;
+    bool progress = false;
+    // Running ranks (on the GPU, started, not blocked) post their next op.
+    for (const auto& [r, g] : rank_gpu) {
+      if (!started[r] || s.phase(r) != SwapPhase::kResident) continue;
+      if (pos[r] >= plan[r].size()) {
+        s.Done(r);
+        progress = true;
+        continue;
+      }
+      size_t op = plan[r][pos[r]];
+      if (posted[op].count(r)) continue;  // blocked
+      posted[op].insert(r);
+      s.Activity(r, now);
+      progress = true;
+    }
+    // Complete collectives whose members all posted; recompute waits.
+    for (auto& [op, who] : posted) {
+      const auto& members = groups[op % groups.size()];
+      if (who.size() == members.size()) {
+        for (int m : members) ++pos[m];
+        who.clear();
+        progress = true;
+      }
+    }
+    for (const auto& [r, g] : rank_gpu) {
+      std::vector<int> wf;
+      if (pos[r] < plan[r].size()) {
+        size_t op = plan[r][pos[r]];
+        if (posted[op].count(r)) {
+          for (int m : groups[op % groups.size()])
+            if (!posted[op].count(m)) wf.push_back(m);
+        }
+      }
+      s.SetWaits(r, wf);
+    }
+    while (auto a = s.Next(now)) {
+      progress = true;
+      if (a->kind == SwapAction::kAdmit) {
+        started[a->rank] = true;
+        s.Started(a->rank, 1000 + a->rank, rank_gpu.at(a->rank), now);
+        s.Memory(a->rank, sizes.count(a->rank) ? sizes.at(a->rank) : kF);
+      } else {
+        s.Finished(*a, true, 0.01, now);
+      }
+      for (const std::string& g : gpus) res.max_gpu = std::max(res.max_gpu, s.GpuUsed(g));
+      res.max_host = std::max(res.max_host, s.HostUsed());
+    }
+    for (const std::string& g : gpus) res.max_gpu = std::max(res.max_gpu, s.GpuUsed(g));
+    res.max_host = std::max(res.max_host, s.HostUsed());
+    idle = progress ? 0 : idle + 1;
+    res.stats = s.Stats();
+    if (res.stats.finished == static_cast<int>(rank_gpu.size())) {
+      res.finished = true;
+      break;
+    }
+  }
+  for (const auto& [r, g] : rank_gpu) {
+    res.state += "rank " + std::to_string(r) + " " + SwapPhaseName(s.phase(r)) + " op " + std::to_string(pos[r]) +
+                 "/" + std::to_string(plan[r].size()) + " fp " + std::to_string(s.Footprint(r) >> 30) + "G; ";
+  }
+  for (const std::string& g : gpus) res.state += "gpu " + g + " " + std::to_string(s.GpuUsed(g) >> 30) + "G; ";
+  res.state += "host " + std::to_string(s.HostUsed() >> 30) + "G";
+  for (const std::string& n : s.TakeNotices()) res.state += "\n" + n;
+  return res;
+}
+
+TEST(SwapSimulation, FourRanksOfFootprintFOnACapOf2FFinishThroughSwaps) {
+  std::map<int, std::string> rg = {{0, "g"}, {1, "g"}, {2, "g"}, {3, "g"}};
+  // Megatron-like: tensor-parallel pairs, then pipeline pairs, then the whole replica.
+  std::vector<std::vector<int>> groups = {{0, 1}, {2, 3}, {0, 2}, {1, 3}, {0, 1, 2, 3}};
+  SimResult r = Simulate(Config(2 * kF), rg, groups, 5, {});
+  EXPECT_TRUE(r.finished) << "finished " << r.stats.finished << " of 4: " << r.state;
+  EXPECT_LE(r.max_gpu, 2 * kF);
+  EXPECT_GT(r.stats.swaps_out, 0u);
+  EXPECT_EQ(r.stats.swaps_out, r.stats.swaps_in + static_cast<uint64_t>(r.stats.out));
+  EXPECT_EQ(r.stats.failures, 0u);
+}
+
+TEST(SwapSimulation, EverythingFitsMeansNoSwap) {
+  std::map<int, std::string> rg = {{0, "g"}, {1, "g"}, {2, "g"}, {3, "g"}};
+  SimResult r = Simulate(Config(4 * kF), rg, {{0, 1, 2, 3}}, 5, {});
+  EXPECT_TRUE(r.finished);
+  EXPECT_EQ(r.stats.swaps_out, 0u);
+  EXPECT_EQ(r.max_gpu, 4 * kF);
+}
+
+TEST(SwapSimulation, EightRanksOnTwoGpusWithAHostBudgetAndUnevenSizes) {
+  std::map<int, std::string> rg;
+  for (int r = 0; r < 8; ++r) rg[r] = r < 4 ? "a" : "b";
+  std::map<int, uint64_t> sizes = {{0, 2 * kF}, {5, 2 * kF}};
+  std::vector<std::vector<int>> groups = {{0, 1, 2, 3}, {4, 5, 6, 7}, {0, 4}, {1, 5}, {2, 6}, {3, 7},
+                                          {0, 1, 2, 3, 4, 5, 6, 7}};
+  SimResult r = Simulate(Config(3 * kF, 6 * kF), rg, groups, 4, sizes);
+  EXPECT_TRUE(r.finished) << "finished " << r.stats.finished << " of 8: " << r.state;
+  EXPECT_LE(r.max_gpu, 3 * kF);
+  EXPECT_LE(r.max_host, 6 * kF);
+  EXPECT_GT(r.stats.swaps_out, 0u);
+}
+
+TEST(SwapSimulation, OneRankPerGpuAtATime) {
+  std::map<int, std::string> rg = {{0, "g"}, {1, "g"}, {2, "g"}};
+  SimResult r = Simulate(Config(kF), rg, {{0, 1}, {1, 2}, {0, 1, 2}}, 3, {});
+  EXPECT_TRUE(r.finished) << "finished " << r.stats.finished << " of 3: " << r.state;
+  EXPECT_LE(r.max_gpu, kF);
+}
+
+}  // namespace
+}  // namespace prism::coord
