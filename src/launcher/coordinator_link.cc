@@ -14,6 +14,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/flight_recorder.h"
 #include "coordinator/graph_release.h"
+#include "replay/simulate.h"
 #include "coordinator/store_client.h"
 #include "launcher/megatron_membership.h"
 
@@ -77,6 +78,13 @@ class LocalCoordinator : public CoordinatorLink {
     if (!o.graph.empty()) {
       graph_release_ = coord::GraphRelease::Load(o.graph, o.world_size, o.real_ranks, error);
       if (!graph_release_) return false;
+      if (std::string w = EnvOf(*plan, "PRISM_WHAT_IF"); !w.empty()) {
+        replay::WhatIf wi;
+        if (!replay::ParseWhatIf(w, &wi, error) || !graph_release_->SetStragglers(wi.stragglers, error)) {
+          *error = "--what-if " + w + ": " + *error;
+          return false;
+        }
+      }
       o.release_policy = graph_release_.get();
     }
     std::string first_error;

@@ -141,6 +141,47 @@ TEST_F(LauncherE2E, TwoRealRanksOfEight) {
   fs::remove_all(out);
 }
 
+// Issue 8: with --graph the run ends with every real rank compared to `simulate` of the graph (same what-ifs), in
+// the output and in report.json; --what-if is checked before anything starts.
+TEST_F(LauncherE2E, GraphRunIsComparedWithSimulateOfTheGraph) {
+  const std::string graph = std::string(PRISM_SOURCE_DIR) + "/examples/graphs/gpt-tp2-pp2-dp2.prism.json";
+  const std::string job = " --no-preload torchrun --nnodes 2 --nproc-per-node 4 " + Worker() +
+                          " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2";
+  fs::path out = FreshDir("graph");
+  std::string log;
+  int rc = RunPrism("FAKE_ITERS=4 FAKE_ITER_MS=20",
+                    "--out " + out.string() + " --ranks 0 --gpus 1 --graph " + graph +
+                        " --what-if straggler=4:1.5" + job,
+                    &log);
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_NE(log.find("prism: rank 0: emulated vs simulate(graph): median error"), std::string::npos) << log;
+  json rep = ReadJson(out / "report.json");
+  ASSERT_TRUE(rep.contains("graph_comparison")) << rep.dump(1);
+  EXPECT_EQ(rep["graph_comparison"]["graph"], graph);
+  ASSERT_EQ(rep["graph_comparison"]["ranks"].size(), 1u);
+  EXPECT_EQ(rep["graph_comparison"]["ranks"][0]["rank"], 0);
+  EXPECT_FALSE(rep["graph_comparison"]["ranks"][0]["iterations"].empty());
+  EXPECT_GT(rep["graph_comparison"]["simulated_iteration_time_s"].get<double>(), 0.0);
+  json cmd = ReadJson(out / "command.json");
+  EXPECT_EQ(cmd["workers"][0]["env"]["PRISM_WHAT_IF"], "straggler=4:1.5");
+  fs::remove_all(out);
+
+  // Refused up front (exit 2): a real rank as the straggler, no graph, a network what-if.
+  out = FreshDir("graph-bad");
+  rc = RunPrism("FAKE_ITERS=1", "--out " + out.string() + " --ranks 0 --gpus 1 --graph " + graph +
+                                    " --what-if straggler=0:1.5" + job, &log);
+  EXPECT_EQ(rc, 2) << log;
+  EXPECT_NE(log.find("runs for real"), std::string::npos) << log;
+  rc = RunPrism("FAKE_ITERS=1", "--out " + out.string() + " --ranks 0 --gpus 1 --what-if straggler=4:1.5" + job, &log);
+  EXPECT_EQ(rc, 2) << log;
+  EXPECT_NE(log.find("--what-if needs --graph"), std::string::npos) << log;
+  rc = RunPrism("FAKE_ITERS=1", "--out " + out.string() + " --ranks 0 --gpus 1 --graph " + graph +
+                                    " --what-if bw-scale=2" + job, &log);
+  EXPECT_EQ(rc, 2) << log;
+  EXPECT_NE(log.find("only straggler="), std::string::npos) << log;
+  fs::remove_all(out);
+}
+
 TEST_F(LauncherE2E, FailingRankGivesItsStatusAndLogTail) {
   fs::path out = FreshDir("fail");
   std::string log;

@@ -2,6 +2,7 @@
 // it (--dry-run) or runs it (launcher/launch.h).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -12,9 +13,11 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/store_client.h"
 #include "launcher/coordinator_link.h"
+#include "launcher/graph_compare.h"
 #include "launcher/launch.h"
 #include "launcher/plan.h"
 #include "launcher/report_compare.h"
+#include "replay/simulate.h"
 #include "emulate_options.h"
 #include "subcommands.h"
 
@@ -31,6 +34,9 @@ EmulateOptions* AddEmulateOptions(CLI::App& app) {
                  "arguments)");
   app.add_option("--topology", opts.topology, "target cluster: preset name or JSON file");
   app.add_option("--graph", opts.graph, "replay virtual ranks from this PrismTrace (otherwise mirror)");
+  app.add_option("--what-if", opts.what_if,
+                 "with --graph: straggler=RANK:FACTOR slows that virtual rank's compute in the replay (',' joins "
+                 "several); the graph comparison after the run uses the same");
   app.add_option("--payload", opts.payload, "data of virtual members: mirror|recorded|random|zeros")
       ->capture_default_str()
       ->check(CLI::IsMember({"mirror", "recorded", "random", "zeros"}));
@@ -123,6 +129,51 @@ std::string SelfExe() {
 
 }  // namespace
 
+namespace {
+
+// After an emulation with --graph (issue 8): simulate the graph for the same topology and what-ifs, compare every real
+// rank's measured iterations with it (launcher/graph_compare.h), print one line per rank and add
+// "graph_comparison" to report.json. A failure is reported and leaves the report as it was.
+void CompareRunWithGraph(const std::string& graph, const std::string& topology,
+                         const std::vector<std::pair<int32_t, double>>& stragglers, const std::string& rep_path) {
+  std::string error;
+  auto rep = launcher::LoadReport(rep_path, &error);
+  if (!rep) return;
+  auto sim = launcher::SimulateGraph(graph, topology, stragglers, &error);
+  if (!sim) {
+    std::printf("prism: no graph comparison: %s\n", error.c_str());
+    return;
+  }
+  std::vector<launcher::RankGraphComparison> cs = launcher::CompareReports(*rep, *sim, &error);
+  if (cs.empty()) {
+    std::printf("prism: no graph comparison: %s\n", error.c_str());
+    return;
+  }
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& c : cs) {
+    std::printf("prism: %s\n", launcher::Describe(c).c_str());
+    arr.push_back(launcher::ToJson(c));
+  }
+  (*rep)["graph_comparison"] = {{"graph", graph},
+                                {"simulated_iteration_time_s", (*sim).value("iteration_time_s", 0.0)},
+                                {"ranks", std::move(arr)}};
+  // Why a rename: report.json is read by `prism-run status` and CI while it changes.
+  const std::string tmp = rep_path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << rep->dump(2) << "\n";
+    if (!f) {
+      std::printf("prism: cannot write %s\n", tmp.c_str());
+      return;
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, rep_path, ec);
+  if (ec) std::printf("prism: cannot update %s: %s\n", rep_path.c_str(), ec.message().c_str());
+}
+
+}  // namespace
+
 int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& command) {
   launcher::PlanRequest req;
   req.command = command;
@@ -165,6 +216,27 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
     }
     req.graph = fs::absolute(opts.graph, ec).string();
   }
+  std::vector<std::pair<int32_t, double>> stragglers;
+  std::string what_if_spec;
+  if (!opts.what_if.empty()) {
+    if (opts.graph.empty()) {
+      std::fprintf(stderr, "prism-run: --what-if needs --graph (without a graph virtual ranks have no compute to slow)\n");
+      return kExitBadInput;
+    }
+    for (const std::string& w : opts.what_if) what_if_spec += (what_if_spec.empty() ? "" : ",") + w;
+    replay::WhatIf wi;
+    std::string e;
+    if (!replay::ParseWhatIf(what_if_spec, &wi, &e)) {
+      std::fprintf(stderr, "prism-run: --what-if: %s\n", e.c_str());
+      return kExitBadInput;
+    }
+    if (wi.bw_scale != 1.0 || !wi.topology.empty()) {
+      std::fprintf(stderr, "prism-run: --what-if %s: only straggler= applies to an emulation (bw-scale= and topology= "
+                           "change the cost model: use --topology)\n", what_if_spec.c_str());
+      return kExitBadInput;
+    }
+    stragglers = wi.stragglers;
+  }
   if (!opts.payload_dir.empty()) {
     if (opts.payload != "recorded") {
       std::fprintf(stderr, "prism-run: --payload-dir only applies to --payload recorded\n");
@@ -192,6 +264,18 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   if (!plan) {
     std::fprintf(stderr, "prism-run: %s\n", error.c_str());
     return kExitBadInput;
+  }
+  // Why in the workers' environment too: the coordinator link reads the plan's variables (as PRISM_GRAPH), and a
+  // rank's log then says which what-if it ran under.
+  if (!what_if_spec.empty()) plan->env.emplace_back("PRISM_WHAT_IF", what_if_spec);
+  for (auto [rank, f] : stragglers) {
+    const bool real = std::any_of(plan->real.begin(), plan->real.end(), [&](const auto& r) { return r.rank == rank; });
+    if (real || rank >= plan->world_size) {
+      std::fprintf(stderr, "prism-run: --what-if straggler=%d:%g: %s\n", rank, f,
+                   real ? "that rank runs for real: its compute is measured on the GPU, not replayed; name a virtual rank"
+                        : "outside the world");
+      return kExitBadInput;
+    }
   }
   if (opts.dry_run) {
     if (opts.json) {
@@ -228,6 +312,7 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   launcher::LaunchResult res = launcher::RunPlan(*plan, coord.get(), lo);
   if (!res.error.empty()) std::fprintf(stderr, "prism-run: %s\n", res.error.c_str());
   std::string rep_path = (fs::path(plan->out_dir) / "report.json").string();
+  if (!req.graph.empty()) CompareRunWithGraph(req.graph, req.topology, stragglers, rep_path);
   if (auto rep = launcher::LoadReport(rep_path, &error)) {
     std::printf("\n%s", launcher::ShowReport(*rep, 16).c_str());
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "coordinator/swap_scheduler.h"
 
@@ -17,6 +18,7 @@ struct EmulateOptions {
   std::string layout;
   std::string topology;
   std::string graph;
+  std::vector<std::string> what_if;  // --what-if straggler=R:F (with --graph; docs/fill.md)
   std::string payload = "mirror";
   std::string payload_dir;       // --payload-dir (recorded payloads of a collect run)
   bool one_replica = false;      // collect: run one data-parallel replica for real
