@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite: one entry script, run on the GPU machine from the repo root over a build made elsewhere
 # (carry build/ and third_party/megatron/). Prints a PASS/FAIL table and writes logs under OUT_DIR.
-#   tests/gpu/run.sh OUT_DIR [suite...]      suites: shim megatron hang passthrough fidelity calibrate record kernels
+#   tests/gpu/run.sh OUT_DIR [suite...]      suites: shim megatron hang passthrough fidelity calibrate record kernels swap
 #                                            (default: shim megatron)
 set -uo pipefail
 out=$(realpath -m "${1:?usage: tests/gpu/run.sh OUT_DIR [suite...]}"); shift
@@ -28,6 +28,7 @@ for s in "${suites[@]}"; do
     hang) source tests/gpu/hang_suite.sh ;;
     calibrate) source tests/gpu/calibrate_suite.sh ;;
     record) source tests/gpu/record_suite.sh ;;
+    swap) source tests/gpu/swap_suite.sh ;;
     fidelity) source tests/gpu/fidelity_suite.sh ;;
     passthrough) source tests/gpu/passthrough_suite.sh ;;
     kernels) source tests/gpu/kernels_suite.sh ;;
