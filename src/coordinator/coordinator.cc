@@ -1451,7 +1451,7 @@ void Coordinator::Impl::SwapWorker() {
     // Why progress: a long checkpoint is the run moving on; the hang diagnosis must not take it for a stall.
     if (r.ok) hang_.Progress(a.rank, NowNs());
     if (r.ok) {
-      Log("coord")->info("swap: rank {} {} in {:.3f} s ({:.2f} GB/s); GPU {} holds {}, host {}", a.rank,
+      Log("coord")->info("swap: rank {} swapped {} in {:.3f} s ({:.2f} GB/s); GPU {} holds {}, host {}", a.rank,
                          a.kind == SwapAction::kSwapOut ? "out" : "in", r.seconds,
                          r.seconds > 0 ? static_cast<double>(a.bytes) / r.seconds / 1e9 : 0.0, a.gpu,
                          FormatBytes(swap_->GpuUsed(a.gpu)), FormatBytes(swap_->HostUsed()));
