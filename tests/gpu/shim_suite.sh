@@ -59,6 +59,39 @@ for spec in wait:100 wait:1000 wait:10000 spin:1000; do
   else shim_row "2 gate wait D=${d}us" FAIL "$detail"; fi
   [ -z "$overhead" ] && overhead=$(sed -n 's/.*host_overhead_median_ns=\([0-9]*\).*host_overhead_p90_ns=\([0-9]*\).*/\1 \2/p' <<< "$l")
 done
+# (2b) where a gate's error comes from (INFO; PRISM_GATE_OPEN_STAMPS=1 adds a stamp after each gate, so this run is
+# separate from the accuracy rows): on the GPU clock, per unit after the 10 warm-up ones, medians of
+#   hold   = open - arrival        (what the stream saw; the accuracy rows measure it with CUDA events)
+#   late   = open - release target (how late the gate opened)
+#   host   = written - (release - release latency)   (how late the progress thread wrote the gate word)
+#   wake   = open - written        (the GPU's reaction to the write)
+for d in ${SHIM_GATE_DIAG_US:-1000 10000}; do
+  shim_as_rank $t_bench 8 29613 "$out/gate_diag_$d" env PRISM_GATE=wait PRISM_FIXED_DUR_US=$d PRISM_GATE_OPEN_STAMPS=1 \
+    $PY tests/gpu/shim_gpu_bench.py gate > "$out/gate_diag_$d.log" 2>&1
+  l=$(grep '^GATE' "$out/gate_diag_$d.log" | tail -1)
+  detail=$($PY - "$out/gate_diag_$d" "$d" "$(sed -n 's/.*wait_release_ns=\([0-9]*\).*/\1/p' <<< "$l")" <<'PY'
+import glob, json, statistics, sys
+d, dur_us, lat = sys.argv[1], float(sys.argv[2]), int(sys.argv[3] or 0)
+ops = []
+for f in glob.glob(d + "/rank*.events.jsonl"):
+    for line in open(f):
+        j = json.loads(line)
+        if j.get("type") == "op" and j.get("gate_open_ns"):
+            ops.append(j)
+ops = ops[10:60]
+if not ops:
+    print("no op lines with gate_open_ns"); sys.exit(0)
+med = lambda xs: statistics.median(xs) / 1000.0
+hold = med([o["gate_open_ns"] - o["arrival_ns"] for o in ops])
+late = med([o["gate_open_ns"] - o["release_ns"] for o in ops])
+host = med([o["gate_written_ns"] - (o["release_ns"] - lat) for o in ops])
+wake = med([o["gate_open_ns"] - o["gate_written_ns"] for o in ops])
+print("D=%g us, %d units: hold %.1f us (err %+.1f), late %+.1f, host %+.1f, wake %.1f us (release latency %.1f us)"
+      % (dur_us, len(ops), hold, hold - dur_us, late, host, wake, lat / 1000.0))
+PY
+)
+  shim_row "2b gate diagnosis D=${d}us" INFO "${detail:-no result (see gate_diag_$d.log)}; events median $(sed -n 's/.* median_us=\([0-9.]*\).*/\1/p' <<< "$l") us"
+done
 if [ -n "$overhead" ]; then
   set -- $overhead
   res=$([ "$1" -lt 5000 ] && echo PASS || echo FAIL)

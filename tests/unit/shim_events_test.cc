@@ -92,12 +92,67 @@ TEST(ShimEvents, FileHasEveryKindOfLine) {
   EXPECT_EQ(op.at("release_ns").get<uint64_t>() - op.at("arrival_ns").get<uint64_t>(), 500000u);
   EXPECT_EQ(op.at("model_dur_ns"), 500000);
   EXPECT_EQ(op.at("cost"), "fixed");
+  EXPECT_FALSE(op.contains("gate_open_ns")) << "only with PRISM_GATE_OPEN_STAMPS=1";
   ASSERT_EQ(by_type["iter"].size(), 1u);
   EXPECT_EQ(by_type["iter"][0].at("torch_max_allocated"), 12345);
   EXPECT_EQ(by_type["iter"][0].at("clock"), "gpu");
   ASSERT_GE(by_type["mem"].size(), 1u);
   EXPECT_EQ(by_type["mem"].back().at("peak_bytes"), 4096);
   ASSERT_EQ(by_type["bye"].size(), 1u);
+  std::filesystem::remove_all(dir);
+}
+
+// PRISM_GATE_OPEN_STAMPS=1 (gate diagnosis): the stream stamps right after the gate, and the op line waits for that
+// stamp and carries it with the GPU time the progress thread wrote the gate word.
+TEST(ShimEvents, GateOpenStampsAreLoggedWithTheirUnit) {
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  auto dir = std::filesystem::temp_directory_path() / ("prism_events_open_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  Config c;
+  c.rank = 0;
+  c.world_size = 8;
+  c.real_ranks = {0};
+  c.fixed_dur_us = 200;
+  c.out_dir = dir.string();
+  c.gate_open_stamps = true;
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  ncclUniqueId id;
+  ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
+  InitArgs a;
+  a.nranks = 8;
+  a.rank = 0;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  std::vector<float> buf(64);
+  OpCall call;
+  call.op = payload::OpKind::kAllReduce;
+  call.comm = comm;
+  call.count = 64;
+  call.dtype = ncclFloat32;
+  call.redop = ncclSum;
+  call.send = buf.data();
+  call.recv = buf.data();
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(Submit(call), ncclSuccess);
+  ASSERT_TRUE(ProgressDrain(5000000000ull)) << "units waiting for their open stamp count as not released";
+  usleep(300000);
+  EventLogStop();
+  SetGpuForTest(nullptr);
+  std::ifstream in(EventLogPath());
+  std::string line;
+  int ops = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") != "op") continue;
+    ++ops;
+    ASSERT_TRUE(j.contains("gate_open_ns")) << line;
+    EXPECT_GT(j.at("gate_open_ns").get<uint64_t>(), 0u);
+    // The written time is on the GPU clock, at or after the release target less the release latency.
+    EXPECT_GE(j.at("gate_written_ns").get<uint64_t>() + 1000000, j.at("release_ns").get<uint64_t>()) << line;
+  }
+  EXPECT_EQ(ops, 3);
   std::filesystem::remove_all(dir);
 }
 

@@ -199,6 +199,11 @@ void LoadConfig(EnvLookup lookup, Config* c) {
     else c->errors.push_back(std::string("PRISM_PASSTHROUGH='") + v + "' is not 0 or 1");
   }
   IntSetting(lookup, "PRISM_PASSTHROUGH_TIMEOUT_S", nullptr, 1, 86400, &c->passthrough_timeout_s, c);
+  if (const char* v = lookup("PRISM_GATE_OPEN_STAMPS"); v && *v) {
+    if (std::string(v) == "0") c->gate_open_stamps = false;
+    else if (std::string(v) == "1") c->gate_open_stamps = true;
+    else c->errors.push_back(std::string("PRISM_GATE_OPEN_STAMPS='") + v + "' is not 0 or 1");
+  }
   if (const char* v = lookup("PRISM_PASSTHROUGH_EVENTS"); v && *v) {
     if (std::string(v) == "0") c->passthrough_events = false;
     else if (std::string(v) == "1") c->passthrough_events = true;

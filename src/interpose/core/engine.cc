@@ -602,6 +602,12 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   }
   if (!stamped && r == CUDA_SUCCESS) r = gpu.Stamp(stream, slot);
   if (r == CUDA_SUCCESS && gated) r = gpu.Gate(stream, slot, ticket, cfg.gate, ops[0].comm->spin_ctas);
+  uint32_t open_slot = UINT32_MAX;
+  if (r == CUDA_SUCCESS && gated && cfg.gate_open_stamps) {
+    open_slot = NextSlot();
+    *gpu.ArrivalWord(open_slot) = 0;
+    r = gpu.Stamp(stream, open_slot);
+  }
   if (r != CUDA_SUCCESS) {
     SetLastError("CUDA error " + std::to_string(static_cast<int>(r)) + " while enqueueing on the stream");
     Log("nccl")->error("{}", LastError());
@@ -638,6 +644,7 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   const Comm* c0 = prep[0].call.comm;
   u.slot = slot;
   u.ticket = ticket;
+  u.open_slot = open_slot;
   u.dur_ns = dur;
   u.no_gate = !gated;
   u.release_lat_ns = !gated ? 0

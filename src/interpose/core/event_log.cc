@@ -63,16 +63,21 @@ const char* DtypeName(uint8_t t) {
 }
 
 void WriteOp(FILE* f, const OpEvent& e) {
+  char gate[96] = "";
+  if (e.gate_open_ns != 0) {
+    std::snprintf(gate, sizeof gate, ",\"gate_written_ns\":%llu,\"gate_open_ns\":%llu",
+                  static_cast<unsigned long long>(e.gate_written_ns), static_cast<unsigned long long>(e.gate_open_ns));
+  }
   std::fprintf(f,
                "{\"type\":\"op\",\"comm_id\":%u,\"seq\":%llu,\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,"
                "\"peer\":%d,\"arrival_ns\":%llu,\"release_ns\":%llu,\"model_dur_ns\":%llu,\"wait_on_rank\":%d,"
                "\"algo\":%u,\"proto\":%u,\"nops\":%u,\"root\":%d,\"stream\":%u,\"sseq\":%u,\"exchanged\":%u,"
-               "\"cost\":\"%s\"%s}\n",
+               "\"cost\":\"%s\"%s%s}\n",
                e.comm_id, static_cast<unsigned long long>(e.seq), OpName(e.op), DtypeName(e.dtype),
                static_cast<unsigned long long>(e.bytes), e.peer, static_cast<unsigned long long>(e.arrival_ns),
                static_cast<unsigned long long>(e.release_ns), static_cast<unsigned long long>(e.model_dur_ns),
                e.wait_on_rank, e.algo, e.proto, e.nops, e.root, e.stream, e.stream_seq, e.exchanged,
-               e.source == 1 ? "fixed" : (e.source == 2 ? "model" : "fallback"), e.passthrough ? ",\"passthrough\":1" : "");
+               e.source == 1 ? "fixed" : (e.source == 2 ? "model" : "fallback"), e.passthrough ? ",\"passthrough\":1" : "", gate);
 }
 
 void WriteMem(Writer& w, FILE* f, bool force) {

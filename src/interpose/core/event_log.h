@@ -33,6 +33,10 @@ struct OpEvent {
   uint64_t release_ns = 0;
   uint64_t model_dur_ns = 0;
   int32_t wait_on_rank = -1;
+  // PRISM_GATE_OPEN_STAMPS=1 (gate diagnosis, docs/libprism.md): when the progress thread wrote the gate word, on
+  // the GPU clock, and when the stream passed the gate (a stamp after it); 0 otherwise.
+  uint64_t gate_written_ns = 0;
+  uint64_t gate_open_ns = 0;
 };
 
 struct CommEvent {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "common/log.h"
 #include "interpose/core/coord_client.h"
@@ -89,6 +90,8 @@ struct State {
   std::atomic<uint32_t> slot{0};
   Pending pending[kQueueSize];
   uint32_t npending = 0;
+  // Released units waiting for their gate-open stamp before they are logged (PRISM_GATE_OPEN_STAMPS).
+  std::vector<GateUnit> opening;
 };
 
 State& S() {
@@ -107,8 +110,37 @@ void SleepNs(int64_t ns) {
 
 void Release(State& s, Pending& p) {
   if (!p.u.no_gate) __atomic_store_n(TheGpu().GateWord(p.u.slot), p.u.ticket, __ATOMIC_RELEASE);
+  if (p.u.open_slot != UINT32_MAX && !p.u.no_gate) {
+    // Why the GPU clock: the open stamp is on it, so written and open compare without a conversion error.
+    p.u.event.gate_written_ns =
+        static_cast<uint64_t>(static_cast<int64_t>(HostNowNs()) + TheGpu().Calibration().gpu_minus_host_ns);
+    try {
+      s.opening.push_back(p.u);
+      return;  // logged (and counted released) when the stream passed the gate
+    } catch (...) {
+    }
+  }
   LogOp(p.u.event);
   s.released.fetch_add(1, std::memory_order_release);
+}
+
+// Logs the released units whose gate-open stamp landed. Returns whether some are still waiting.
+bool PollOpening(State& s) {
+  Gpu& gpu = TheGpu();
+  for (size_t i = 0; i < s.opening.size();) {
+    GateUnit& u = s.opening[i];
+    const uint64_t t = *gpu.ArrivalWord(u.open_slot);
+    if (t == 0) {
+      ++i;
+      continue;
+    }
+    u.event.gate_open_ns = t;
+    LogOp(u.event);
+    s.released.fetch_add(1, std::memory_order_release);
+    s.opening[i] = s.opening.back();
+    s.opening.pop_back();
+  }
+  return !s.opening.empty();
 }
 
 void Loop() {
@@ -186,6 +218,11 @@ void Loop() {
         min_wait = std::min(min_wait, wait);
       }
       ++i;
+    }
+    const bool opening = !s.opening.empty() && PollOpening(s);
+    if (s.npending == 0 && opening) {
+      SleepNs(2000);  // Why: only open stamps to wait for; they land microseconds after the release
+      continue;
     }
     if (s.npending == 0) {
       uint32_t w = s.wake.load(std::memory_order_acquire);

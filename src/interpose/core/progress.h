@@ -26,6 +26,9 @@ struct GateUnit {
   // A passthrough unit (real NCCL, comm.h): its release is the GPU stamp in ArrivalWord(end_slot), written on the
   // stream after the real operations; UINT32_MAX for every emulated unit.
   uint32_t end_slot = UINT32_MAX;
+  // PRISM_GATE_OPEN_STAMPS: the slot whose arrival word the stream stamps right after the gate; the unit is logged
+  // once that stamp landed (event.gate_open_ns). UINT32_MAX: none.
+  uint32_t open_slot = UINT32_MAX;
   OpEvent event;                // filled with comm/op/bytes; arrival/release set by the thread
 };
 
