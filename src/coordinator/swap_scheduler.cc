@@ -78,6 +78,7 @@ void SwapScheduler::SetWaits(int rank, std::vector<int> waiting_for) {
   waiting_for.erase(std::unique(waiting_for.begin(), waiting_for.end()), waiting_for.end());
   Rank& r = it->second;
   const bool was = Blocked(r);
+  if (r.waiting_for != waiting_for) r.out_failed = false;
   r.waiting_for = std::move(waiting_for);
   if (was && !Blocked(r) && r.phase == SwapPhase::kOut) r.ready_since_ns = r.last_activity_ns;
 }
@@ -208,6 +209,7 @@ void SwapScheduler::Finished(const SwapAction& a, bool ok, double seconds, uint6
       // the driver wrapper's unlock. It stays on the GPU and is not picked again until it blocks anew.
       r.phase = SwapPhase::kResident;
       r.out_bytes = 0;
+      r.out_failed = true;
       ++stats_.failures;
     }
   } else {
@@ -255,7 +257,7 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
     Rank* best = nullptr;
     std::tuple<int, uint64_t, int> best_key{};
     for (Rank* r : resident) {
-      if (r == keep || r->phase != SwapPhase::kResident || !Blocked(*r) || r->pid <= 0) continue;
+      if (r == keep || r->phase != SwapPhase::kResident || !Blocked(*r) || r->pid <= 0 || r->out_failed) continue;
       const uint64_t fp = Footprint(r->rank);
       if (cfg_.host_cap_bytes > 0 && host_used + fp > cfg_.host_cap_bytes) {
         Notice("host:" + std::to_string(r->rank),
@@ -353,8 +355,8 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
          resident.empty()
              ? fmt::format("swap: rank {} needs {}, more than GPU {}'s cap {} alone; it runs alone there", c->rank,
                            FormatBytes(need), gpu, FormatBytes(cap))
-             : fmt::format("swap: every rank on GPU {} waits outside an exchange (store, start-up) and cannot be "
-                           "swapped out; rank {} goes on the GPU over the cap ({} + {} > {})",
+             : fmt::format("swap: no rank on GPU {} can be swapped out (they wait outside an exchange -- store, "
+                           "start-up -- or their swap out failed); rank {} goes on the GPU over the cap ({} + {} > {})",
                            gpu, c->rank, FormatBytes(used), FormatBytes(need), FormatBytes(cap)));
   return in_action(c, reason_of(c) + "; over the cap");
 }

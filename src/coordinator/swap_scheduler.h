@@ -36,10 +36,12 @@ struct SwapConfig {
   // Footprint assumed for a rank that reported no memory yet; 0: the largest footprint learned so far, and at most
   // one such rank resident per GPU unless the GPU is stalled.
   uint64_t rank_estimate_bytes = 0;
-  double stall_s = 10;  // a resident rank silent this long (no bus message) counts as blocked for the stall rule
+  double stall_s = 30;  // a resident rank silent this long (no bus message) counts as blocked for the stall rule
   std::map<int, std::string> rank_gpu;  // rank -> GPU key (host/device); a rank not listed uses its hello's
   std::string driver = "libcuda.so.1";  // the library the checkpoint driver dlopens
-  int lock_timeout_ms = 60000;          // cuCheckpointProcessLock's timeout
+  // cuCheckpointProcessLock's timeout: it waits for the process's work in flight (other streams' kernels); a rank
+  // whose lock times out stays on the GPU and is not picked again until its waits change.
+  int lock_timeout_ms = 10000;
 };
 
 enum class SwapPhase { kUnstarted, kAdmitted, kResident, kSwappingOut, kOut, kSwappingIn, kDone };
@@ -113,6 +115,7 @@ class SwapScheduler {
     uint64_t last_activity_ns = 0;
     uint64_t ready_since_ns = 0;  // out with its wait over, or unstarted: since when it wants the GPU
     uint64_t out_bytes = 0;       // what it holds in host RAM while out
+    bool out_failed = false;      // a swap out failed in its current waits: not picked again until they change
   };
   bool OnGpu(const Rank& r) const {
     return r.phase == SwapPhase::kAdmitted || r.phase == SwapPhase::kResident || r.phase == SwapPhase::kSwappingIn ||

@@ -186,6 +186,23 @@ TEST(SwapScheduler, FailedSwapOutLeavesTheRankOnTheGpu) {
   EXPECT_EQ(s.phase(0), SwapPhase::kResident);
   EXPECT_EQ(s.HostUsed(), 0u);
   EXPECT_EQ(s.Stats().failures, 1u);
+  // Not picked again in the same wait (a lock that timed out would time out again): nothing on the GPU can be
+  // swapped out, so rank 1, which rank 0 waits for, starts over the cap rather than deadlock.
+  auto b = s.Next(2 * kSec);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->kind, SwapAction::kAdmit);
+  EXPECT_EQ(b->rank, 1);
+  auto notes = s.TakeNotices();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("can be swapped out (they wait outside an exchange"), std::string::npos) << notes[0];
+  s.Started(1, 1001, "g", 2 * kSec);
+  s.Memory(1, kF);
+  // Once rank 0 waits on something else it may be picked again: 2F on a 1F GPU, rank 0 the only one blocked.
+  s.SetWaits(0, {1, 5});
+  auto c = s.Next(3 * kSec);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->kind, SwapAction::kSwapOut);
+  EXPECT_EQ(c->rank, 0);
 }
 
 TEST(SwapScheduler, GrowthOverTheCapIsUndoneWhenARankBlocks) {

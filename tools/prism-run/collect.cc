@@ -27,7 +27,7 @@ struct CollectOptions : LaunchSubcommandOptions {
   std::string swap;  // on | off | "" (on when --gpu-mem-cap is given)
   std::string gpu_mem_cap, host_mem_cap, rank_mem, context_mem = "512M";
   std::string swap_driver = "libcuda.so.1";
-  double swap_stall = 10;
+  double swap_stall = 30;
   bool no_preload = false;
 };
 
@@ -88,7 +88,7 @@ void AddCollect(CLI::App& app, int* rc) {
                   "with --swap: GPU memory per rank beyond its allocations (CUDA context), default 512M");
   sub->add_option("--swap-stall", o.swap_stall,
                   "with --swap: seconds a rank may stay silent outside an exchange before its GPU counts as stalled "
-                  "(default 10)")
+                  "(default 30)")
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--no-preload", o.no_preload, "run the workers without libprism.so (launch debugging, tests)");
   sub->add_option("--swap-driver", o.swap_driver, "with --swap: the CUDA driver library to load (default libcuda.so.1)");

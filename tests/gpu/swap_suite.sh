@@ -1,0 +1,94 @@
+# Sourced by tests/gpu/run.sh (suite "swap"): context switching in `prism-run collect` (issue 7, docs/collect.md
+# "Context switching"). Megatron tiny GPT, world 64, tp 2 pp 2: data-parallel replica 0 (ranks 0, 1, 32, 33)
+#   swap_w64_resident  collected on the one GPU with all four ranks resident (no --swap: the baseline);
+#   swap_w64_capped    again with --gpu-mem-cap at 2.5 x the largest rank's footprint from the first run (rank peak +
+#                      512 MiB context, also given as --rank-mem), so at most two ranks are on the GPU at once and the
+#                      others are swapped out
+#                      with the CUDA checkpoint API; checks swaps happened, no swap failed, every rank trained 10
+#                      iterations, the scheduler's GPU peak stayed within the cap;
+#   swap_w64_same_graph  both observed graphs hold the same communication (every class's streams with their
+#                      communication nodes in order, the communicators, rank -> class; compute nodes are only counted:
+#                      their gaps hold the swaps), and `prism-run simulate` runs on both.
+# Run: tests/gpu/run.sh OUT swap      (SWAP_CASES="resident capped same_graph" by default)
+source tests/gpu/megatron_env.sh
+swap_json() {  # swap_json FILE EXPR  (EXPR in Python over `r`)
+  $PYTHON -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1"
+}
+swap_collect() {  # NAME [collect options...]
+  local name=$1; shift
+  local dir=$out/$name
+  (cd "$MEGATRON" && timeout -s INT -k 20 "${SWAP_TIMEOUT:-900}" "$PRISM_RUN" collect --out "$dir" --no-payloads "$@" \
+     torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_TINY_ARGS[@]}" \
+     --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --global-batch-size 64 --train-iters 10) \
+     > "$out/$name.out" 2>&1 || { echo "collect exit $?"; tail -30 "$out/$name.out"; return 1; }
+  local rep=$dir/report.json
+  [ -f "$rep" ] || { echo "no report.json"; return 1; }
+  swap_json "$rep" '"iterations=%s iter_s=%.4f wall_s=%.1f peak_MiB=%s" % (r["iterations"], r["iteration_time_s"] or 0, r["wall_s"], [round((x.get("peak_memory_bytes") or 0)/2**20) for x in r["ranks"]])' > "$out/$name.detail"
+  [ "$(swap_json "$rep" 'r["iterations"]')" -ge 9 ] || { echo "fewer than 9 iterations"; return 1; }
+  [ -f "$dir/observed.prism" ] || { echo "no observed.prism"; grep -i "observed\|class" "$out/$name.out" | tail -5; return 1; }
+}
+swap_resident() { swap_collect swap_w64_resident; }
+swap_capped() {
+  local base=$out/swap_w64_resident/report.json
+  [ -f "$base" ] || { echo "needs swap_w64_resident first"; return 1; }
+  local fp cap
+  # A rank's footprint as the scheduler counts it: its peak tracked device bytes + --context-mem (512 MiB). Given
+  # as --rank-mem so ranks start by it before they report memory (else the first ones start on a guess).
+  fp=$(swap_json "$base" 'max(x.get("peak_memory_bytes") or 0 for x in r["ranks"]) + (512 << 20)')
+  cap=$((fp * 5 / 2))
+  echo "rank_mem=$((fp >> 20))MiB gpu_mem_cap=$((cap >> 20))MiB" > "$out/swap_w64_capped.cap"
+  swap_collect swap_w64_capped --gpu-mem-cap "$cap" --rank-mem "$fp" || return 1
+  cat "$out/swap_w64_capped.cap" >> "$out/swap_w64_capped.detail"
+  echo "over_cap_notices=$(grep -c 'over the cap' "$out/swap_w64_capped.out") swap_failures_printed=$(grep -c 'swap: .* failed' "$out/swap_w64_capped.out")" >> "$out/swap_w64_capped.detail"
+  local rep=$out/swap_w64_capped/report.json
+  swap_json "$rep" '"swaps_out=%d swaps_in=%d moved_GiB=%.2f swap_s=%.1f peak_gpu_MiB=%d peak_host_MiB=%d failures=%d" % (r["swap"]["swaps_out"], r["swap"]["swaps_in"], (r["swap"]["bytes_out"] + r["swap"]["bytes_in"]) / 2**30, r["swap"]["seconds_out"] + r["swap"]["seconds_in"], r["swap"]["peak_gpu_bytes"] >> 20, r["swap"]["peak_host_bytes"] >> 20, r["swap"]["failures"])' >> "$out/swap_w64_capped.detail"
+  grep -h "prism collect: context switching" "$out/swap_w64_capped.out" | tail -1 >> "$out/swap_w64_capped.detail"
+  swap_json "$rep" 'r["swap"]["swaps_out"] > 0 and r["swap"]["failures"] == 0 and r["swap"]["finished"] == 4 and r["swap"]["peak_gpu_bytes"] <= r["swap"]["gpu_cap_bytes"]' | grep -q True
+}
+swap_same_graph() {
+  local a=$out/swap_w64_resident b=$out/swap_w64_capped
+  for d in "$a" "$b"; do
+    "$PRISM_RUN" graph build "$d" --out "$d/observed.json" --quiet || { echo "graph build $d failed"; return 1; }
+    "$PRISM_RUN" simulate "$d/observed.prism" --out "$d/simulate" > "$d.simulate.log" 2>&1 || { echo "simulate $d failed"; tail -5 "$d.simulate.log"; return 1; }
+  done
+  $PYTHON - "$a/observed.json" "$b/observed.json" <<'PY' > "$out/swap_w64_same_graph.detail"
+import json, sys
+# Timing differs between the runs (the capped run's gaps hold swaps), and a gap of zero or less leaves no compute
+# node, so compute nodes are counted, not compared. Communication must be the same: every class's streams with their
+# communication nodes in order (kind, op, comm slot, bytes, dtype, peer, root), the communicators, rank -> class.
+def comm_nodes(t):
+    out = {}
+    for c in t["classes"]:
+        for st in c["streams"]:
+            out[(c.get("name"), st.get("name"))] = [
+                tuple(n.get(k) for k in ("kind", "op", "comm", "bytes", "dtype", "peer", "root"))
+                for n in st["nodes"] if n.get("kind") != "compute"]
+    return out
+def compute_count(t):
+    return sum(1 for c in t["classes"] for st in c["streams"] for n in st["nodes"] if n.get("kind") == "compute")
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+ca, cb = comm_nodes(a), comm_nodes(b)
+print("comm_nodes resident=%d capped=%d compute_nodes %d/%d comms %d/%d" % (
+    sum(map(len, ca.values())), sum(map(len, cb.values())), compute_count(a), compute_count(b),
+    len(a.get("comms", [])), len(b.get("comms", []))))
+ok = True
+if ca != cb:
+    ok = False
+    for k in sorted(set(ca) | set(cb), key=str):
+        if ca.get(k) != cb.get(k):
+            print("differs: class/stream %s (%s vs %s nodes)" % (k, len(ca.get(k, [])), len(cb.get(k, []))))
+for k in ("comms", "rank_class", "world_size", "layout"):
+    if a.get(k) != b.get(k):
+        ok = False
+        print("differs: %s" % k)
+print("same graph" if ok else "NOT the same graph")
+sys.exit(0 if ok else 1)
+PY
+}
+for c in ${SWAP_CASES:-resident capped same_graph}; do
+  case $c in
+    resident) check swap_w64_resident swap_resident ;;
+    capped) check swap_w64_capped swap_capped ;;
+    same_graph) check swap_w64_same_graph swap_same_graph ;;
+  esac
+done
