@@ -39,6 +39,22 @@ TEST(FillCli, BuildsAndSimulatesTheBareGraphThenNamesTheFailingSlice) {
   fs::remove_all(out);
 }
 
+// With 2 GPUs a slice is a tensor-parallel group (ranks 0,1 and 32,33 of the tp2 pp2 graph), each rank on its own
+// GPU so that the group's communicator runs on the real NCCL.
+TEST(FillCli, TwoGpusSliceByTensorParallelGroup) {
+  const fs::path data = fs::path(PRISM_SOURCE_DIR) / "tests/data/graph/megatron_w64_collect";
+  const fs::path out = fs::temp_directory_path() / ("prism_fill_g2_" + std::to_string(getpid()));
+  fs::remove_all(out);
+  Result r = PrismRun("fill --from " + data.string() + " --out " + out.string() + " --rounds 1 --gpus 2 " +
+                      "--hang-timeout 5 torchrun --nnodes 8 --nproc-per-node 8 /nonexistent/pretrain_gpt.py " +
+                      "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("2 GPUs: 2 slice(s) per round: [0,1] [32,33]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the slice of ranks 0,1 failed"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(out / "round1" / "rank0_1")) << r.out;
+  fs::remove_all(out);
+}
+
 TEST(FillCli, RefusesADirectoryWithoutEventFiles) {
   const fs::path empty = fs::temp_directory_path() / ("prism_fill_empty_" + std::to_string(getpid()));
   fs::create_directories(empty);

@@ -8,10 +8,12 @@
 // virtual peer lies inside the communication window, not in the compute nodes. Rounds repeat while `simulate`'s
 // iteration time moves by more than --tolerance percent (cross-slice calibration: each slice ran against its
 // neighbours' previous estimates). Output: OUT/filled.prism and OUT/fill.json.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -93,6 +95,40 @@ std::optional<world::World> WorldFromReport(const fs::path& dir, std::string* er
   return std::move(*w);
 }
 
+// The slices of one round. One GPU: one rank per slice. G GPUs: the classes' ranks grouped by tensor-parallel group
+// (the same coordinates but tp), each group cut into chunks of at most G ranks, so that a slice's tensor-parallel
+// communicator has only real members on distinct GPUs and runs on the real NCCL (passthrough: its traffic, SM use
+// and timing are the hardware's, issue 10).
+std::vector<std::vector<int>> Slices(const std::vector<int>& reps, const world::World& w, int gpus) {
+  std::vector<std::vector<int>> out;
+  if (gpus <= 1) {
+    for (int r : reps) out.push_back({r});
+    return out;
+  }
+  std::map<std::vector<int>, std::vector<int>> by_group;  // coordinates but tp -> ranks, in class order
+  std::vector<std::vector<int>> order;
+  for (int r : reps) {
+    const world::Coords c = w.CoordsOf(r);
+    std::vector<int> key = {c.cp, c.dp, c.pp, c.ep, c.edp};
+    if (!by_group.count(key)) order.push_back(key);
+    by_group[key].push_back(r);
+  }
+  for (const auto& key : order) {
+    const std::vector<int>& g = by_group[key];
+    for (size_t i = 0; i < g.size(); i += static_cast<size_t>(gpus)) {
+      out.emplace_back(g.begin() + static_cast<std::ptrdiff_t>(i),
+                       g.begin() + static_cast<std::ptrdiff_t>(std::min(g.size(), i + static_cast<size_t>(gpus))));
+    }
+  }
+  return out;
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
 int Fail(const std::string& m, int code) {
   std::fprintf(stderr, "prism-run fill: %s\n", m.c_str());
   return code;
@@ -140,6 +176,12 @@ int RunFill(const FillOptions& o, const std::vector<std::string>& command) {
   std::printf("prism fill: %zu classes (ranks", reps.size());
   for (int r : reps) std::printf(" %d", r);
   std::printf("), bare graph from %s: simulated iteration %.3f ms\n", from.string().c_str(), bare * 1e3);
+  const std::vector<std::vector<int>> slices = Slices(reps, *world, o.gpus);
+  if (o.gpus > 1) {
+    std::printf("prism fill: %d GPUs: %zu slice(s) per round:", o.gpus, slices.size());
+    for (const auto& sl : slices) std::printf(" [%s]", RankList(sl).c_str());
+    std::printf("\n");
+  }
   std::fflush(stdout);
 
   json rounds = json::array();
@@ -147,9 +189,10 @@ int RunFill(const FillOptions& o, const std::vector<std::string>& command) {
   bool converged = false;
   int round = 1;
   for (; round <= o.max_rounds; ++round) {
-    for (int r : reps) {
+    for (const std::vector<int>& sl : slices) {
+      const std::string list = RankList(sl);
       EmulateOptions e;
-      e.ranks = std::to_string(r);
+      e.ranks = list;
       e.graph = current.string();
       e.topology = o.topology;
       e.gpus = o.gpus;
@@ -159,16 +202,22 @@ int RunFill(const FillOptions& o, const std::vector<std::string>& command) {
         e.payload = "recorded";
         e.payload_dir = from.string();
       }
-      fs::path slice = out / ("round" + std::to_string(round)) / ("rank" + std::to_string(r));
+      const std::string what = (sl.size() == 1 ? "rank " : "ranks ") + list;
+      std::string tag = list;
+      std::replace(tag.begin(), tag.end(), ',', '_');
+      fs::path slice = out / ("round" + std::to_string(round)) / ("rank" + tag);
       e.out = slice.string();
-      std::printf("prism fill: round %d, slice rank %d (others replay %s)\n", round, r, current.filename().c_str());
+      std::printf("prism fill: round %d, slice %s (others replay %s)\n", round, what.c_str(), current.filename().c_str());
       std::fflush(stdout);
       int rc = RunEmulate(e, command);
-      if (rc != 0) return Fail("the slice of rank " + std::to_string(r) + " failed (exit " + std::to_string(rc) +
-                               "); its output: " + slice.string(), rc);
-      fs::copy_file(slice / prism::events::FileName(r), ev_dir / prism::events::FileName(r), fs::copy_options::overwrite_existing, ec);
-      if (ec) return Fail("rank " + std::to_string(r) + " wrote no event file in " + slice.string(), 1);
-      if (!rebuild(&error)) return Fail("after the slice of rank " + std::to_string(r) + ": " + error, 1);
+      if (rc != 0) return Fail("the slice of " + what + " failed (exit " + std::to_string(rc) + "); its output: " +
+                               slice.string(), rc);
+      for (int r : sl) {
+        fs::copy_file(slice / prism::events::FileName(r), ev_dir / prism::events::FileName(r),
+                      fs::copy_options::overwrite_existing, ec);
+        if (ec) return Fail("rank " + std::to_string(r) + " wrote no event file in " + slice.string(), 1);
+      }
+      if (!rebuild(&error)) return Fail("after the slice of " + what + ": " + error, 1);
     }
     last = SimulateIteration(current.string(), (out / ("sim-round" + std::to_string(round))).string(), o.topology, &error);
     if (last < 0) return Fail(error, 1);
@@ -214,7 +263,10 @@ void AddFill(CLI::App& app, int* rc) {
   sub->add_option("--tolerance", o.tolerance_pct, "stop when a round moves the estimate by at most this many percent")
       ->capture_default_str();
   sub->add_option("--rounds", o.max_rounds, "at most this many rounds")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--gpus", o.gpus, "GPUs of this host (one slice runs at a time today)")->check(CLI::PositiveNumber);
+  sub->add_option("--gpus", o.gpus,
+                  "GPUs of this host: with G > 1 a slice is a tensor-parallel group (up to G ranks, each on its own "
+                  "GPU, their communicator on the real NCCL); one slice runs at a time")
+      ->check(CLI::PositiveNumber);
   sub->add_option("--hang-timeout", o.hang_timeout, "per slice, as for emulate")->capture_default_str();
   sub->callback([sub, rc] {
     std::vector<std::string> command = sub->remaining();
