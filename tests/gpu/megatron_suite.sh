@@ -78,7 +78,8 @@ ops_prism() {  # NAME NNODES
   echo "$init ${ops#TORCH_OPS } prism_wall_s=$(json_get "$out/$name/report.json" 'round(r["wall_s"],1)' 2>/dev/null)" > "$out/$name.detail"
   [ $rc -eq 0 ] && [[ "$ops" == *PASS* ]]
 }
-# fill (issue 8): from the collect run above, each class alone against the others replayed from the graph; then
+# fill (issue 8): from the collect run above, each class alone (FILL_GPUS=G > 1: each tensor-parallel group, on G
+# GPUs, on the real NCCL) against the others replayed from the graph; then
 # the first and last stage's tp-0 ranks (FILL_EMULATE_RANKS, default 0 and the last stage's) emulated with the
 # filled graph: the report compares each with simulate of the graph iteration by iteration (graph_comparison);
 # then rank 0 with the mirror policy and no graph (which cannot see the pipeline bubble), and rank 0 with
@@ -88,7 +89,7 @@ megatron_fill() {
   local name=megatron_${shape_tag}_fill dir=$out/megatron_${shape_tag}_fill col=$out/megatron_${shape_tag}_collect
   [ -f "$col/report.json" ] || { echo "needs the collect case first"; return 1; }
   (cd "$MEGATRON" && timeout -s INT -k 20 "${FILL_TIMEOUT:-420}" "$PRISM_RUN" fill --from "$col" --out "$dir" \
-     --rounds "${FILL_ROUNDS:-2}" "${shape_job[@]}") > "$out/$name.out" 2>&1 || { echo "fill exit $?"; tail -20 "$out/$name.out"; return 1; }
+     --rounds "${FILL_ROUNDS:-2}" --gpus "${FILL_GPUS:-1}" "${shape_job[@]}") > "$out/$name.out" 2>&1 || { echo "fill exit $?"; tail -20 "$out/$name.out"; return 1; }
   grep "prism fill: estimate" "$out/$name.out" | sed 's/prism fill: //' > "$out/$name.detail"
   json_get "$dir/fill.json" '"simulate(filled) %.2f ms" % (1e3*r["calibrated_iteration_time_s"])' >> "$out/$name.detail"
   local r ok=0 peer=$((shape_nnodes * 8 / shape_pp))
