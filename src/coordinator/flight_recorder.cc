@@ -638,6 +638,21 @@ FrVirtualResult FrVirtualDumps(const HangDetector& det, int world_size, const st
     }
   }
 
+  // torch's analyzer (align_trace_from_beginning) drops, in every dump, each entry whose record_id is below the
+  // largest first record_id of any dump. A real dump's ids count every operation of its rank (from 0, or from where
+  // its log wrapped), so a virtual dump must not raise that bound (its first modelled entry is seldom its model's
+  // first operation) nor hold entries that its model's dump loses to it: it holds the modelled entries whose model is
+  // at or past the real dumps' bound, numbered from the bound (from 0 when no log wrapped, as torch numbers them).
+  int64_t start = 0;
+  for (int r : det.Ranks()) {
+    for (const HangLogEntry& le : det.Log(r)) {
+      auto c = det.comms().find(le.op.comm_id);
+      if (c == det.comms().end() || !EntryOf(le, c->second, t.Of(le.op.comm_id), r)) continue;
+      start = std::max(start, static_cast<int64_t>(le.id));  // Why the first written: FrDumpsFromDetector skips the rest
+      break;
+    }
+  }
+
   for (int v : chosen) {
     FrDump d;
     d.rank = v;
@@ -660,17 +675,14 @@ FrVirtualResult FrVirtualDumps(const HangDetector& det, int world_size, const st
     std::stable_sort(mine.begin(), mine.end(), [](const HangLogEntry* a, const HangLogEntry* b) {
       return std::tie(a->created_ns, a->op.comm_id, a->op.seq) < std::tie(b->created_ns, b->op.comm_id, b->op.seq);
     });
-    int64_t prev = -1;
+    int64_t next = start;
     for (const HangLogEntry* le : mine) {
       const Pg& pg = t.Of(le->op.comm_id);
       std::optional<FrEntry> e = EntryOf(*le, det.comms().at(le->op.comm_id), pg, v);
-      if (!e) continue;
+      if (!e || e->record_id < start) continue;  // the model's id: torch's alignment drops it from the model's dump
       d.pg_config[pg.group.name] = pg.group;  // Why: torch's analyzer looks every entry's group up in this config
-      // Why the model's record id (kept increasing): torch's analyzer drops every entry older than the newest first
-      // record of any dump, so a virtual dump's ids must sit in the same window as the real ones'.
-      e->record_id = std::max(prev + 1, e->record_id);
+      e->record_id = next++;
       e->op_id = e->record_id + 1;
-      prev = e->record_id;
       AddToStatus(d, *e);
       d.entries.push_back(std::move(*e));
     }

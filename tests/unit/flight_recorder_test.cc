@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -362,14 +364,40 @@ with open(os.path.join(out, 'nccl_trace_rank_9999'), 'wb') as f:
 
 // Virtual ranks' dumps (FrVirtualDumps). World 64, tp 8: the data-parallel group of rank 5 is {5, 13, ..., 61}
 // (torch pg "3"), its tensor-parallel group {0..7} (pg "2"). Real ranks: `real` (in the data-parallel group; rank 5
-// also in the tp group). Each real rank did three iterations of (all_reduce 2 MiB bf16, all_gather 2 KiB bf16 per
-// rank) on dp, and rank 5 one all_reduce on tp; at dp sequence 6 each real rank issues `at6[rank]` (nullopt: it never
-// arrives) and waits.
-constexpr uint32_t kDp = 1, kTp = 2;
+// also in the tp group). Each real rank did three iterations (dp_ops / 2) of (all_reduce 2 MiB bf16, all_gather 2 KiB
+// bf16 per rank) on dp, and rank 5 one all_reduce on tp first; at dp sequence 6 (dp_ops) each real rank issues
+// `at6[rank]` (nullopt: it never arrives) and waits.
+constexpr uint32_t kDp = 1, kTp = 2, kWorld = 3;
 const std::vector<int> kDpRanks = {5, 13, 21, 29, 37, 45, 53, 61};
 
-HangDetector VirtualWorld(const std::vector<int>& real, const std::map<int, std::optional<HangOp>>& at6) {
+HangDetector VirtualWorld(const std::vector<int>& real, const std::map<int, std::optional<HangOp>>& at6,
+                          uint64_t dp_ops = 6, uint64_t world_ops = 0) {
   HangDetector det(60);
+  if (world_ops > 0) {
+    // The default group (pg "0", all 64 ranks): world_ops all_reduces of 4 bytes on each real rank, before the rest.
+    HangComm w;
+    w.name = "default_pg";
+    w.pg_name = "0";
+    w.pg_desc = "default_pg";
+    for (int m = 0; m < 64; ++m) {
+      w.members.push_back(m);
+      w.real.push_back(std::find(real.begin(), real.end(), m) != real.end());
+    }
+    w.pg_members = w.members;
+    det.AddComm(kWorld, w);
+    for (int r : real) {
+      for (uint64_t seq = 0; seq < world_ops; ++seq) {
+        HangOp o;
+        o.comm_id = kWorld;
+        o.seq = seq;
+        o.op = 1;
+        o.bytes = 4;
+        o.dtype = 1;
+        const uint64_t t = (seq + 1) * kSec / 100 + static_cast<uint64_t>(r);
+        det.RecordOp(r, o, t, t + 1000, t + 1000);
+      }
+    }
+  }
   HangComm dp;
   dp.name = "DATA_PARALLEL_GROUP";
   dp.pg_name = "3";
@@ -393,7 +421,7 @@ HangDetector VirtualWorld(const std::vector<int>& real, const std::map<int, std:
   tp_ar.dtype = 1;
   if (std::find(real.begin(), real.end(), 5) != real.end()) det.RecordOp(5, tp_ar, kSec, kSec + 500, kSec + 500);
   for (int r : real) {
-    for (uint64_t seq = 0; seq < 6; ++seq) {
+    for (uint64_t seq = 0; seq < dp_ops; ++seq) {
       HangOp o;
       o.comm_id = kDp;
       o.seq = seq;
@@ -407,7 +435,7 @@ HangDetector VirtualWorld(const std::vector<int>& real, const std::map<int, std:
     if (it != at6.end() && it->second) {
       HangOp o = *it->second;
       o.comm_id = kDp;
-      o.seq = 6;
+      o.seq = dp_ops;
       det.ArriveOp(r, o, 20 * kSec, 20 * kSec);
     }
   }
@@ -622,8 +650,9 @@ TEST(FlightRecorderVirtual, ScopeAndBound) {
 
 // What torch's analyzer needs, checked from CPython on the written directory (torch itself is not here; the GPU suite
 // runs it): every file loads with pickle and has the keys and entry fields its loader and matcher read, every member
-// of every group in any pg_config has a dump, and per group the first collective_seq_id where the members' entries
-// (op, sizes, state) are not all alike shows the odd real rank: the one differing from the majority, or the absent one.
+// of every group in any pg_config has a dump, and per group (after torch's alignment of the dumps by record_id) the
+// first collective_seq_id where the members' entries (op, sizes, state) are not all alike shows the odd real rank: the
+// one differing from the majority, or the absent one.
 std::string FirstDisagreements(const fs::path& dir) {
   std::string script = R"PY(
 import ast, os, pickle, re, sys
@@ -642,10 +671,12 @@ for r, x in dumps.items():
         assert groups.setdefault(name, (g['desc'], ranks)) == (g['desc'], ranks), name
 need = set().union(*(rs for _, rs in groups.values()))
 assert not need - set(dumps), 'missing dumps: %s' % sorted(need - set(dumps))
+# torch's align_trace_from_beginning: every entry below the largest first record_id of any dump is dropped.
+start = max([x['entries'][0]['record_id'] for x in dumps.values() if x['entries']] + [0])
 at = {}
 for r, x in dumps.items():
     last = -1
-    for e in x['entries']:
+    for e in [e for e in x['entries'] if e['record_id'] >= start]:
         backend, name = e['profiling_name'].split(':')
         assert backend == 'nccl'
         pg, desc = e['process_group']
@@ -704,6 +735,210 @@ TEST(FlightRecorderVirtual, CPythonSeesWhatTorchsAnalyzerNeeds) {
     ASSERT_TRUE(WriteFrDumps(FrVirtualDumps(det, 64, {5, 29}).dumps, dir.string(), &err)) << err;
     EXPECT_EQ(FirstDisagreements(dir), "pg 3 seq 7 odd [] absent [29]\n");
     fs::remove_all(dir);
+  }
+}
+
+
+// torch's analyzer first drops, in every dump, each entry whose record_id is below the largest first record_id of any
+// dump (align_trace_from_beginning: for ring buffers that wrapped at different points). A record id counts every
+// operation of its rank, so a virtual member's entries cannot keep their models' ids: its first modelled entry is
+// rarely its model's first operation (here rank 5's first is on tp, which the dp-only virtual members are not in), and
+// that id would become the bound and drop the real ranks' first entries (torch: "Not all ranks joining collective").
+int64_t TorchStart(const std::vector<FrDump>& dumps) {
+  int64_t start = 0;
+  for (const FrDump& d : dumps) {
+    if (!d.entries.empty()) start = std::max(start, d.entries.front().record_id);
+  }
+  return start;
+}
+
+TEST(FlightRecorderVirtual, VirtualDumpsKeepTorchsAlignment) {
+  HangDetector det = VirtualWorld({5, 29}, {{5, Op(1, 2u << 20)}, {29, Op(2, 2048u * 8)}});
+  std::vector<FrDump> real = FrDumpsFromDetector(det, 64, {5, 29});
+  FrVirtualResult v = FrVirtualDumps(det, 64, {5, 29});
+  ASSERT_EQ(v.dumps.size(), 13u);
+  EXPECT_EQ(TorchStart(real), 0);
+  std::vector<FrDump> all = real;
+  all.insert(all.end(), v.dumps.begin(), v.dumps.end());
+  EXPECT_EQ(TorchStart(all), 0);
+  // As torch numbers a rank's entries: from the start, one by one.
+  for (const FrDump& d : v.dumps) {
+    for (size_t i = 0; i < d.entries.size(); ++i) EXPECT_EQ(d.entries[i].record_id, static_cast<int64_t>(i)) << d.rank;
+  }
+
+  // Logs that wrapped (prism keeps a rank's last kLogSize operations, as FR's buffer): rank 5 did 2101 operations
+  // (ids 101..2100 kept), rank 29 2100 (ids 100..2099). The bound stays the real dumps' (101); a virtual member holds
+  // what its model (rank 5, the smallest real rank) kept, numbered from the bound, so the alignment drops none of it.
+  HangDetector wrapped = VirtualWorld({5, 29}, {}, 2100);
+  real = FrDumpsFromDetector(wrapped, 64, {5, 29});
+  ASSERT_EQ(real.size(), 2u);
+  EXPECT_EQ(Find(real, 5)->entries.front().record_id, 101);
+  EXPECT_EQ(Find(real, 29)->entries.front().record_id, 100);
+  v = FrVirtualDumps(wrapped, 64, {5, 29});
+  all = real;
+  all.insert(all.end(), v.dumps.begin(), v.dumps.end());
+  EXPECT_EQ(TorchStart(all), 101);
+  const FrDump* d13 = Find(v.dumps, 13);
+  ASSERT_NE(d13, nullptr);
+  ASSERT_EQ(d13->entries.size(), 2000u);
+  EXPECT_EQ(d13->entries.front().record_id, 101);
+  EXPECT_EQ(d13->entries.front().collective_seq_id, 101);
+  EXPECT_EQ(d13->entries.back().record_id, 2100);
+  EXPECT_EQ(d13->entries.back().collective_seq_id, 2100);
+  // tp-only virtual members: rank 5's tp all_reduce (id 0) fell out of its log, so theirs are empty.
+  ASSERT_NE(Find(v.dumps, 0), nullptr);
+  EXPECT_TRUE(Find(v.dumps, 0)->entries.empty());
+}
+
+// torch's own analyzer on prism's dumps, when PRISM_FR_TRACE is a command that runs it (torch is not on CI's machine;
+// docs/hang.md, "Checked with torch's analyzer"):
+//   PRISM_FR_TRACE="python3 -m torch.distributed.flight_recorder.fr_trace"      (where torch is installed)
+//   PRISM_FR_TRACE="env PYTHONPATH=DIR python3 -m torchfr.fr_trace"             (its pure-Python sources in DIR/torchfr)
+// PRISM_FR_KEEP=1 keeps the dump directories (printed).
+struct FrTraceRun {
+  int rc = -1;
+  std::string out;
+  // The ranks torch's analyzer names in "Culprit rank N;" (in its first error message).
+  std::set<int> Culprits() const {
+    std::set<int> r;
+    size_t at = out.find("error msg:");
+    if (at == std::string::npos) return r;
+    std::string line = out.substr(at, out.find('\n', at) - at);
+    for (size_t p = line.find("Culprit rank "); p != std::string::npos; p = line.find("Culprit rank ", p + 1))
+      r.insert(std::atoi(line.c_str() + p + 13));
+    return r;
+  }
+  bool Has(const std::string& s) const { return out.find(s) != std::string::npos; }
+};
+
+FrTraceRun RunFrTrace(const char* cmd, const fs::path& dir, const std::string& args) {
+  FrTraceRun r;
+  std::string c = std::string(cmd) + " " + args + " " + dir.string() + " 2>&1";
+  FILE* f = popen(c.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while (f && (n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
+  int st = f ? pclose(f) : -1;
+  r.rc = st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+fs::path WriteScenario(const std::string& name, const HangDetector& det, const std::vector<int>& real,
+                       const FrVirtualOptions& o = {}) {
+  fs::path dir = FreshDir("torch-" + name);
+  std::string err;
+  EXPECT_TRUE(WriteFrDumps(FrDumpsFromDetector(det, 64, real), dir.string(), &err)) << err;
+  EXPECT_TRUE(WriteFrDumps(FrVirtualDumps(det, 64, real, o).dumps, dir.string(), &err)) << err;
+  return dir;
+}
+
+void Done(const fs::path& dir) {
+  const char* keep = std::getenv("PRISM_FR_KEEP");
+  if (keep && std::string(keep) == "1") {
+    std::printf("kept %s\n", dir.c_str());
+  } else {
+    fs::remove_all(dir);
+  }
+}
+
+std::set<int> DpWithout(int r) {
+  std::set<int> s(kDpRanks.begin(), kDpRanks.end());
+  s.erase(r);
+  return s;
+}
+
+TEST(FlightRecorderTorchAnalyzer, FindsTheMismatchInPrismsDumps) {
+  const char* cmd = std::getenv("PRISM_FR_TRACE");
+  if (!cmd || !*cmd) GTEST_SKIP() << "PRISM_FR_TRACE is not set (a command running torch's fr_trace)";
+  {
+    // Rank 29 skipped the all_reduce: dp (pg 3) sequence 7 (FR counts from 1) has an all_gather on 29.
+    fs::path dir = WriteScenario("skip", VirtualWorld({5, 29}, {{5, Op(1, 2u << 20)}, {29, Op(2, 2048u * 8)}}),
+                                 {5, 29});
+    FrTraceRun r = RunFrTrace(cmd, dir, "");
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_TRUE(r.Has("Collective sequence number: 7 has errors")) << r.out;
+    EXPECT_TRUE(r.Has("group info: 3:DATA_PARALLEL_GROUP")) << r.out;
+    EXPECT_TRUE(r.Has("Error type: COLLECTIVE_TYPE_MISMATCH")) << r.out;
+    // Which rank it calls the culprit depends on the dump it loaded first: 29, or (29 first) every other member.
+    std::set<int> c = r.Culprits();
+    EXPECT_TRUE(c == std::set<int>{29} || c == DpWithout(29)) << r.out;
+    EXPECT_FALSE(r.Has("Not all ranks joining")) << r.out;
+    EXPECT_FALSE(r.Has("cannot decide")) << r.out;
+    EXPECT_FALSE(r.Has("Culprit rank 0;")) << r.out;  // nothing on tp
+    Done(dir);
+  }
+  {
+    // Rank 5 all_reduces 1 MiB, 29 and 45 2 MiB.
+    fs::path dir = WriteScenario(
+        "size", VirtualWorld({5, 29, 45}, {{5, Op(1, 1u << 20)}, {29, Op(1, 2u << 20)}, {45, Op(1, 2u << 20)}}),
+        {5, 29, 45});
+    FrTraceRun r = RunFrTrace(cmd, dir, "");
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_TRUE(r.Has("Collective sequence number: 7 has errors")) << r.out;
+    EXPECT_TRUE(r.Has("Error type: SIZE_OR_SYNTAX_MISMATCH")) << r.out;
+    std::set<int> c = r.Culprits();
+    EXPECT_TRUE(c == std::set<int>{5} || c == DpWithout(5)) << r.out;
+    EXPECT_FALSE(r.Has("Not all ranks joining")) << r.out;
+    Done(dir);
+  }
+  {
+    // Rank 29 never arrives at dp sequence 7.
+    fs::path dir = WriteScenario("absent", VirtualWorld({5, 29}, {{5, Op(1, 2u << 20)}, {29, std::nullopt}}), {5, 29});
+    FrTraceRun r = RunFrTrace(cmd, dir, "");
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_TRUE(r.Has("Not all ranks joining collective, sequence number: 7")) << r.out;
+    EXPECT_TRUE(r.Has("missing ranks: {29}")) << r.out;
+    EXPECT_FALSE(r.Has("Error type")) << r.out;
+    Done(dir);
+  }
+  {
+    // A run without a bug: every collective matched, nothing reported.
+    fs::path dir = WriteScenario("healthy", VirtualWorld({5, 29}, {}), {5, 29});
+    FrTraceRun r = RunFrTrace(cmd, dir, "");
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_FALSE(r.Has("Error type")) << r.out;
+    EXPECT_FALSE(r.Has("Not all ranks joining")) << r.out;
+    EXPECT_FALSE(r.Has("cannot decide")) << r.out;
+    EXPECT_FALSE(r.Has("No errors found")) << r.out;
+    Done(dir);
+  }
+  {
+    // PRISM_FR_VIRTUAL=stuck: tp's virtual members have no dump. torch's analyzer refuses the directory, and with
+    // --allow-incomplete-ranks finds the dp mismatch and cannot decide tp's all_reduce.
+    FrVirtualOptions o;
+    o.scope = FrVirtualOptions::Scope::kStuck;
+    fs::path dir = WriteScenario("stuck", VirtualWorld({5, 29}, {{5, Op(1, 2u << 20)}, {29, Op(2, 2048u * 8)}}),
+                                 {5, 29}, o);
+    FrTraceRun r = RunFrTrace(cmd, dir, "");
+    EXPECT_NE(r.rc, 0) << r.out;
+    EXPECT_TRUE(r.Has("Missing dump files from ranks {0, 1, 2, 3, 4, 6, 7}")) << r.out;
+    r = RunFrTrace(cmd, dir, "--allow-incomplete-ranks");
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_TRUE(r.Has("Collective sequence number: 7 has errors")) << r.out;
+    EXPECT_TRUE(r.Has("Error type: COLLECTIVE_TYPE_MISMATCH")) << r.out;
+    EXPECT_TRUE(r.Has("We cannot decide what's wrong with this collective entry")) << r.out;
+    Done(dir);
+  }
+  {
+    // The default group (64 ranks, 12 all_reduces first) left out by PRISM_FR_VIRTUAL_MAX=13 (dp and tp fit). torch's
+    // analyzer counts each of its entries as a mismatch it "cannot decide", and past --mismatch_cap (10) of one group
+    // it stops the whole analysis before dp's sequence 7; a larger cap lets it get there (docs/hang.md).
+    FrVirtualOptions o;
+    o.max_dumps = 13;
+    fs::path dir = WriteScenario(
+        "world", VirtualWorld({5, 29}, {{5, Op(1, 2u << 20)}, {29, Op(2, 2048u * 8)}}, 6, 12), {5, 29}, o);
+    FrTraceRun r = RunFrTrace(cmd, dir, "--allow-incomplete-ranks");
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_TRUE(r.Has("Too many mismatches for process_group")) << r.out;
+    EXPECT_FALSE(r.Has("Collective sequence number: 7 has errors")) << r.out;
+    r = RunFrTrace(cmd, dir, "--allow-incomplete-ranks --mismatch_cap 1000000");
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_TRUE(r.Has("Collective sequence number: 7 has errors")) << r.out;
+    EXPECT_TRUE(r.Has("group info: 3:DATA_PARALLEL_GROUP")) << r.out;
+    std::set<int> c = r.Culprits();
+    EXPECT_TRUE(c == std::set<int>{29} || c == DpWithout(29)) << r.out;
+    EXPECT_FALSE(r.Has("Not all ranks joining")) << r.out;
+    Done(dir);
   }
 }
 
