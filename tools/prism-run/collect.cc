@@ -42,6 +42,9 @@ void SwapSummary(const fs::path& out) {
   }
   const json& s = st["swap"];
   auto b = [&](const char* k) { return coord::FormatBytes(s.value(k, uint64_t{0})); };
+  const int failures = s.value("failures", 0);
+  const std::string failed =
+      failures ? "; " + std::to_string(failures) + " swap(s) FAILED (see the lines above)" : std::string();
   std::printf("prism collect: context switching: %d/%d rank(s) finished; %llu swap(s) out (%s, %.1f s) and %llu in "
               "(%s, %.1f s); peak on one GPU %s of its cap %s; peak in host RAM %s of %s%s\n",
               s.value("finished", 0), s.value("ranks", 0),
@@ -50,7 +53,7 @@ void SwapSummary(const fs::path& out) {
               b("bytes_in").c_str(), s.value("seconds_in", 0.0), b("peak_gpu_bytes").c_str(),
               b("gpu_cap_bytes").c_str(), b("peak_host_bytes").c_str(),
               s.value("host_cap_bytes", uint64_t{0}) ? b("host_cap_bytes").c_str() : "no budget",
-              (s.value("failures", 0) ? "; " + std::to_string(s.value("failures", 0)) + " swap(s) FAILED (see the lines above)" : std::string()).c_str());
+              failed.c_str());
   std::ifstream rin(out / "report.json");
   json rep = rin ? json::parse(rin, nullptr, false) : json();
   rin.close();
@@ -91,7 +94,8 @@ void AddCollect(CLI::App& app, int* rc) {
                   "(default 30)")
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--no-preload", o.no_preload, "run the workers without libprism.so (launch debugging, tests)");
-  sub->add_option("--swap-driver", o.swap_driver, "with --swap: the CUDA driver library to load (default libcuda.so.1)");
+  sub->add_option("--swap-driver", o.swap_driver,
+                  "with --swap: the CUDA driver library to load (default libcuda.so.1)");
   sub->callback([sub, rc] {
     std::vector<std::string> command = sub->remaining();
     if (command.empty()) {
