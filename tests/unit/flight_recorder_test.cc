@@ -942,5 +942,51 @@ TEST(FlightRecorderTorchAnalyzer, FindsTheMismatchInPrismsDumps) {
   }
 }
 
+
+// The same on a run's dumps as a user gets them: prism-run with fake shims (tests/data/launcher/fake_shim.py, the
+// real store and bus protocols) in a world of 8, real ranks 0 and 5, the default group covered by 6 virtual dumps.
+TEST(FlightRecorderTorchAnalyzer, ReadsAPrismRunsDumps) {
+  const char* cmd = std::getenv("PRISM_FR_TRACE");
+  if (!cmd || !*cmd) GTEST_SKIP() << "PRISM_FR_TRACE is not set (a command running torch's fr_trace)";
+  const char* prism_run = std::getenv("PRISM_RUN");
+  ASSERT_NE(prism_run, nullptr) << "PRISM_RUN is not set (ctest sets it)";
+  auto run = [&](const std::string& name, const std::string& env) {
+    fs::path out = FreshDir("torch-run-" + name);
+    std::string c = "env " + env + " PRISM_FR_VIRTUAL=groups PYTHON_EXEC=python3 " + prism_run + " --out " +
+                    out.string() + " --ranks 0,5 --gpus 2 --no-preload --hang-timeout 1 torchrun --nnodes 2 " +
+                    "--nproc-per-node 4 " + PRISM_SOURCE_DIR + "/tests/data/launcher/fake_shim.py >" + out.string() +
+                    ".log 2>&1";
+    int st = std::system(c.c_str());
+    return std::make_pair(out, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+  };
+  {
+    // Rank 5 skips the all_reduce of iteration 2: prism's seq 4, FR's collective_seq_id 5.
+    auto [out, rc] = run("skip", "FAKE_ITERS=50 FAKE_SKIP_RANK=5 FAKE_SKIP_ITER=2 FAKE_SKIP_OP=0");
+    EXPECT_EQ(rc, 4);
+    ASSERT_TRUE(fs::exists(out / "flight_recorder" / "nccl_trace_rank_7"));
+    FrTraceRun r = RunFrTrace(cmd, out / "flight_recorder", "");
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_TRUE(r.Has("Collective sequence number: 5 has errors")) << r.out;
+    EXPECT_TRUE(r.Has("group info: 0:default_pg")) << r.out;
+    EXPECT_TRUE(r.Has("Error type: COLLECTIVE_TYPE_MISMATCH")) << r.out;
+    std::set<int> c = r.Culprits();
+    const std::set<int> others = {0, 1, 2, 3, 4, 6, 7};
+    EXPECT_TRUE(c == std::set<int>{5} || c == others) << r.out;
+    EXPECT_FALSE(r.Has("Not all ranks joining")) << r.out;
+    Done(out);
+    fs::remove(out.string() + ".log");
+  }
+  {
+    auto [out, rc] = run("healthy", "FAKE_ITERS=3");
+    EXPECT_EQ(rc, 0);
+    ASSERT_TRUE(fs::exists(out / "flight_recorder" / "nccl_trace_rank_7"));
+    FrTraceRun r = RunFrTrace(cmd, out / "flight_recorder", "");
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    Done(out);
+    fs::remove(out.string() + ".log");
+  }
+}
+
 }  // namespace
 }  // namespace prism::coord
