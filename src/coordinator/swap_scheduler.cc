@@ -196,13 +196,21 @@ void SwapScheduler::Finished(const SwapAction& a, bool ok, double seconds, uint6
   auto it = ranks_.find(a.rank);
   if (it == ranks_.end()) return;
   Rank& r = it->second;
+  // Why counted before the check below: the rank may have left already (a restored rank resumes at the unlock and
+  // can say goodbye before this runs); the swap happened all the same.
+  if (ok && a.kind == SwapAction::kSwapOut) {
+    ++stats_.swaps_out;
+    stats_.bytes_out += a.bytes;
+    stats_.seconds_out += seconds;
+  } else if (ok) {
+    ++stats_.swaps_in;
+    stats_.bytes_in += a.bytes;
+    stats_.seconds_in += seconds;
+  }
   if (r.phase == SwapPhase::kDone) return;
   if (a.kind == SwapAction::kSwapOut) {
     if (ok) {
       r.phase = SwapPhase::kOut;
-      ++stats_.swaps_out;
-      stats_.bytes_out += a.bytes;
-      stats_.seconds_out += seconds;
       if (!Blocked(r)) r.ready_since_ns = now_ns;  // its wait ended while it was being swapped out
     } else {
       // Why resident again: a failed lock leaves the process running (driver API); a failed checkpoint is undone by
@@ -216,9 +224,6 @@ void SwapScheduler::Finished(const SwapAction& a, bool ok, double seconds, uint6
     if (ok) {
       r.phase = SwapPhase::kResident;
       r.out_bytes = 0;
-      ++stats_.swaps_in;
-      stats_.bytes_in += a.bytes;
-      stats_.seconds_in += seconds;
       r.last_activity_ns = now_ns;
     } else {
       // Why not retried: a failed restore leaves the process in an unknown state (the driver may have marked it

@@ -205,6 +205,29 @@ TEST(SwapScheduler, FailedSwapOutLeavesTheRankOnTheGpu) {
   EXPECT_EQ(c->rank, 0);
 }
 
+TEST(SwapScheduler, ARankThatLeavesWhileBeingSwappedInStillCountsTheSwap) {
+  SwapScheduler s(Config(kF));
+  for (int r = 0; r < 2; ++r) s.AddRank(r, "g");
+  StartNext(s, 0);
+  s.SetWaits(0, {1});
+  auto out = s.Next(kSec);
+  ASSERT_TRUE(out && out->kind == SwapAction::kSwapOut);
+  s.Finished(*out, true, 0.5, kSec);
+  StartNext(s, 1, kSec);
+  s.SetWaits(0, {});
+  s.Done(1);
+  auto in = s.Next(2 * kSec);
+  ASSERT_TRUE(in && in->kind == SwapAction::kSwapIn);
+  s.Done(0);  // restored, unlocked, finished and gone before the worker filed the result
+  s.Finished(*in, true, 0.25, 2 * kSec);
+  SwapStats st = s.Stats();
+  EXPECT_EQ(st.swaps_in, 1u);
+  EXPECT_EQ(st.bytes_in, kF);
+  EXPECT_DOUBLE_EQ(st.seconds_in, 0.25);
+  EXPECT_EQ(st.finished, 2);
+  EXPECT_FALSE(s.busy());
+}
+
 TEST(SwapScheduler, GrowthOverTheCapIsUndoneWhenARankBlocks) {
   SwapScheduler s(Config(2 * kF));
   for (int r = 0; r < 2; ++r) s.AddRank(r, "g");
