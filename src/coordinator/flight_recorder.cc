@@ -647,8 +647,9 @@ FrVirtualResult FrVirtualDumps(const HangDetector& det, int world_size, const st
   for (int r : det.Ranks()) {
     for (const HangLogEntry& le : det.Log(r)) {
       auto c = det.comms().find(le.op.comm_id);
+      // Why the first one with an entry: FrDumpsFromDetector leaves out the others.
       if (c == det.comms().end() || !EntryOf(le, c->second, t.Of(le.op.comm_id), r)) continue;
-      start = std::max(start, static_cast<int64_t>(le.id));  // Why the first written: FrDumpsFromDetector skips the rest
+      start = std::max(start, static_cast<int64_t>(le.id));
       break;
     }
   }

@@ -792,8 +792,8 @@ TEST(FlightRecorderVirtual, VirtualDumpsKeepTorchsAlignment) {
 
 // torch's own analyzer on prism's dumps, when PRISM_FR_TRACE is a command that runs it (torch is not on CI's machine;
 // docs/hang.md, "Checked with torch's analyzer"):
-//   PRISM_FR_TRACE="python3 -m torch.distributed.flight_recorder.fr_trace"      (where torch is installed)
-//   PRISM_FR_TRACE="env PYTHONPATH=DIR python3 -m torchfr.fr_trace"             (its pure-Python sources in DIR/torchfr)
+//   PRISM_FR_TRACE="python3 -m torch.distributed.flight_recorder.fr_trace"   (where torch is installed)
+//   PRISM_FR_TRACE="env PYTHONPATH=DIR python3 -m torchfr.fr_trace"          (its Python sources in DIR/torchfr)
 // PRISM_FR_KEEP=1 keeps the dump directories (printed).
 struct FrTraceRun {
   int rc = -1;
