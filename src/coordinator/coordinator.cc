@@ -1314,7 +1314,7 @@ void Coordinator::Impl::WriteFlightRecorder() {
                      virt.dumps.size(), dir, virt.covered.empty() ? "none" : fmt::format("{}", fmt::join(virt.covered, "; ")),
                      virt.uncovered.empty() ? ""
                                             : fmt::format("; not covered (torch's analyzer then needs "
-                                                          "--allow-incomplete-ranks): {}",
+                                                          "--allow-incomplete-ranks --mismatch_cap 1000000): {}",
                                                           fmt::join(virt.uncovered, "; ")));
   // For prism-runs on other hosts (they copy their ranks' dumps into their own output).
   store_.Call([&](store::StoreState& st) {
