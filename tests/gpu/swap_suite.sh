@@ -10,6 +10,22 @@
 #                      communication nodes in order, the communicators, rank -> class; compute nodes are only counted:
 #                      their gaps hold the swaps), and `prism-run simulate` runs on both.
 # Run: tests/gpu/run.sh OUT swap      (SWAP_CASES="resident capped same_graph" by default)
+#  or, without run.sh knowing the suite: bash tests/gpu/swap_suite.sh OUT   (from the repo root; same table)
+if ! declare -F check > /dev/null; then
+  out=$(realpath -m "${1:?usage: bash tests/gpu/swap_suite.sh OUT_DIR}"); mkdir -p "$out"
+  export PRISM_BUILD=${PRISM_BUILD:-$PWD/build}
+  export PRISM_RUN=$PRISM_BUILD/bin/prism-run PRISM_LIB=$PRISM_BUILD/lib/libprism.so
+  export NCCL_NVLS_ENABLE=0 NCCL_NVLINK_SHARP_ENABLE=0 PYTHONUNBUFFERED=1
+  table=$out/table.txt; : > "$table"
+  check() {  # as tests/gpu/run.sh's
+    local name=$1; shift
+    local t0=$SECONDS st
+    if "$@" > "$out/$name.log" 2>&1; then st=PASS; else st=FAIL; fi
+    local detail=""; [ -f "$out/$name.detail" ] && detail=$(tr '\n' ' ' < "$out/$name.detail")
+    printf '%-34s %-4s %4ss  %s\n' "$name" "$st" $((SECONDS - t0)) "$detail" | tee -a "$table"
+  }
+  swap_standalone=1
+fi
 source tests/gpu/megatron_env.sh
 swap_json() {  # swap_json FILE EXPR  (EXPR in Python over `r`)
   $PYTHON -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1"
@@ -92,3 +108,7 @@ for c in ${SWAP_CASES:-resident capped same_graph}; do
     same_graph) check swap_w64_same_graph swap_same_graph ;;
   esac
 done
+if [ "${swap_standalone:-0}" = 1 ]; then
+  echo; echo "== swap suite"; cat "$table"
+  ! grep -q ' FAIL ' "$table"
+fi
