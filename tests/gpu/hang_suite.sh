@@ -13,6 +13,8 @@
 #   hang_size_mismatch    517 all_reduces 1 MiB where 5 all_reduces 2 MiB (HANG_CASE=size): a size mismatch
 #   hang_size_fr_torch_reader  torch's analyzer on those dumps (64) reports SIZE_OR_SYNTAX_MISMATCH
 #   hang_control          no bug: the job finishes (exit 0) and no hang.json is written
+#   hang_two_hosts        the skip with 5 and 517 in two prism-runs ("hosts": the coordinator's, serving TCP on
+#                         127.0.0.1, and one joining with --coordinator): diagnosed once, both exit 4
 # Why two real ranks: with one real rank every virtual peer mirrors it (payload mirror), so a skipped collective is
 # invisible; a second real member that does not skip is the witness (docs/hang.md, "What makes a hang observable").
 #
@@ -70,6 +72,33 @@ hang_skip() {
     'any("op" in m["differs"] and {o["rank"]: o["op"] for o in m["ops"]} == {5: "all_reduce", 517: "all_gather"} and m["group"] != "" for m in h["mismatches"])' \
     | grep -q True || { echo "hang.json does not name the op mismatch and its group"; return 1; }
   grep -q -- "--ranks 5,517" "$out/$name.fr.txt" || { echo "FR reading does not name ranks 5,517"; return 1; }
+}
+
+# Two "hosts" on this machine (issue 9): rank 5's prism-run starts the coordinator and serves the other host over
+# TCP (--listen 127.0.0.1 --remote-ranks 517), rank 517's joins it (--coordinator, --node-rank 1); the planted skip
+# must be diagnosed once, and both stop with exit 4 (the joining one reads the diagnosis from the store).
+hang_two_hosts() {
+  local name=hang_two_hosts base=$out/hang_two_hosts port=29640
+  rm -rf "$base"
+  mkdir -p "$base"
+  HANG_CASE=skip timeout -s INT -k 20 "$HANG_T" "$PRISM_RUN" --ranks 5 --remote-ranks 517 --listen 127.0.0.1 \
+    --out "$base/host0" --hang-timeout "$HANG_TIMEOUT" torchrun --nnodes 128 --nproc-per-node 8 --master-port $port \
+    tests/gpu/hang_job.py > "$out/$name.host0.out" 2>&1 &
+  local p0=$!
+  sleep 5
+  HANG_CASE=skip timeout -s INT -k 20 "$HANG_T" "$PRISM_RUN" --coordinator 127.0.0.1:$port --ranks 517 --node-rank 1 \
+    --out "$base/host1" --hang-timeout "$HANG_TIMEOUT" torchrun --nnodes 128 --nproc-per-node 8 --master-port $port \
+    tests/gpu/hang_job.py > "$out/$name.host1.out" 2>&1
+  local rc1=$?
+  wait $p0
+  local rc0=$?
+  echo "rc host0=$rc0 host1=$rc1" > "$out/$name.detail"
+  [ -f "$base/host0/hang.json" ] || { echo "no hang.json on host0"; tail -20 "$out/$name.host0.out"; return 1; }
+  hang_json "$base/host0/hang.json" '"; ".join("%s seq %s: %s" % (m["group"], m["seq"], ", ".join("%d %s" % (o["rank"], o["op"]) for o in m["ops"])) for m in h["mismatches"])' >> "$out/$name.detail"
+  [ "$rc0" = 4 ] && [ "$rc1" = 4 ] || { echo "expected both to exit 4"; return 1; }
+  hang_json "$base/host0/hang.json" \
+    'any({o["rank"]: o["op"] for o in m["ops"]} == {5: "all_reduce", 517: "all_gather"} for m in h["mismatches"])' \
+    | grep -q True || { echo "hang.json does not name the op mismatch"; return 1; }
 }
 
 # hang_fr_torch_on RUN CASE_NAME KIND: torch's own analyzer on RUN's dumps, real and virtual (PRISM_FR_VIRTUAL,
@@ -138,6 +167,7 @@ hang_suite_main() {
   check hang_size_mismatch hang_size
   check hang_size_fr_torch_reader hang_size_fr_torch
   check hang_control hang_control
+  check hang_two_hosts hang_two_hosts
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
