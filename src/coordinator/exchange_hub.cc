@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "common/ipc_io.h"
@@ -65,14 +66,19 @@ void ExchangeHub::AppendResult(const ipc::ExchangeHeader& base, uint32_t flags, 
   ipc::ExchangeHeader h = base;
   h.flags = flags;
   h.total_bytes = bytes.size();
+  // Why written in place (frame header, exchange header, bytes): one copy of the bytes, no temporary payload.
+  const uint64_t chunks = bytes.empty() ? 1 : (bytes.size() + ipc::kExchangeChunkBytes - 1) / ipc::kExchangeChunkBytes;
+  to->reserve(to->size() + bytes.size() + chunks * (sizeof(ipc::FrameHeader) + sizeof(h)));
   uint64_t off = 0;
   do {
     const uint64_t n = std::min<uint64_t>(ipc::kExchangeChunkBytes, bytes.size() - off);
     h.offset = off;
-    std::string payload(sizeof(h) + n, '\0');
-    std::memcpy(payload.data(), &h, sizeof(h));
-    if (n) std::memcpy(payload.data() + sizeof(h), bytes.data() + off, n);
-    ipc::AppendFrame(to, ipc::MsgType::kOpResult, payload.data(), payload.size());
+    ipc::FrameHeader fh;
+    fh.type = static_cast<uint16_t>(ipc::MsgType::kOpResult);
+    fh.length = static_cast<uint32_t>(sizeof(h) + n);
+    to->append(reinterpret_cast<const char*>(&fh), sizeof(fh));
+    to->append(reinterpret_cast<const char*>(&h), sizeof(h));
+    if (n) to->append(bytes.data() + off, n);
     off += n;
   } while (off < bytes.size());
 }
@@ -163,10 +169,12 @@ std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::
   // Assemble chunks.
   std::string whole;
   if (h.total_bytes <= bytes.size() && h.offset == 0) {
+    whole = TakeBuffer(bytes.size());
     whole.assign(bytes);
   } else {
     PartKey pk{from, h.comm_id, h.key, h.rank, h.peer, h.flags};
     std::string& part = partial_[pk];
+    if (part.empty()) part = TakeBuffer(h.total_bytes);  // Why: growing by doubling would copy it again and again
     if (h.offset != part.size()) {
       const size_t have = part.size();
       partial_.erase(pk);
@@ -205,6 +213,7 @@ std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::
         match(posted, w->second);
         note(comm, w->second, false);
         recv_waits_.erase(w);
+        GiveBuffer(std::move(posted.bytes));
       } else {
         note(comm, posted, true);
         sends_[k] = std::move(posted);
@@ -215,6 +224,7 @@ std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::
     if (s != sends_.end()) {
       match(s->second, posted);
       note(comm, s->second, false);
+      GiveBuffer(std::move(s->second.bytes));
       sends_.erase(s);
     } else {
       note(comm, posted, true);
@@ -245,6 +255,7 @@ std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::
   }
   std::string why = c.why;
   FinishCollective(h.comm_id, h.key, c, out);
+  for (auto& [r, p] : c.inputs) GiveBuffer(std::move(p.bytes));
   colls_.erase({h.comm_id, h.key});
   return why;
 }
@@ -268,7 +279,10 @@ void ExchangeHub::FinishCollective(uint32_t comm_id, uint64_t key, Coll& c, std:
     if (bytes.size() != payload::ExchangeInputBytes(op, r)) sizes_ok = false;
     inputs[static_cast<size_t>(r)] = bytes.empty() ? &kEmpty : reinterpret_cast<const uint8_t*>(bytes.data());
   }
-  std::vector<uint8_t> result;
+  // All-reduce, all-gather, broadcast: every member gets the same bytes, computed once into the first member's
+  // frames and copied (headers patched) for the others.
+  const bool shared = payload::ExchangeOutputIsShared(op);
+  size_t shared_at = SIZE_MAX;  // index in *out of the member whose frames hold the shared output
   for (auto& [r, p] : c.inputs) {
     ipc::ExchangeHeader h = first;
     h.comm_id = comm_id;
@@ -277,26 +291,124 @@ void ExchangeHub::FinishCollective(uint32_t comm_id, uint64_t key, Coll& c, std:
     h.seq = p.h.seq;
     Outgoing o;
     o.rank = comm.members[static_cast<size_t>(r)];
-    if (!sizes_ok) {
-      AppendResult(h, ipc::kExchangeError, {}, &o.frames);
-    } else {
-      switch (payload::ExchangeOutput(op, inputs, r, &result)) {
-        case payload::ExchangeResult::kData:
-          AppendResult(h, 0, std::string_view(reinterpret_cast<const char*>(result.data()), result.size()), &o.frames);
-          break;
-        case payload::ExchangeResult::kLocal:
-          AppendResult(h, ipc::kExchangeLocal, {}, &o.frames);
-          break;
-        case payload::ExchangeResult::kNothing:
-          AppendResult(h, ipc::kExchangeNothing, {}, &o.frames);
-          break;
-        case payload::ExchangeResult::kInvalid:
+    uint64_t bytes = 0;
+    const payload::ExchangeResult res =
+        sizes_ok ? payload::ExchangePlanOutput(op, inputs, r, &bytes) : payload::ExchangeResult::kInvalid;
+    switch (res) {
+      case payload::ExchangeResult::kData:
+        if (shared && shared_at != SIZE_MAX) {
+          o.frames = TakeBuffer((*out)[shared_at].frames.size());
+          o.frames.assign((*out)[shared_at].frames);
+          PatchResultHeaders(r, p.h.seq, &o.frames);
+        } else if (AppendComputed(h, op, inputs, r, bytes, &o.frames)) {
+          if (shared) shared_at = out->size();
+        } else {
+          o.frames.clear();
           AppendResult(h, ipc::kExchangeError, {}, &o.frames);
-          break;
-      }
+        }
+        break;
+      case payload::ExchangeResult::kLocal:
+        AppendResult(h, ipc::kExchangeLocal, {}, &o.frames);
+        break;
+      case payload::ExchangeResult::kNothing:
+        AppendResult(h, ipc::kExchangeNothing, {}, &o.frames);
+        break;
+      case payload::ExchangeResult::kInvalid:
+        AppendResult(h, ipc::kExchangeError, {}, &o.frames);
+        break;
     }
     out->push_back(std::move(o));
   }
 }
+
+bool ExchangeHub::AppendComputed(const ipc::ExchangeHeader& base, const payload::ExchangeOp& op,
+                                 const std::vector<const uint8_t*>& inputs, int32_t rank, uint64_t bytes,
+                                 std::string* to) {
+  // Frames as AppendResult lays them out; each chunk's bytes computed in place (no result buffer, no copy).
+  constexpr uint64_t kHead = sizeof(ipc::FrameHeader) + sizeof(ipc::ExchangeHeader);
+  const uint64_t chunks = bytes == 0 ? 1 : (bytes + ipc::kExchangeChunkBytes - 1) / ipc::kExchangeChunkBytes;
+  const size_t start = to->size();
+  if (to->capacity() < start + bytes + chunks * kHead) {
+    std::string grown = TakeBuffer(start + bytes + chunks * kHead);
+    grown.assign(*to);
+    to->swap(grown);
+  }
+  to->resize(start + bytes + chunks * kHead);
+  char* w = to->data() + start;
+  ipc::ExchangeHeader h = base;
+  h.flags = 0;
+  h.total_bytes = bytes;
+  uint64_t off = 0;
+  do {
+    const uint64_t n = std::min<uint64_t>(ipc::kExchangeChunkBytes, bytes - off);
+    h.offset = off;
+    ipc::FrameHeader fh;
+    fh.type = static_cast<uint16_t>(ipc::MsgType::kOpResult);
+    fh.length = static_cast<uint32_t>(sizeof(h) + n);
+    std::memcpy(w, &fh, sizeof(fh));
+    std::memcpy(w + sizeof(fh), &h, sizeof(h));
+    if (n && !payload::ExchangeOutputRange(op, inputs, rank, off, n, reinterpret_cast<uint8_t*>(w + kHead))) {
+      to->resize(start);
+      return false;
+    }
+    w += kHead + n;
+    off += n;
+  } while (off < bytes);
+  return true;
+}
+
+void ExchangeHub::PatchResultHeaders(int32_t rank, uint32_t seq, std::string* frames) {
+  size_t pos = 0;
+  while (pos + sizeof(ipc::FrameHeader) + sizeof(ipc::ExchangeHeader) <= frames->size()) {
+    ipc::FrameHeader fh;
+    std::memcpy(&fh, frames->data() + pos, sizeof(fh));
+    ipc::ExchangeHeader h;
+    char* at = frames->data() + pos + sizeof(fh);
+    std::memcpy(&h, at, sizeof(h));
+    h.rank = rank;
+    h.seq = seq;
+    std::memcpy(at, &h, sizeof(h));
+    pos += sizeof(fh) + fh.length;
+  }
+}
+
+std::string ExchangeHub::TakeBuffer(uint64_t bytes) {
+  std::string s;
+  if (bytes >= kPooledMin) {
+    // The smallest spare that fits.
+    size_t best = spare_.size();
+    for (size_t i = 0; i < spare_.size(); ++i) {
+      if (spare_[i].capacity() >= bytes && (best == spare_.size() || spare_[i].capacity() < spare_[best].capacity())) {
+        best = i;
+      }
+    }
+    if (best != spare_.size()) {
+      s = std::move(spare_[best]);
+      spare_bytes_ -= s.capacity();
+      spare_.erase(spare_.begin() + static_cast<long>(best));
+      s.clear();
+    }
+  }
+  s.reserve(bytes);
+  return s;
+}
+
+void ExchangeHub::GiveBuffer(std::string&& s) {
+  if (s.capacity() < kPooledMin) return;
+  // Keep the largest buffers up to the bound: drop smaller spares to make room, or drop this one.
+  while (spare_bytes_ + s.capacity() > kPooledMaxBytes && !spare_.empty()) {
+    auto smallest = std::min_element(spare_.begin(), spare_.end(),
+                                     [](const std::string& a, const std::string& b) { return a.capacity() < b.capacity(); });
+    if (smallest->capacity() >= s.capacity()) return;
+    spare_bytes_ -= smallest->capacity();
+    spare_.erase(smallest);
+  }
+  if (spare_bytes_ + s.capacity() > kPooledMaxBytes) return;
+  spare_bytes_ += s.capacity();
+  s.clear();
+  spare_.push_back(std::move(s));
+}
+
+void ExchangeHub::Recycle(std::string&& frames) { GiveBuffer(std::move(frames)); }
 
 }  // namespace prism::coord

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "nccl_patch/exchange.h"
 #include "prism/ipc.h"
 
 namespace prism::coord {
@@ -58,6 +59,13 @@ class ExchangeHub {
   std::vector<Wait> Waits() const;
   uint64_t BytesIn() const { return bytes_in_; }
 
+  // Hands an Outgoing's frames back once they were sent (or copied): large buffers are kept (at most
+  // kPooledMaxBytes in all) and reused for the next inputs and results, so a 256 MiB all-reduce does not map and
+  // fault in fresh pages for every buffer on every call (measured: bench/exchange_bench.cc, docs/payload.md).
+  void Recycle(std::string&& frames);
+  static constexpr uint64_t kPooledMin = 1u << 20;
+  static constexpr uint64_t kPooledMaxBytes = uint64_t{2} << 30;
+
  private:
   struct CommInfo {
     std::vector<int> members;
@@ -81,6 +89,13 @@ class ExchangeHub {
 
   void FinishCollective(uint32_t comm_id, uint64_t key, Coll& c, std::vector<Outgoing>* out);
   static void AppendResult(const ipc::ExchangeHeader& base, uint32_t flags, std::string_view bytes, std::string* to);
+  // kOpResult frames of member `rank`'s output (`bytes` long, ExchangePlanOutput said kData), computed in place.
+  bool AppendComputed(const ipc::ExchangeHeader& base, const payload::ExchangeOp& op,
+                      const std::vector<const uint8_t*>& inputs, int32_t rank, uint64_t bytes, std::string* to);
+  // Sets rank and seq in every exchange header of `frames` (a copy of another member's shared result).
+  static void PatchResultHeaders(int32_t rank, uint32_t seq, std::string* frames);
+  std::string TakeBuffer(uint64_t bytes);  // empty, capacity >= bytes; a spare one when large
+  void GiveBuffer(std::string&& s);
   // The wait of the rank that posted `p`: a send's source, a receive's destination, a collective's member.
   Wait WaitOf(const CommInfo& comm, const Posted& p, bool begin) const;
   uint64_t WidenSeq(int from, uint32_t comm_id, uint32_t low);
@@ -92,6 +107,8 @@ class ExchangeHub {
   std::map<P2pKey, Posted> recv_waits_;  // receive requests (no bytes) waiting for their send
   std::map<std::pair<int, uint32_t>, uint64_t> last_seq_;  // (global rank, comm) -> highest widened sequence
   uint64_t bytes_in_ = 0;
+  std::vector<std::string> spare_;  // recycled large buffers (TakeBuffer / GiveBuffer)
+  uint64_t spare_bytes_ = 0;
 };
 
 }  // namespace prism::coord

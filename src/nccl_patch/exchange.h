@@ -51,4 +51,30 @@ uint64_t ExchangeOutputBytes(const ExchangeOp& op, int32_t r);
 ExchangeResult ExchangeOutput(const ExchangeOp& op, const std::vector<const uint8_t*>& inputs, int32_t rank,
                               std::vector<uint8_t>* out);
 
+// ExchangeOutput in two steps, so a caller can compute an output in pieces straight into its own buffers (the
+// coordinator writes it into the result's frames): what member `rank` gets (kData with *bytes = its output size,
+// kLocal, kNothing, kInvalid), then bytes [offset, offset + len) of that output into dst (offset and len multiples of
+// the element size; false when the output is not kData or the range is outside it). Any split writes the same
+// bytes as one ExchangeOutput.
+ExchangeResult ExchangePlanOutput(const ExchangeOp& op, const std::vector<const uint8_t*>& inputs, int32_t rank,
+                                  uint64_t* bytes);
+bool ExchangeOutputRange(const ExchangeOp& op, const std::vector<const uint8_t*>& inputs, int32_t rank,
+                         uint64_t offset, uint64_t len, uint8_t* dst);
+
+// The element-wise reduction ExchangeOutput does for all-reduce, reduce and reduce-scatter: `in[j]` is member j's
+// input with stand-ins already resolved (every entry non-null), elements [first, first + count) of each are reduced
+// into `dst` (count elements). ExchangeReduce is the fast path (compile-time dtype and operation, blocks, several
+// threads for large inputs: PRISM_EXCHANGE_THREADS, default half the cores, at most 8); ExchangeReduceReference the
+// one-element-at-a-time code it replaced, kept for the tests, which compare the two byte for byte. False: bad op.
+bool ExchangeReduce(const ExchangeOp& op, const std::vector<const uint8_t*>& in, uint64_t first, uint64_t count,
+                    uint8_t* dst);
+bool ExchangeReduceReference(const ExchangeOp& op, const std::vector<const uint8_t*>& in, uint64_t first,
+                             uint64_t count, uint8_t* dst);
+// Tests: split every reduction over `threads` threads whatever its size (0: back to the default).
+void SetExchangeReduceThreadsForTest(int threads);
+
+// Whether every member gets the same answer (all-reduce, all-gather, broadcast): the coordinator computes it once
+// and sends it to every real member.
+bool ExchangeOutputIsShared(const ExchangeOp& op);
+
 }  // namespace prism::payload

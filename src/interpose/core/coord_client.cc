@@ -1,9 +1,12 @@
 #include "interpose/core/coord_client.h"
 
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstring>
 #include <tuple>
@@ -46,8 +49,13 @@ struct Conn {
   struct Result {
     uint32_t flags = 0;
     uint64_t total = 0;
-    std::string bytes;
+    std::string bytes;      // the payload, unless it went to `dst`
+    uint64_t received = 0;  // payload bytes read so far
     bool done = false;
+    // CoordExpectResult: where the payload goes (page-locked staging in the engine), at most `cap` bytes.
+    uint8_t* dst = nullptr;
+    uint64_t cap = 0;
+    bool in_place = false;  // the payload is at dst
   };
   std::mutex result_mu;
   std::condition_variable result_cv;
@@ -61,12 +69,78 @@ Conn& C() {
   return *c;
 }
 
+// One kOpResult whose frame header was read: reads its exchange header, then its bytes straight to where they go
+// (the waiter's buffer registered by CoordExpectResult, else the result's string), one copy from the socket.
+ipc::IoStatus ReadResult(Conn& c, uint32_t length, std::string* err) {
+  ipc::ExchangeHeader h{};
+  ipc::IoStatus st = ipc::ReadExact(c.fd, &h, sizeof(h), -1, err);
+  if (st != ipc::IoStatus::kOk) return st;
+  const uint64_t n = length - sizeof(h);
+  const bool p2p = h.op == static_cast<uint16_t>(payload::OpKind::kRecv) ||
+                   h.op == static_cast<uint16_t>(payload::OpKind::kSend);
+  if (h.flags & ipc::kExchangeSendDone) {
+    std::string drop(n, '\0');  // an acknowledgement carries no bytes
+    if (n && (st = ipc::ReadExact(c.fd, drop.data(), n, -1, err)) != ipc::IoStatus::kOk) return st;
+    if (!Cfg().send_rendezvous) return ipc::IoStatus::kOk;  // nobody waits for it
+    {
+      // Why keyed by the destination: this rank is the source of every send it waits for, and keys count per
+      // destination (ipc.h), so (comm, key, source) would not tell two sends apart.
+      std::lock_guard<std::mutex> lock(c.result_mu);
+      c.send_done[{h.comm_id, h.key, h.peer}] = h.flags;
+    }
+    c.result_cv.notify_all();
+    return ipc::IoStatus::kOk;
+  }
+  char* to = nullptr;
+  Conn::Result* r = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(c.result_mu);
+    r = &c.results[{h.comm_id, h.key, p2p ? h.rank : -1}];  // Why a pointer: map nodes stay where they are
+    r->flags = h.flags;
+    r->total = h.total_bytes;
+    if (r->received == 0) r->in_place = r->dst != nullptr && h.total_bytes <= r->cap;
+    if (r->in_place && h.offset == r->received && h.offset + n <= r->cap) {
+      to = reinterpret_cast<char*>(r->dst) + h.offset;
+    } else {
+      r->in_place = false;
+      if (r->bytes.empty()) r->bytes.reserve(std::min<uint64_t>(h.total_bytes, uint64_t{1} << 34));
+      const size_t at = r->bytes.size();
+      r->bytes.resize(at + n);
+      to = r->bytes.data() + at;
+    }
+  }
+  // The waiter reads neither the buffer nor the string before `done`, so the bytes are read without the lock.
+  if (n && (st = ipc::ReadExact(c.fd, to, n, -1, err)) != ipc::IoStatus::kOk) return st;
+  {
+    std::lock_guard<std::mutex> lock(c.result_mu);
+    r->received += n;
+    r->done = r->received >= r->total;
+  }
+  c.result_cv.notify_all();
+  return ipc::IoStatus::kOk;
+}
+
 void ReaderLoop() {
   Conn& c = C();
   for (;;) {
     ipc::Frame f;
     std::string err;
-    ipc::IoStatus st = ipc::RecvFrame(c.fd, &f, -1, &err);
+    ipc::FrameHeader fh;
+    ipc::IoStatus st = ipc::ReadExact(c.fd, &fh, sizeof(fh), -1, &err);
+    if (st == ipc::IoStatus::kOk) {
+      err = ipc::CheckHeader(fh);
+      if (!err.empty()) st = ipc::IoStatus::kError;
+    }
+    if (st == ipc::IoStatus::kOk && fh.type == static_cast<uint16_t>(ipc::MsgType::kOpResult) &&
+        fh.length >= sizeof(ipc::ExchangeHeader)) {
+      st = ReadResult(c, fh.length, &err);
+      if (st == ipc::IoStatus::kOk) continue;
+    } else if (st == ipc::IoStatus::kOk) {
+      f.type = static_cast<ipc::MsgType>(fh.type);
+      f.version = fh.version;
+      f.payload.resize(fh.length);
+      if (fh.length) st = ipc::ReadExact(c.fd, f.payload.data(), fh.length, -1, &err);
+    }
     if (st != ipc::IoStatus::kOk) {
       Log("interpose")->error("coordinator connection lost ({}); operations fall back to the local rule",
                               err.empty() ? "closed" : err);
@@ -75,31 +149,7 @@ void ReaderLoop() {
       c.result_cv.notify_all();
       return;
     }
-    if (f.type == ipc::MsgType::kOpResult) {
-      ipc::ExchangeHeader h{};
-      if (f.payload.size() < sizeof(h)) continue;
-      std::memcpy(&h, f.payload.data(), sizeof(h));
-      const bool p2p = h.op == static_cast<uint16_t>(payload::OpKind::kRecv) ||
-                       h.op == static_cast<uint16_t>(payload::OpKind::kSend);
-      {
-        std::lock_guard<std::mutex> lock(c.result_mu);
-        if ((h.flags & ipc::kExchangeSendDone) && !Cfg().send_rendezvous) continue;  // nobody waits for it
-        if (h.flags & ipc::kExchangeSendDone) {
-          // Why keyed by the destination: this rank is the source of every send it waits for, and keys count per
-          // destination (ipc.h), so (comm, key, source) would not tell two sends apart.
-          c.send_done[{h.comm_id, h.key, h.peer}] = h.flags;
-          c.result_cv.notify_all();
-          continue;
-        }
-        Conn::Result& r = c.results[{h.comm_id, h.key, p2p ? h.rank : -1}];
-        r.flags = h.flags;
-        r.total = h.total_bytes;
-        r.bytes.append(f.payload, sizeof(h), std::string::npos);
-        r.done = r.bytes.size() >= r.total;
-      }
-      c.result_cv.notify_all();
-      continue;
-    }
+    if (f.type == ipc::MsgType::kOpResult) continue;  // shorter than its header
     if (f.type == ipc::MsgType::kOpRelease) {
       ipc::OpRelease rel{};
       if (!ipc::DecodePod(f, &rel)) continue;
@@ -419,36 +469,88 @@ bool CoordTakeRelease(uint32_t comm_id, uint64_t seq, uint64_t* release_ns, int3
   return true;
 }
 
+namespace {
+// Writes every byte of iov[0..n) (sendmsg; short writes and EINTR retried; never SIGPIPE).
+bool WriteVec(int fd, struct iovec* iov, int n) {
+  while (n > 0) {
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = static_cast<size_t>(n);
+    ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        pollfd pfd{fd, POLLOUT, 0};
+        ::poll(&pfd, 1, -1);
+        continue;
+      }
+      return false;
+    }
+    size_t left = static_cast<size_t>(w);
+    while (n > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --n;
+    }
+    if (n > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return true;
+}
+}  // namespace
+
 bool CoordSendData(const ipc::ExchangeHeader& h_in, const void* bytes, uint64_t len) {
   Conn& c = C();
   if (!c.active.load()) return false;
   ipc::ExchangeHeader h = h_in;
   h.total_bytes = len;
-  std::string frame;
-  std::string err;
   uint64_t off = 0;
+  // Why gather writes: the bytes go from the caller's (page-locked) buffer to the socket, with no frame copy.
   do {
     const uint64_t n = std::min<uint64_t>(ipc::kExchangeChunkBytes, len - off);
     h.offset = off;
-    try {
-      frame.assign(sizeof(h) + n, '\0');
-    } catch (...) {
-      return false;
-    }
-    std::memcpy(frame.data(), &h, sizeof(h));
-    if (n) std::memcpy(frame.data() + sizeof(h), static_cast<const char*>(bytes) + off, n);
+    ipc::FrameHeader fh;
+    fh.type = static_cast<uint16_t>(ipc::MsgType::kOpData);
+    fh.length = static_cast<uint32_t>(sizeof(h) + n);
+    struct iovec iov[3] = {{&fh, sizeof(fh)}, {&h, sizeof(h)},
+                           {const_cast<char*>(static_cast<const char*>(bytes) + off), static_cast<size_t>(n)}};
     {
       std::lock_guard<std::mutex> lock(c.write_mu);
-      if (ipc::SendFrame(c.fd, ipc::MsgType::kOpData, frame.data(), frame.size(), &err) != ipc::IoStatus::kOk) {
-        return false;
-      }
+      if (!WriteVec(c.fd, iov, n ? 3 : 2)) return false;
     }
     off += n;
   } while (off < len);
   return true;
 }
 
+void CoordExpectResult(uint32_t comm_id, uint64_t key, int32_t p2p_src, void* dst, uint64_t capacity) {
+  Conn& c = C();
+  std::lock_guard<std::mutex> lock(c.result_mu);
+  Conn::Result& r = c.results[std::make_tuple(comm_id, key, p2p_src)];
+  if (r.received == 0) {
+    r.dst = static_cast<uint8_t*>(dst);
+    r.cap = capacity;
+  }
+}
+
+void CoordForgetResult(uint32_t comm_id, uint64_t key, int32_t p2p_src) {
+  Conn& c = C();
+  std::lock_guard<std::mutex> lock(c.result_mu);
+  auto it = c.results.find(std::make_tuple(comm_id, key, p2p_src));
+  if (it != c.results.end() && it->second.received == 0) c.results.erase(it);
+}
+
 bool CoordWaitResult(uint32_t comm_id, uint64_t key, int32_t p2p_src, uint32_t* flags, std::string* bytes) {
+  bool in_place = false;
+  uint64_t size = 0;
+  if (!CoordWaitResultAt(comm_id, key, p2p_src, flags, &size, &in_place, bytes)) return false;
+  return true;
+}
+
+bool CoordWaitResultAt(uint32_t comm_id, uint64_t key, int32_t p2p_src, uint32_t* flags, uint64_t* size,
+                       bool* in_place, std::string* bytes) {
   Conn& c = C();
   std::unique_lock<std::mutex> lock(c.result_mu);
   const auto k = std::make_tuple(comm_id, key, p2p_src);
@@ -456,7 +558,10 @@ bool CoordWaitResult(uint32_t comm_id, uint64_t key, int32_t p2p_src, uint32_t* 
     auto it = c.results.find(k);
     if (it != c.results.end() && it->second.done) {
       *flags = it->second.flags;
-      *bytes = std::move(it->second.bytes);
+      *size = it->second.total;
+      *in_place = it->second.in_place;
+      bytes->clear();
+      if (!it->second.in_place) *bytes = std::move(it->second.bytes);
       c.results.erase(it);
       return true;
     }

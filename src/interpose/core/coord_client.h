@@ -59,6 +59,15 @@ bool CoordSendData(const ipc::ExchangeHeader& h, const void* bytes, uint64_t len
 // of a collective (`p2p_src` = -1) or of a p2p receive from communicator rank `p2p_src`. False when the connection
 // is lost. `flags` gets the result's flags, `bytes` its assembled payload.
 bool CoordWaitResult(uint32_t comm_id, uint64_t key, int32_t p2p_src, uint32_t* flags, std::string* bytes);
+// Before sending the input of an operation whose result it will wait for: the result's bytes go straight from the
+// socket to `dst` (at most `capacity` bytes; e.g. page-locked staging, so the copy to the GPU needs no other), not
+// to a string. CoordForgetResult undoes it when the input could not be sent.
+void CoordExpectResult(uint32_t comm_id, uint64_t key, int32_t p2p_src, void* dst, uint64_t capacity);
+void CoordForgetResult(uint32_t comm_id, uint64_t key, int32_t p2p_src);
+// CoordWaitResult for an expected result: *size = the result's size; *in_place: its bytes are at the registered
+// `dst`; else (larger than `capacity`, or never registered) they are in *bytes.
+bool CoordWaitResultAt(uint32_t comm_id, uint64_t key, int32_t p2p_src, uint32_t* flags, uint64_t* size,
+                       bool* in_place, std::string* bytes);
 // Waits (no timeout, as above) for the acknowledgement of this rank's send `key` to communicator rank `dst`
 // (kExchangeSendDone: the receiver posted the matching receive). False when the connection is lost.
 bool CoordWaitSendDone(uint32_t comm_id, uint64_t key, int32_t dst, uint32_t* flags);

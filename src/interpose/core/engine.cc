@@ -343,14 +343,19 @@ void WaitSendsDone() {
 // an operation whose output no real data defines keeps `local` (its planned steps run afterwards).
 CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
   static std::atomic<bool> warned_lost{false}, warned_error{false}, warned_staging{false};
-  // Host staging for every input (and device-resident PreMulSum scalars).
+  // Host staging (page-locked) for every input, every output (the coordinator's bytes land there straight from
+  // the socket, and go to the GPU from there) and device-resident PreMulSum scalars.
   uint64_t total = 0;
-  std::vector<uint64_t> in_bytes(prep.size(), 0);
+  std::vector<uint64_t> in_bytes(prep.size(), 0), out_bytes(prep.size(), 0);
   for (size_t i = 0; i < prep.size(); ++i) {
     const Prepared& p = prep[i];
-    if (p.xkind == XKind::kColl) in_bytes[i] = payload::ExchangeInputBytes(ExchangeOpOf(p), p.call.comm->rank);
+    if (p.xkind == XKind::kColl) {
+      in_bytes[i] = payload::ExchangeInputBytes(ExchangeOpOf(p), p.call.comm->rank);
+      out_bytes[i] = payload::ExchangeOutputBytes(ExchangeOpOf(p), p.call.comm->rank);
+    }
     if (p.xkind == XKind::kSend) in_bytes[i] = p.bytes;
-    total += in_bytes[i] + 8;
+    if (p.xkind == XKind::kRecv) out_bytes[i] = p.bytes;
+    total += in_bytes[i] + out_bytes[i] + 8;
   }
   uint8_t* stage = gpu.HostStaging(total);
   if (stage == nullptr) {
@@ -358,7 +363,7 @@ CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
     for (Prepared& p : prep) p.xkind = XKind::kNone;
     return CUDA_SUCCESS;
   }
-  std::vector<uint8_t*> host(prep.size(), nullptr);
+  std::vector<uint8_t*> host(prep.size(), nullptr), host_out(prep.size(), nullptr);
   uint64_t off = 0;
   CUresult r = CUDA_SUCCESS;
   for (size_t i = 0; i < prep.size() && r == CUDA_SUCCESS; ++i) {
@@ -366,6 +371,8 @@ CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
     if (p.xkind == XKind::kNone) continue;
     host[i] = stage + off;
     off += in_bytes[i];
+    host_out[i] = stage + off;
+    off += out_bytes[i];
     if (in_bytes[i]) r = gpu.CopyAsync(stream, reinterpret_cast<uint64_t>(host[i]), p.desc.send_addr, in_bytes[i]);
     if (r == CUDA_SUCCESS && p.desc.redop == payload::RedOp::kPreMulSum && p.desc.premul_scalar_addr != 0) {
       uint8_t* sc = stage + off;
@@ -414,7 +421,11 @@ CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
       h.peer = c->rank;
       h.flags = ipc::kExchangeRecvRequest;
     }
+    const int32_t src = p.xkind == XKind::kRecv ? p.call.peer : -1;
+    const bool answered = p.xkind == XKind::kColl || p.xkind == XKind::kRecv;
+    if (answered) CoordExpectResult(c->coord_comm_id, keys[i], src, host_out[i], out_bytes[i]);
     if (!CoordSendData(h, host[i], in_bytes[i])) {
+      if (answered) CoordForgetResult(c->coord_comm_id, keys[i], src);
       LogOnce(&warned_lost, "the coordinator is gone: real data between real ranks falls back to the local policy");
       for (Prepared& q : prep) q.xkind = XKind::kNone;
       return CUDA_SUCCESS;
@@ -429,7 +440,9 @@ CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
     }
     uint32_t flags = 0;
     const int32_t src = p.xkind == XKind::kRecv ? p.call.peer : -1;
-    if (!CoordWaitResult(p.call.comm->coord_comm_id, keys[i], src, &flags, &results[i])) {
+    uint64_t size = 0;
+    bool in_place = false;
+    if (!CoordWaitResultAt(p.call.comm->coord_comm_id, keys[i], src, &flags, &size, &in_place, &results[i])) {
       LogOnce(&warned_lost, "the coordinator is gone: real data between real ranks falls back to the local policy");
       continue;
     }
@@ -442,15 +455,16 @@ CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
     p.local = false;
     if (flags & ipc::kExchangeNothing) continue;
     const uint64_t want = p.xkind == XKind::kRecv ? p.bytes : payload::ExchangeOutputBytes(ExchangeOpOf(p), p.call.comm->rank);
-    if (results[i].size() != want) {
+    const uint8_t* data = in_place ? host_out[i] : reinterpret_cast<const uint8_t*>(results[i].data());
+    if (size != want || (!in_place && results[i].size() != want)) {
       LogOnce(&warned_error, "real data of the wrong size came back for an operation: local policy used");
       p.local = true;
       continue;
     }
-    r = gpu.CopyAsync(stream, p.desc.recv_addr, reinterpret_cast<uint64_t>(results[i].data()), want);
+    r = gpu.CopyAsync(stream, p.desc.recv_addr, reinterpret_cast<uint64_t>(data), want);
     if (r != CUDA_SUCCESS) return r;
     RecordPayload(p.call.comm->id, p.seq, static_cast<uint16_t>(p.call.op), static_cast<uint8_t>(p.desc.dtype),
-                  results[i].data(), want);
+                  data, want);
   }
   for (size_t i = 0; i < prep.size(); ++i) {
     const Prepared& p = prep[i];
@@ -458,7 +472,7 @@ CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
     tls.send_done.emplace_back(p.call.comm->coord_comm_id, keys[i], p.call.peer);
   }
   if (!tls.defer_send_done) WaitSendsDone();
-  // Why wait: the results live in host strings freed on return.
+  // Why wait: the results live in host staging reused by the next unit (or host strings freed on return).
   return gpu.Synchronize(stream);
 }
 
