@@ -285,6 +285,7 @@ class Coordinator::Impl {
   bool swap_stop_ = false;
   std::chrono::steady_clock::time_point swap_last_progress_{};
   uint64_t swap_progress_mark_ = 0;  // swaps + finished at the last progress line
+  std::string swap_banner_;          // the "swap: on" line, printed once Start succeeded
 };
 
 bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error) {
@@ -344,6 +345,7 @@ bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error
   WriteInfo("running");
   MaybeWriteStatus(true);
   thread_ = std::thread([this] { Loop(); });
+  if (!swap_banner_.empty()) SwapPrint(swap_banner_);
   Log("coord")->info("coordinator up: world {}, {} real ranks, store {}:{}, bus {}{}", opts_.world_size,
                      opts_.real_ranks.size(), ep_.store_host, ep_.store_port, ep_.socket_path,
                      ep_.bus_tcp.empty() ? "" : " and " + ep_.bus_tcp);
@@ -1376,10 +1378,12 @@ bool Coordinator::Impl::StartSwap(std::string* error) {
     auto g = cfg.rank_gpu.find(r);
     swap_->AddRank(r, g == cfg.rank_gpu.end() ? std::string() : g->second);
   }
-  SwapPrint(fmt::format("prism: swap: on; GPU cap {} ({}), host budget {} ({}), {} rank(s) start as GPUs have room",
-                        FormatBytes(cfg.gpu_cap_bytes), cap_from,
-                        cfg.host_cap_bytes ? FormatBytes(cfg.host_cap_bytes) : std::string("unlimited"), host_from,
-                        opts_.real_ranks.size()));
+  // Why printed once the coordinator is up: a start that fails later (its store port taken) is retried.
+  swap_banner_ =
+      fmt::format("prism: swap: on; GPU cap {} ({}), host budget {} ({}), {} rank(s) start as GPUs have room",
+                  FormatBytes(cfg.gpu_cap_bytes), cap_from,
+                  cfg.host_cap_bytes ? FormatBytes(cfg.host_cap_bytes) : std::string("unlimited"), host_from,
+                  opts_.real_ranks.size());
   swap_last_progress_ = std::chrono::steady_clock::now();
   swap_thread_ = std::thread([this] { SwapWorker(); });
   return true;
