@@ -129,6 +129,16 @@ TEST_F(SwapE2E, SwapWithoutADriverIsAClearError) {
   EXPECT_EQ(log.find("rank 0 started"), std::string::npos) << log;
 }
 
+TEST_F(SwapE2E, DryRunSaysHowItWouldSwitch) {
+  std::string log;
+  int rc = RunPrism(Env(), "collect --dry-run --gpu-mem-cap 60G --rank-mem 20G" + Job(), &log);
+  EXPECT_EQ(rc, 0) << log;
+  EXPECT_NE(log.find("context switching: on; GPU cap 60.0 GiB, host budget 80% of MemAvailable, 512.0 MiB per rank "
+                     "beyond its allocations, ranks assumed 20.0 GiB until they report"),
+            std::string::npos)
+      << log;
+}
+
 TEST_F(SwapE2E, BadSizesAreRefused) {
   std::string log;
   int rc = RunPrism(Env(), "collect --gpu-mem-cap 12X" + Job(), &log);

@@ -135,7 +135,22 @@ void AddCollect(CLI::App& app, int* rc) {
       return;
     }
     *rc = RunEmulate(e, command);
-    if (o.dry_run) return;
+    if (o.dry_run) {
+      if (e.swap.enabled && !o.json) {
+        std::printf("context switching: on; GPU cap %s, host budget %s, %s per rank beyond its allocations%s; ranks "
+                    "start as their GPU has room, ranks blocked in an exchange are swapped out (CUDA checkpoint API "
+                    "through %s)\n",
+                    e.swap.gpu_cap_bytes ? coord::FormatBytes(e.swap.gpu_cap_bytes).c_str() : "from the driver",
+                    e.swap.host_cap_bytes ? coord::FormatBytes(e.swap.host_cap_bytes).c_str() : "80% of MemAvailable",
+                    coord::FormatBytes(e.swap.context_bytes).c_str(),
+                    e.swap.rank_estimate_bytes
+                        ? (", ranks assumed " + coord::FormatBytes(e.swap.rank_estimate_bytes) + " until they report")
+                              .c_str()
+                        : "",
+                    e.swap.driver.c_str());
+      }
+      return;
+    }
     std::error_code ec;
     fs::path out = fs::absolute(e.out, ec);
     uint64_t bytes = 0;
