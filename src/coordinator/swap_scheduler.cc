@@ -157,10 +157,22 @@ std::vector<std::string> SwapScheduler::TakeNotices() {
   return out;
 }
 
+uint64_t SwapScheduler::GpuHeld(const std::string& gpu) const {
+  uint64_t held = 0;
+  for (const auto& [k, r] : ranks_) {
+    if (r.gpu == gpu && OnGpu(r) && r.phase != SwapPhase::kAdmitted) {
+      held += (r.sampled ? r.peak : 0) + cfg_.context_bytes;
+    }
+  }
+  return held;
+}
+
 void SwapScheduler::UpdatePeaks() {
   std::set<std::string> gpus;
   for (const auto& [k, r] : ranks_) gpus.insert(r.gpu);
-  for (const std::string& g : gpus) stats_.peak_gpu_bytes = std::max(stats_.peak_gpu_bytes, GpuUsed(g));
+  // Why GpuHeld, not GpuUsed: the peak reports what the ranks held as far as they said, not the estimates that
+  // admission planned with.
+  for (const std::string& g : gpus) stats_.peak_gpu_bytes = std::max(stats_.peak_gpu_bytes, GpuHeld(g));
   stats_.peak_host_bytes = std::max(stats_.peak_host_bytes, HostUsed());
 }
 

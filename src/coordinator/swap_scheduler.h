@@ -61,7 +61,7 @@ struct SwapStats {
   uint64_t swaps_out = 0, swaps_in = 0, admits = 0, failures = 0;
   uint64_t bytes_out = 0, bytes_in = 0;
   double seconds_out = 0, seconds_in = 0;
-  uint64_t peak_gpu_bytes = 0;   // the largest resident sum of any GPU (footprints as the scheduler counts them)
+  uint64_t peak_gpu_bytes = 0;   // the largest GpuHeld of any GPU (the ranks' reported peaks + context)
   uint64_t peak_host_bytes = 0;  // the largest swapped-out sum
   int ranks = 0, finished = 0, resident = 0, out = 0, unstarted = 0;
 };
@@ -97,7 +97,8 @@ class SwapScheduler {
   bool busy() const { return in_flight_; }
   SwapPhase phase(int rank) const;
   uint64_t Footprint(int rank) const;
-  uint64_t GpuUsed(const std::string& gpu) const;
+  uint64_t GpuUsed(const std::string& gpu) const;  // as admission counts: estimates for ranks not sampled yet
+  uint64_t GpuHeld(const std::string& gpu) const;  // as the ranks said: peak + context, context alone before a sample
   uint64_t HostUsed() const;
   SwapStats Stats() const;
   // Lines for people that appeared since the last call (budget waits, over-cap starts); each said once per cause.

@@ -447,7 +447,9 @@ TEST(SwapSimulation, RandomJobsFinishWithinTheCap) {
           EXPECT_TRUE(r.finished) << "trial " << trial << " cap " << (cap >> 30) << "F host " << (host >> 30)
                                   << "F: " << r.state;
           EXPECT_LE(r.max_gpu, estimate ? cap : cap + kF) << "trial " << trial << " estimate " << estimate;
-          if (host) EXPECT_LE(r.max_host, host) << "trial " << trial;
+          if (host) {
+            EXPECT_LE(r.max_host, host) << "trial " << trial;
+          }
         }
       }
     }
