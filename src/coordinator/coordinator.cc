@@ -1408,6 +1408,9 @@ std::string Coordinator::Impl::SwapProgressLine() {
 
 void Coordinator::Impl::PumpSwap() {
   const uint64_t now = NowNs();
+  // Why progress: a rank started late (admitted when its GPU had room) is the run moving on; the ranks waiting for
+  // it in an exchange must not be diagnosed as a hang while it starts up.
+  for (int r : swap_->Starting()) hang_.Progress(r, now);
   for (;;) {
     std::optional<SwapAction> a = swap_->Next(now);
     if (!a) break;

@@ -140,6 +140,14 @@ bool SwapScheduler::Admitted(int rank) const {
   return it == ranks_.end() || it->second.phase != SwapPhase::kUnstarted;
 }
 
+std::vector<int> SwapScheduler::Starting() const {
+  std::vector<int> out;
+  for (const auto& [k, r] : ranks_) {
+    if (r.phase == SwapPhase::kAdmitted) out.push_back(k);
+  }
+  return out;
+}
+
 SwapPhase SwapScheduler::phase(int rank) const {
   auto it = ranks_.find(rank);
   return it == ranks_.end() ? SwapPhase::kUnstarted : it->second.phase;

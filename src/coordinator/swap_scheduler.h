@@ -94,6 +94,7 @@ class SwapScheduler {
   void Finished(const SwapAction& a, bool ok, double seconds, uint64_t now_ns);
 
   bool Admitted(int rank) const;  // may the launcher start it
+  std::vector<int> Starting() const;  // admitted ranks that have not said hello yet
   bool busy() const { return in_flight_; }
   SwapPhase phase(int rank) const;
   uint64_t Footprint(int rank) const;

@@ -47,7 +47,9 @@ TEST(SwapScheduler, StartsRanksOfUnknownSizeOneAtATimeThenByFootprint) {
   EXPECT_EQ(a->rank, 0);
   // Rank 0 has not said how big it is: rank 1 waits.
   EXPECT_FALSE(s.Next(0));
+  EXPECT_EQ(s.Starting(), std::vector<int>{0});
   s.Started(0, 1000, "g", 0);
+  EXPECT_TRUE(s.Starting().empty());
   EXPECT_FALSE(s.Next(0));
   s.Memory(0, kF);
   StartNext(s, 1);
