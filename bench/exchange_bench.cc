@@ -6,6 +6,8 @@
 //
 //   build/bin/exchange_bench [--reps N] [--sizes-mib 1,16,256] [--ranks 2,4] [--virtual]
 //
+// First the reduction alone (ExchangeReduce vs ExchangeReduceReference, 2 inputs, in this process, threads as
+// PRISM_EXCHANGE_THREADS or the default), then the whole path.
 // Cases: all-reduce fp32 SUM, all-reduce bf16 SUM (S bytes per rank), all-gather fp32 (S bytes of output, S/k per
 // rank). Per case: one warm-up, then N timed repetitions; a repetition's time is the slowest rank's Submit() time.
 // Prints the median, the algorithm bandwidth S/t and NCCL's bus bandwidth (all-reduce x 2(k-1)/k, all-gather x
@@ -37,9 +39,11 @@
 #include "interpose/core/engine.h"
 #include "interpose/core/progress.h"
 #include "nccl_patch/dtype_math.h"
+#include "nccl_patch/exchange.h"
 
 using namespace prism;
 using namespace prism::interpose;
+using prism::payload::DataType;
 
 namespace {
 
@@ -270,6 +274,36 @@ int main(int argc, char** argv) {
     const double mm = Median(m), rr = Median(r);
     base_rtt.push_back(rr);
     std::printf("%7d MiB %14.3f %14.2f %18.3f %14.2f\n", mib, mm * 1e3, s / mm / 1e9, rr * 1e3, s / rr / 1e9);
+  }
+
+  // The reduction alone (in this process, 2 inputs): the fast path against the reference it replaced.
+  {
+    const uint64_t s = std::min<uint64_t>(static_cast<uint64_t>(*std::max_element(sizes_mib.begin(), sizes_mib.end())) << 20,
+                                          uint64_t{64} << 20);
+    std::printf("\n%-28s %8s %14s %14s %10s\n", "reduction alone, 2 inputs", "size", "fast ms", "reference ms",
+                "speed-up");
+    for (DataType t : {DataType::kFloat32, DataType::kBfloat16}) {
+      const uint64_t esz = payload::DataTypeSize(t), count = s / esz;
+      std::vector<uint8_t> a(s, 0x3F), b(s, 0x40), out(s);
+      std::vector<const uint8_t*> in = {a.data(), b.data()};
+      payload::ExchangeOp op;
+      op.op = payload::OpKind::kAllReduce;
+      op.dtype = t;
+      op.nranks = 2;
+      op.count = count;
+      std::vector<double> tf, tr;
+      for (int rep = 0; rep < std::min(reps, 3); ++rep) {
+        auto t0 = Clock::now();
+        payload::ExchangeReduce(op, in, 0, count, out.data());
+        auto t1 = Clock::now();
+        payload::ExchangeReduceReference(op, in, 0, count, out.data());
+        auto t2 = Clock::now();
+        tf.push_back(Seconds(t0, t1));
+        tr.push_back(Seconds(t1, t2));
+      }
+      std::printf("%-28s %4llu MiB %14.3f %14.3f %10.2f\n", t == DataType::kFloat32 ? "  fp32 sum" : "  bf16 sum",
+                  static_cast<unsigned long long>(s >> 20), Median(tf) * 1e3, Median(tr) * 1e3, Median(tr) / Median(tf));
+    }
   }
 
   int failed = 0;

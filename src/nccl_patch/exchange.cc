@@ -119,7 +119,9 @@ struct Fast {
   using E = math::Elem<D>;
   using S = typename E::Storage;
   static double Widen(S x) { return E::Decode(x); }
-  static S Narrow(double v) { return E::Encode(v); }
+  static void NarrowBlock(const double* acc, S* v, uint64_t m) {
+    for (uint64_t i = 0; i < m; ++i) v[i] = E::Encode(acc[i]);
+  }
 };
 
 template <int D, int kTableBits>
@@ -134,44 +136,57 @@ const double* WidenTable() {
 
 // Round to nearest even for an IEEE format with `kMan` mantissa bits and bias `kBias` (bf16, fp16), whose largest
 // finite code is just below the Inf code, so a carry out of the largest finite value gives Inf as the reference does.
+// A block at a time without branches (the usual add-half-minus-one-plus-lsb rounding on the bits); elements outside
+// the format's normal range (subnormal results, overflow of the exponent, zero, Inf, NaN) are redone by the reference.
 template <int kMan, int kBias>
-inline uint32_t NarrowIeee(double v, math::SmallFloatFormat f) {
-  const uint64_t b = math::DoubleToBits(v);
-  const int dexp = static_cast<int>((b >> 52) & 0x7FF);
+inline void NarrowIeeeBlock(const double* acc, uint16_t* v, uint64_t m, math::SmallFloatFormat f) {
   constexpr int kExpBits = kMan == 7 ? 8 : 5;
-  constexpr int kLo = 1023 + 1 - kBias, kHi = 1023 + ((1 << kExpBits) - 2) - kBias;
-  if (dexp < kLo || dexp > kHi) return math::EncodeSmallFloat(v, f);
+  constexpr uint64_t kLo = 1023 + 1 - kBias, kHi = 1023 + ((1 << kExpBits) - 2) - kBias;
   constexpr int kShift = 52 - kMan;
-  const uint64_t man = b & ((uint64_t{1} << 52) - 1);
-  uint64_t q = (static_cast<uint64_t>(dexp - 1023 + kBias) << kMan) | (man >> kShift);
-  const uint64_t rem = man & ((uint64_t{1} << kShift) - 1), half = uint64_t{1} << (kShift - 1);
-  if (rem > half || (rem == half && (q & 1))) ++q;
-  return static_cast<uint32_t>(((b >> 63) << (kExpBits + kMan)) | q);
+  constexpr uint64_t kHalfMinusOne = (uint64_t{1} << (kShift - 1)) - 1;
+  uint64_t outside = 0;
+  for (uint64_t i = 0; i < m; ++i) {
+    const uint64_t b = math::DoubleToBits(acc[i]);
+    const uint64_t dexp = (b >> 52) & 0x7FF;
+    uint64_t t = ((dexp - 1023 + kBias) << 52) | (b & ((uint64_t{1} << 52) - 1));
+    t += kHalfMinusOne + ((t >> kShift) & 1);
+    v[i] = static_cast<uint16_t>((((b >> 63) << (kExpBits + kMan)) | (t >> kShift)) & 0xFFFF);
+    outside |= static_cast<uint64_t>(dexp - kLo > kHi - kLo);  // one unsigned compare: below kLo wraps around
+  }
+  if (outside == 0) return;
+  for (uint64_t i = 0; i < m; ++i) {
+    const uint64_t dexp = (math::DoubleToBits(acc[i]) >> 52) & 0x7FF;
+    if (dexp < kLo || dexp > kHi) v[i] = static_cast<uint16_t>(math::EncodeSmallFloat(acc[i], f));
+  }
 }
 
 template <>
 struct Fast<math::kDtBfloat16> {
   using S = uint16_t;
   static double Widen(S x) { return static_cast<double>(math::BitsToFloat(static_cast<uint32_t>(x) << 16)); }
-  static S Narrow(double v) { return static_cast<S>(NarrowIeee<7, 127>(v, math::FormatBf16())); }
+  static void NarrowBlock(const double* acc, S* v, uint64_t m) { NarrowIeeeBlock<7, 127>(acc, v, m, math::FormatBf16()); }
 };
 template <>
 struct Fast<math::kDtFloat16> {
   using S = uint16_t;
   static double Widen(S x) { return WidenTable<math::kDtFloat16, 16>()[x]; }
-  static S Narrow(double v) { return static_cast<S>(NarrowIeee<10, 15>(v, math::FormatF16())); }
+  static void NarrowBlock(const double* acc, S* v, uint64_t m) { NarrowIeeeBlock<10, 15>(acc, v, m, math::FormatF16()); }
 };
 template <>
 struct Fast<math::kDtFloat8e4m3> {
   using S = uint8_t;
   static double Widen(S x) { return WidenTable<math::kDtFloat8e4m3, 8>()[x]; }
-  static S Narrow(double v) { return math::Elem<math::kDtFloat8e4m3>::Encode(v); }
+  static void NarrowBlock(const double* acc, S* v, uint64_t m) {
+    for (uint64_t i = 0; i < m; ++i) v[i] = math::Elem<math::kDtFloat8e4m3>::Encode(acc[i]);
+  }
 };
 template <>
 struct Fast<math::kDtFloat8e5m2> {
   using S = uint8_t;
   static double Widen(S x) { return WidenTable<math::kDtFloat8e5m2, 8>()[x]; }
-  static S Narrow(double v) { return math::Elem<math::kDtFloat8e5m2>::Encode(v); }
+  static void NarrowBlock(const double* acc, S* v, uint64_t m) {
+    for (uint64_t i = 0; i < m; ++i) v[i] = math::Elem<math::kDtFloat8e5m2>::Encode(acc[i]);
+  }
 };
 
 constexpr uint64_t kBlock = 1024;
@@ -190,17 +205,23 @@ void ReduceFloatFast(uint8_t* dst, const std::vector<const uint8_t*>& in, uint64
   }
   double acc[kBlock];
   S v[kBlock];
+  // Why element loads through memcpy: inputs need not be aligned to the element; the compiler emits plain loads.
+  auto load = [](const uint8_t* p, uint64_t i) {
+    S x;
+    std::memcpy(&x, p + i * sizeof(S), sizeof(S));
+    return x;
+  };
   for (uint64_t b = 0; b < count; b += kBlock) {
     const uint64_t m = std::min(kBlock, count - b);
-    std::memcpy(v, in[0] + (first + b) * sizeof(S), m * sizeof(S));
+    const uint8_t* p0 = in[0] + (first + b) * sizeof(S);
     for (uint64_t i = 0; i < m; ++i) {
-      const double d = F::Widen(v[i]);
+      const double d = F::Widen(load(p0, i));
       acc[i] = R == RedOp::kPreMulSum ? d * scalar : d;
     }
     for (size_t j = 1; j < n; ++j) {
-      std::memcpy(v, in[j] + (first + b) * sizeof(S), m * sizeof(S));
+      const uint8_t* pj = in[j] + (first + b) * sizeof(S);
       for (uint64_t i = 0; i < m; ++i) {
-        const double d = F::Widen(v[i]);
+        const double d = F::Widen(load(pj, i));
         if constexpr (R == RedOp::kSum || R == RedOp::kAvg) acc[i] += d;
         if constexpr (R == RedOp::kProd) acc[i] *= d;
         if constexpr (R == RedOp::kMax) acc[i] = (d > acc[i] || d != d) ? d : acc[i];
@@ -211,7 +232,7 @@ void ReduceFloatFast(uint8_t* dst, const std::vector<const uint8_t*>& in, uint64
     if constexpr (R == RedOp::kAvg) {
       for (uint64_t i = 0; i < m; ++i) acc[i] /= static_cast<double>(n);
     }
-    for (uint64_t i = 0; i < m; ++i) v[i] = F::Narrow(acc[i]);
+    F::NarrowBlock(acc, v, m);
     std::memcpy(dst + b * sizeof(S), v, m * sizeof(S));
   }
 }
