@@ -56,6 +56,7 @@ struct Conn {
     uint8_t* dst = nullptr;
     uint64_t cap = 0;
     bool in_place = false;  // the payload is at dst
+    bool reading = false;   // the reader thread is filling it (outside the lock): nobody may erase it
   };
   std::mutex result_mu;
   std::condition_variable result_cv;
@@ -108,6 +109,7 @@ ipc::IoStatus ReadResult(Conn& c, uint32_t length, std::string* err) {
       r->bytes.resize(at + n);
       to = r->bytes.data() + at;
     }
+    r->reading = true;
   }
   // The waiter reads neither the buffer nor the string before `done`, so the bytes are read without the lock.
   if (n && (st = ipc::ReadExact(c.fd, to, n, -1, err)) != ipc::IoStatus::kOk) return st;
@@ -115,6 +117,7 @@ ipc::IoStatus ReadResult(Conn& c, uint32_t length, std::string* err) {
     std::lock_guard<std::mutex> lock(c.result_mu);
     r->received += n;
     r->done = r->received >= r->total;
+    r->reading = false;
   }
   c.result_cv.notify_all();
   return ipc::IoStatus::kOk;
@@ -529,7 +532,7 @@ void CoordExpectResult(uint32_t comm_id, uint64_t key, int32_t p2p_src, void* ds
   Conn& c = C();
   std::lock_guard<std::mutex> lock(c.result_mu);
   Conn::Result& r = c.results[std::make_tuple(comm_id, key, p2p_src)];
-  if (r.received == 0) {
+  if (r.received == 0 && !r.reading) {
     r.dst = static_cast<uint8_t*>(dst);
     r.cap = capacity;
   }
@@ -539,7 +542,7 @@ void CoordForgetResult(uint32_t comm_id, uint64_t key, int32_t p2p_src) {
   Conn& c = C();
   std::lock_guard<std::mutex> lock(c.result_mu);
   auto it = c.results.find(std::make_tuple(comm_id, key, p2p_src));
-  if (it != c.results.end() && it->second.received == 0) c.results.erase(it);
+  if (it != c.results.end() && it->second.received == 0 && !it->second.reading) c.results.erase(it);
 }
 
 bool CoordWaitResult(uint32_t comm_id, uint64_t key, int32_t p2p_src, uint32_t* flags, std::string* bytes) {
