@@ -1,6 +1,7 @@
 #include "coordinator/exchange_hub.h"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -389,7 +390,20 @@ std::string ExchangeHub::TakeBuffer(uint64_t bytes) {
       s.clear();
     }
   }
+  const bool fresh = s.capacity() < bytes;
   s.reserve(bytes);
+#ifdef MADV_HUGEPAGE
+  // Why: a fresh large buffer is faulted in page by page on first write (measured: half of all samples before the
+  // buffers were reused); 2 MiB pages take 512 times fewer faults. Advisory: nothing changes when it is refused.
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  if (fresh && bytes >= 4 * kHuge) {
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(s.data()) + kHuge - 1) & ~(kHuge - 1);
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(s.data()) + s.capacity()) & ~(kHuge - 1);
+    if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  }
+#else
+  (void)fresh;
+#endif
   return s;
 }
 
