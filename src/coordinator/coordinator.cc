@@ -810,7 +810,15 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
           if (rs == ranks_.end()) continue;
           auto cl = clients_.find(rs->second.conn);
           if (cl == clients_.end()) continue;
-          cl->second.out.append(o.frames);
+          // Why a swap when nothing is queued: a result frame is up to the operation's size; the hub takes the
+          // client's drained buffer back for its next result (ExchangeHub::Recycle) instead of faulting in a new one.
+          if (cl->second.out.size() == cl->second.out_pos) {
+            cl->second.out.swap(o.frames);
+            cl->second.out_pos = 0;
+          } else {
+            cl->second.out.append(o.frames);
+          }
+          xhub_.Recycle(std::move(o.frames));
           Flush(cl->first, cl->second);
         }
         if (swap_) UpdateSwapWaits();
