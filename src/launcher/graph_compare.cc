@@ -86,7 +86,9 @@ std::optional<RankGraphComparison> CompareWithGraph(int rank, const std::vector<
   c.steady_count = static_cast<int>(se.size());
   if (!se.empty()) {
     c.steady_mean_abs_error_pct = abs_sum / static_cast<double>(se.size());
-    c.steady_median_error_pct = ErrPct(Median(se), Median(ss));
+    c.steady_emulated_median_s = Median(std::move(se));
+    c.steady_simulated_median_s = Median(std::move(ss));
+    c.steady_median_error_pct = ErrPct(c.steady_emulated_median_s, c.steady_simulated_median_s);
   }
   return c;
 }
@@ -184,18 +186,12 @@ nlohmann::json ToJson(const RankGraphComparison& c) {
 }
 
 std::string Describe(const RankGraphComparison& c) {
-  std::vector<double> se, ss;
-  for (const IterationPair& p : c.pairs) {
-    if (!p.steady) continue;
-    se.push_back(p.emulated_s);
-    ss.push_back(p.simulated_s);
-  }
   char buf[320];
   std::snprintf(buf, sizeof buf,
                 "rank %d: emulated vs simulate(graph): median error %+.2f %% over %zu iterations; steady (%d): mean "
                 "|error| %.2f %%, median %.1f vs %.1f ms (%+.2f %%)",
                 c.rank, c.median_error_pct, c.pairs.size(), c.steady_count, c.steady_mean_abs_error_pct,
-                Median(se) * 1e3, Median(ss) * 1e3, c.steady_median_error_pct);
+                c.steady_emulated_median_s * 1e3, c.steady_simulated_median_s * 1e3, c.steady_median_error_pct);
   return buf;
 }
 

@@ -32,7 +32,8 @@ struct RankGraphComparison {
   double median_error_pct = 0;
   int steady_count = 0;
   double steady_mean_abs_error_pct = 0;
-  double steady_median_error_pct = 0;  // median(emulated) vs median(simulated) over the steady pairs
+  double steady_emulated_median_s = 0, steady_simulated_median_s = 0;  // over the steady pairs
+  double steady_median_error_pct = 0;  // the first against the second
 };
 
 // emulated: the run's per-iteration times of one rank (index = iteration number; null or <= 0 = not measured).
