@@ -102,20 +102,31 @@ megatron_fill() {
       "$(grep -h 'emulated vs simulate(graph)' "$out/$name.rank$r.out" | head -1)" >> "$out/$name.detail"
     grep -q 'emulated vs simulate(graph)' "$out/$name.rank$r.out" || ok=1
   done
+  if [ "${FILL_CONTRAST:-1}" = 1 ]; then megatron_fill_contrast >> "$out/$name.detail" || ok=1; fi
+  return $ok
+}
+# The fill's contrast runs (also a case of their own, "contrast", over a fill directory left by an earlier call on
+# the same machine): rank 0 under the mirror policy without a graph, and rank 0 with FILL_WHATIF against the graph.
+megatron_fill_contrast() {
+  fill_shape || return 1
+  local dir=$out/megatron_${shape_tag}_fill col=$out/megatron_${shape_tag}_collect ok=0
+  local name=megatron_${shape_tag}_fill peer=$((shape_nnodes * 8 / shape_pp))
+  [ -f "$dir/filled.prism" ] || { echo "needs the fill case first ($dir/filled.prism)"; return 1; }
   if [ "${FILL_MIRROR:-1}" = 1 ]; then
     (cd "$MEGATRON" && timeout -s INT -k 20 200 "$PRISM_RUN" --ranks 0 --payload recorded --payload-dir "$col" \
-       --out "$dir/mirror_rank0" "${shape_job[@]}") > "$out/$name.mirror0.out" 2>&1 || { echo "mirror rank 0: exit $?"; ok=1; }
-    echo "rank0 mirror (no graph): $(json_get "$dir/mirror_rank0/report.json" '"%.2f ms" % (1e3*(r["iteration_time_s"] or 0))')" >> "$out/$name.detail"
+       --out "$dir/mirror_rank0" "${shape_job[@]}") > "$out/$name.mirror0.out" 2>&1 || { echo "mirror rank 0: exit $?" >&2; ok=1; }
+    echo "rank0 mirror (no graph): $(json_get "$dir/mirror_rank0/report.json" '"%.2f ms" % (1e3*(r["iteration_time_s"] or 0))')" 
   fi
   local what=${FILL_WHATIF:-straggler=$peer:1.14}
   if [ "$what" != none ]; then
     (cd "$MEGATRON" && timeout -s INT -k 20 200 "$PRISM_RUN" --ranks 0 --graph "$dir/filled.prism" --what-if "$what" \
        --payload recorded --payload-dir "$col" --out "$dir/whatif_rank0" "${shape_job[@]}") > "$out/$name.whatif0.out" 2>&1 \
-       || { echo "what-if rank 0: exit $?"; ok=1; }
-    echo "rank0 --what-if $what: $(grep -h 'emulated vs simulate(graph)' "$out/$name.whatif0.out" | head -1)" >> "$out/$name.detail"
+       || { echo "what-if rank 0: exit $?" >&2; ok=1; }
+    echo "rank0 --what-if $what: $(grep -h 'emulated vs simulate(graph)' "$out/$name.whatif0.out" | head -1)" 
   fi
   return $ok
 }
+megatron_fill_contrast_case() { megatron_fill_contrast > "$out/megatron_${shape_tag}_fill_contrast.detail"; }
 megatron_cases=${MEGATRON_CASES:-w64r0 w64r63 w64r01 w1024r0 mem}
 for c in $megatron_cases; do
   case $c in
@@ -125,6 +136,7 @@ for c in $megatron_cases; do
     w1024r0) check megatron_w1024_tp2pp2_rank0 megatron_check megatron_w1024_tp2pp2_rank0 0 128 2 2 512 ;;
     collect) fill_shape && check "megatron_${shape_tag}_collect" megatron_collect ;;
     fill) fill_shape && check "megatron_${shape_tag}_fill" megatron_fill ;;
+    contrast) fill_shape && check "megatron_${shape_tag}_fill_contrast" megatron_fill_contrast_case ;;
     ops1024) check torch_ops_prism_w1024_rank5 ops_prism torch_ops_prism_w1024_rank5 128 ;;
     ops8192) check torch_ops_prism_w8192_rank5 ops_prism torch_ops_prism_w8192_rank5 1024 ;;
     w64r63rec) PRISM_ARGS="--payload recorded --payload-dir $out/megatron_w64_collect" \
