@@ -9,7 +9,8 @@
 #   swap_w64_same_graph  both observed graphs hold the same communication (every class's streams with their
 #                      communication nodes in order, the communicators, rank -> class; compute nodes are only counted:
 #                      their gaps hold the swaps), and `prism-run simulate` runs on both.
-# Run: tests/gpu/run.sh OUT swap      (SWAP_CASES="resident capped same_graph" by default)
+# Run: tests/gpu/run.sh OUT swap      (SWAP_CASES="resident capped same_graph" by default; SWAP_STALL: --swap-stall
+#   of the capped case, default 10 s: each torch store barrier a swapped-out rank must join costs that long)
 #  or, without run.sh knowing the suite: bash tests/gpu/swap_suite.sh OUT   (from the repo root; same table)
 if ! declare -F check > /dev/null; then
   out=$(realpath -m "${1:?usage: bash tests/gpu/swap_suite.sh OUT_DIR}"); mkdir -p "$out"
@@ -53,7 +54,7 @@ swap_capped() {
   fp=$(swap_json "$base" 'max(x.get("peak_memory_bytes") or 0 for x in r["ranks"]) + (512 << 20)')
   cap=$((fp * 5 / 2))
   echo "rank_mem=$((fp >> 20))MiB gpu_mem_cap=$((cap >> 20))MiB" > "$out/swap_w64_capped.cap"
-  swap_collect swap_w64_capped --gpu-mem-cap "$cap" --rank-mem "$fp" --swap-stall 10 || return 1
+  swap_collect swap_w64_capped --gpu-mem-cap "$cap" --rank-mem "$fp" --swap-stall "${SWAP_STALL:-10}" || return 1
   cat "$out/swap_w64_capped.cap" >> "$out/swap_w64_capped.detail"
   echo "over_cap_notices=$(grep -c 'over the cap' "$out/swap_w64_capped.out") swap_failures_printed=$(grep -c 'swap: .* failed' "$out/swap_w64_capped.out")" >> "$out/swap_w64_capped.detail"
   local rep=$out/swap_w64_capped/report.json
