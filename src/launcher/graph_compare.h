@@ -7,8 +7,10 @@
 // allocations) are in both and differ from run to run, so the summary figures are robust to them:
 //   median_error_pct   the median over matched iterations of (emulated - simulated) / simulated
 //   steady_*           over the matched iterations whose simulated time is within 1.5x of the median simulated
-//                      time of the matched iterations (drops the warm-up outliers): mean |error|, and the error of
-//                      the emulated median against the simulated median over those iterations.
+//                      time of the matched iterations, less any of the first three whose emulated time is over 1.5x
+//                      the median emulated time (drops the warm-up outliers of either run; a slow emulated
+//                      iteration later on stays in): mean |error|, and the error of the emulated median against the
+//                      simulated median over those iterations.
 #pragma once
 
 #include <optional>
