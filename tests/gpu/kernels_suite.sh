@@ -14,6 +14,12 @@
 #   w1         world 1 "native" (libprism loaded, the one-member world on the real NCCL:
 #              PRISM_PASSTHROUGH_MIN_MEMBERS=1) against prism world 1 (libprism's own communicator), both --kernels,
 #              and native against a second native run: the deviation table and its natural variance.
+#   toggle     the overhead within ONE run (run-to-run spread of this launch-bound model is 4-10 %, larger than the
+#              target): --kernels with PRISM_KERNELS_TOGGLE=KERNELS_TOGGLE (default 5), so CUPTI records for 5
+#              iterations, not for the next 5, and so on, over KERNELS_TOGGLE_ITERS (60) iterations; per-iteration GPU
+#              times from report.json after KERNELS_SKIP, the first iteration of each block left out (it pays the
+#              switch); medians on and off, their ratio, and the median of the on/off ratios of neighbouring blocks.
+#              What it does not see: CUPTI's fixed cost while loaded but disabled (the `overhead` case does).
 #   graph      tests/gpu/kernels_graph.py (a CUDA graph replayed every iteration) under --kernels: kernel records
 #              carry graph ids, trace.json has the graph launches, the report marks them [g].
 # Tables (report kernels) in OUT/kernels/*.txt and *.json.
@@ -187,6 +193,31 @@ kernels_graph() {
   [ "${in_graphs:-0}" -gt 0 ] && [ "${launches:-0}" -ge 10 ] && grep -q '\[g\]' "$kdir/graph.txt"
 }
 
+kernels_toggle() {
+  local name=kernels_toggle_w64 d=$kdir/toggle n=${KERNELS_TOGGLE:-5}
+  PRISM_KERNELS_TOGGLE=$n KERNELS_ITERS=${KERNELS_TOGGLE_ITERS:-60} kernels_w64 "$d" --kernels || { echo "run failed"; return 1; }
+  "$PYTHON" - "$d/report.json" "$n" "$KERNELS_SKIP" > "$out/$name.detail" <<'PY'
+import json, statistics, sys
+t = json.load(open(sys.argv[1]))["ranks"][0]["iteration_times_s"]
+n, skip = int(sys.argv[2]), int(sys.argv[3])
+blocks = {}  # block number -> [ms]; times[i] ran from mark i-1, whose block is (i-1) // n (even: recording on)
+for i, x in enumerate(t):
+    if i <= skip or x is None or (i - 1) % n == 0:
+        continue
+    blocks.setdefault((i - 1) // n, []).append(x * 1e3)
+on = [v for b, vs in blocks.items() if b % 2 == 0 for v in vs]
+off = [v for b, vs in blocks.items() if b % 2 == 1 for v in vs]
+if len(on) < 3 or len(off) < 3:
+    print("too few iterations: on %d off %d" % (len(on), len(off))); sys.exit(1)
+pairs = [statistics.median(blocks[b]) / statistics.median(blocks[b + 1]) for b in sorted(blocks)
+         if b % 2 == 0 and b + 1 in blocks]
+mo, mn = statistics.median(off), statistics.median(on)
+print("toggle %d: gpu ms/iter on %.3f (%d it), off %.3f (%d it), ratio %.4f (%+.2f%%); neighbouring blocks on/off "
+      "median %.4f over %d pairs (%s); target < 2%%" % (n, mn, len(on), mo, len(off), mn / mo, 100 * (mn / mo - 1),
+      statistics.median(pairs) if pairs else float("nan"), len(pairs), "/".join("%.3f" % p for p in pairs)))
+PY
+}
+
 for c in $KERNELS_CASES; do
   case $c in
     overhead) check kernels_overhead_w64 kernels_overhead ;;
@@ -194,6 +225,7 @@ for c in $KERNELS_CASES; do
     w64_runs) check kernels_w64_run_to_run kernels_w64_runs ;;
     w1) check kernels_w1 kernels_w1 ;;
     graph) check kernels_cuda_graph kernels_graph ;;
+    toggle) check kernels_toggle_w64 kernels_toggle ;;
     *) echo "kernels suite: unknown case $c" | tee -a "${table:-/dev/null}" ;;
   esac
 done

@@ -233,6 +233,31 @@ TEST_F(KernelTrace, NvtxRangesWithPrismKernelsNvtx) {
 }
 
 // Every way CUPTI can be unusable: state off, the reason in the file's header, nothing thrown, the job goes on.
+// PRISM_KERNELS_TOGGLE=2: recording on for iterations 0-1, off for 2-3, on for 4-5 (the overhead within one run).
+TEST_F(KernelTrace, ToggleSwitchesRecordingAtIterationMarks) {
+  pi::Config c = pi::Cfg();
+  c.kernels_toggle = 2;
+  pi::SetConfigForTest(c);
+  pi::KernelTraceAtCudaInit();
+  ASSERT_EQ(pi::KernelTraceState(), "on") << pi::KernelTraceWhy();
+  std::vector<int> on;
+  for (uint32_t it = 0; it < 6; ++it) {
+    pi::KernelTraceAtIteration(it);
+    on.push_back(fake_.enabled(10) + fake_.enabled(1) + fake_.enabled(2));  // kernel, memcpy, memset
+  }
+  EXPECT_EQ(on, (std::vector<int>{3, 3, 0, 0, 3, 3}));
+  pi::KernelTraceFinish();
+  EXPECT_NE(ReadText(File()).find("\"toggle\":2"), std::string::npos);
+}
+
+TEST_F(KernelTrace, NoToggleLeavesRecordingOn) {
+  pi::KernelTraceAtCudaInit();
+  ASSERT_EQ(pi::KernelTraceState(), "on") << pi::KernelTraceWhy();
+  for (uint32_t it = 0; it < 6; ++it) pi::KernelTraceAtIteration(it);
+  EXPECT_TRUE(fake_.enabled(10));
+  pi::KernelTraceFinish();
+}
+
 TEST_F(KernelTrace, NoCuptiLibrary) {
   setenv("PRISM_CUPTI_LIBRARY", "/nonexistent/libcupti.so.13", 1);
   pi::KernelTraceAtCudaInit();

@@ -49,6 +49,9 @@ const Setting kSettings[] = {
      "1: record the rank's kernels, memcpys and memsets with CUPTI into rank<R>.kernels.jsonl (prism-run --kernels); "
      "nvtx: also the job's NVTX ranges; 0: off (docs/kernels.md)."},
     {"PRISM_CUPTI_LIBRARY", "", "The libcupti PRISM_KERNELS uses; empty: searched (docs/kernels.md)."},
+    {"PRISM_KERNELS_TOGGLE", "0",
+     "N > 0 with PRISM_KERNELS: recording is on for iterations [0, N), off for [N, 2N), on again ... (switched at "
+     "the iteration marks), to measure the recording's cost within one run; 0: on throughout."},
 };
 const int kNumSettings = static_cast<int>(sizeof(kSettings) / sizeof(kSettings[0]));
 
@@ -214,6 +217,11 @@ void LoadConfig(EnvLookup lookup, Config* c) {
     else if (std::string(v) == "1") c->kernels = 1;
     else if (std::string(v) == "nvtx") c->kernels = 2;
     else c->errors.push_back(std::string("PRISM_KERNELS='") + v + "' is not 0, 1 or nvtx");
+  }
+  if (const char* v = lookup("PRISM_KERNELS_TOGGLE"); v && *v) {
+    if (!ParseInt(v, 0, 1 << 20, &c->kernels_toggle)) {
+      c->errors.push_back(std::string("PRISM_KERNELS_TOGGLE='") + v + "' is not a number of iterations (0 or more)");
+    }
   }
 }
 

@@ -15,6 +15,7 @@
 #include "interpose/core/coord_client.h"
 #include "interpose/core/event_log.h"
 #include "interpose/core/gpu.h"
+#include "interpose/core/kernel_trace.h"
 #include "interpose/core/progress.h"
 #include "interpose/core/real_symbols.h"
 #include "interpose/core/recorded.h"
@@ -970,6 +971,7 @@ int IterationMark(cudaStream_t stream, uint64_t torch_max_allocated) {
     if (gpu.StampIteration(reinterpret_cast<CUstream>(stream), it) != CUDA_SUCCESS) word = nullptr;
   }
   LogIteration(it, word, HostNowNs(), torch_max_allocated);
+  KernelTraceAtIteration(it);
   return static_cast<int>(it);
 }
 

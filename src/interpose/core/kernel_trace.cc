@@ -132,6 +132,7 @@ struct Tracer {
   std::string path, why, cupti_path;
   uint32_t cupti_version = 0;
   std::vector<int> enabled_kinds;
+  bool active = true;  // PRISM_KERNELS_TOGGLE: the kinds are enabled now (touched by the iteration-mark thread only)
 #if PRISM_HAVE_CUPTI
   CuptiFns f;
 #endif
@@ -178,10 +179,10 @@ void WriteHeader(Tracer& t, const char* status) {
   const Config& c = Cfg();
   std::fprintf(t.file,
                "{\"type\":\"kernels\",\"v\":%d,\"rank\":%d,\"pid\":%d,\"status\":\"%s\",\"why\":\"%s\",\"cupti\":\"%s\","
-               "\"cupti_version\":%u,\"built_version\":%u,\"kinds\":%s,\"t_host_ns\":%llu}\n",
+               "\"cupti_version\":%u,\"built_version\":%u,\"kinds\":%s,\"toggle\":%d,\"t_host_ns\":%llu}\n",
                kernels::kFormatVersion, c.rank, static_cast<int>(getpid()), status, JsonEscape(t.why).c_str(),
                JsonEscape(t.cupti_path).c_str(), t.cupti_version, kBuiltCuptiVersion, kinds.c_str(),
-               static_cast<unsigned long long>(HostNowNs()));
+               c.kernels_toggle, static_cast<unsigned long long>(HostNowNs()));
   std::fflush(t.file);
 }
 
@@ -555,6 +556,30 @@ void Start() {
 
 }  // namespace
 
+void KernelTraceAtIteration(uint32_t iteration) {
+  const int n = Cfg().kernels_toggle;
+  if (n <= 0) return;
+  Tracer& t = T();
+  if (t.state != kOn || t.finished) return;
+  const bool want = (iteration / static_cast<uint32_t>(n)) % 2 == 0;
+  if (want == t.active) return;
+#if PRISM_HAVE_CUPTI
+  static const CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                              CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_MARKER};
+  for (int idx : t.enabled_kinds) {
+    const CUptiResult r = want ? t.f.enable(kKinds[idx]) : t.f.disable(kKinds[idx]);
+    if (r != CUPTI_SUCCESS) {
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true)) {
+        Log("interpose")->warn("kernels: PRISM_KERNELS_TOGGLE: cupti{}: {}", want ? "ActivityEnable" : "ActivityDisable",
+                               ResultString(r));
+      }
+    }
+  }
+#endif
+  t.active = want;
+}
+
 void KernelTraceAtCudaInit() {
   if (g_tried.load(std::memory_order_acquire)) return;
   // Why: should loading or enabling CUPTI call cudaGetDeviceCount on this thread, it must not wait for itself.
@@ -657,6 +682,7 @@ void KernelTraceResetForTest() {
   t.cupti_path.clear();
   t.cupti_version = 0;
   t.enabled_kinds.clear();
+  t.active = true;
   t.records = t.dropped = t.buffers = t.incomplete = 0;
   t.last_sync_ns = 0;
   t.kernel_names.clear();

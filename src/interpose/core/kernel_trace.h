@@ -23,6 +23,10 @@ void KernelTraceAtCudaInit();
 // Flushes CUPTI (forced), writes the remaining records, the last sync line and the end line, closes the file.
 // Registered with atexit when tracing starts (a no-op in a forked child); tests call it directly.
 void KernelTraceFinish();
+// At iteration mark `iteration` (the start of that iteration): with PRISM_KERNELS_TOGGLE=N, recording is switched
+// off for iterations whose (iteration / N) is odd and on again for even ones (cuptiActivityDisable/Enable of the
+// enabled kinds). No-op otherwise.
+void KernelTraceAtIteration(uint32_t iteration);
 
 // "on" (tracing), "off" (not requested, or failed: KernelTraceWhy says why), "" (not started yet).
 std::string KernelTraceState();
