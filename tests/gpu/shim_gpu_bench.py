@@ -3,8 +3,11 @@
 usage:
   shim_gpu_bench.py gate     # PRISM_FIXED_DUR_US=D: how long a collective holds its stream (50 trials)
   shim_gpu_bench.py memory   # GPU memory of a rank after init_process_group + collectives at WORLD_SIZE
+  shim_gpu_bench.py alloc    # libprism's tracked peak against torch's max reserved over a fixed allocation pattern
+                             # (run with and without PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the VMM path)
 Prints one machine-readable line: "GATE gate=<wait|spin> dur_us=D median_us=.. p10_us=.. p90_us=.. max_us=..
-host_overhead_median_ns=.. host_overhead_p90_ns=.." or "MEMORY world=W used_mib=.. torch_reserved_mib=..".
+host_overhead_median_ns=.. host_overhead_p90_ns=.." or "MEMORY world=W used_mib=.. torch_reserved_mib=.." or "ALLOC conf=.. prism_peak_mib=.. torch_max_reserved_mib=..
+prism_current_mib=.. torch_reserved_mib=..".
 
 The gate mode calls libprism's ncclAllReduce through ctypes on a torch stream, bracketed by CUDA events on the
 same stream, with the stream idle before each trial (so the arrival is the first event).
@@ -110,5 +113,23 @@ def memory():
     dist.destroy_process_group()
 
 
+def alloc():
+    prism = ctypes.CDLL(None)
+    prism.prism_device_bytes_peak.restype = ctypes.c_ulonglong
+    prism.prism_device_bytes_current.restype = ctypes.c_ulonglong
+    torch.cuda.set_device(0)
+    keep = [torch.empty(100 << 20, dtype=torch.uint8, device="cuda") for _ in range(10)]  # 1000 MiB
+    del keep[::2]                                                                          # free 500 MiB
+    keep += [torch.empty(300 << 20, dtype=torch.uint8, device="cuda") for _ in range(2)]   # +600 MiB
+    big = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")                           # +2 GiB
+    del big
+    torch.cuda.empty_cache()  # returns unused segments (unmaps expandable ones): current must follow
+    torch.cuda.synchronize()
+    print("ALLOC conf=%s prism_peak_mib=%.1f torch_max_reserved_mib=%.1f prism_current_mib=%.1f torch_reserved_mib=%.1f" % (
+        os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default") or "default", prism.prism_device_bytes_peak() / 2**20,
+        torch.cuda.max_memory_reserved() / 2**20, prism.prism_device_bytes_current() / 2**20,
+        torch.cuda.memory_reserved() / 2**20), flush=True)
+
+
 if __name__ == "__main__":
-    {"gate": gate, "memory": memory}[sys.argv[1]]()
+    {"gate": gate, "memory": memory, "alloc": alloc}[sys.argv[1]]()

@@ -6,7 +6,8 @@
 #       (also the spinning gate at 1 ms, reported)
 #   (3) host overhead per intercepted collective (median; target < 5 us)
 #   (4) GPU memory of a rank emulating a world of 8 vs 8192 (same within 64 MiB)
-# usage: tests/gpu/shim_suite.sh OUT_DIR      (exit 0 only when every check passes)
+#   (4b) libprism's tracked device bytes against torch's reserved bytes, default allocator and expandable segments
+# usage: tests/gpu/shim_suite.sh OUT_DIR      (exit 0 only when every check passes; SHIM_PARTS="4 4b" runs only those)
 #    or: sourced by tests/gpu/run.sh (uses its $out, $PRISM_LIB and appends to its $table)
 shim_suite_main() {
 local out=$1
@@ -31,10 +32,13 @@ shim_as_rank() {  # seconds world port outdir cmd...
     MASTER_PORT=$port LD_PRELOAD=$LIB timeout -k 5 "$t" "$@"
 }
 local t_ops=${SHIM_T_OPS:-300} t_bench=${SHIM_T_BENCH:-120}
+# SHIM_PARTS: which parts run (default all; "2" is the accuracy rows and the host overhead row)
+shim_part() { [[ " ${SHIM_PARTS:-1 2 2b 4 4b} " == *" $1 "* ]]; }
 local rc line fails spec g d l med err detail overhead="" res diff w
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 
+if shim_part 1; then
 # (1) torch ops
 shim_as_rank $t_ops 1024 29611 "$out/torch_ops" $PY tests/gpu/shim_torch_ops.py > "$out/torch_ops.log" 2>&1
 rc=$?
@@ -42,7 +46,9 @@ line=$(grep '^TORCH_OPS' "$out/torch_ops.log" | tail -1)
 fails=$(grep '^CHECK .* FAIL' "$out/torch_ops.log" | awk '{print $2}' | tr '\n' ' ')
 if [ $rc -eq 0 ] && [[ "$line" == *PASS* ]]; then shim_row "1 torch ops, rank 5 of 1024" PASS "${line#TORCH_OPS }"
 else shim_row "1 torch ops, rank 5 of 1024" FAIL "rc=$rc ${line#TORCH_OPS } ${fails}(see torch_ops.log)"; fi
+fi
 
+if shim_part 2; then
 # (2)+(3) gate accuracy and host overhead
 overhead=""
 for spec in wait:100 wait:1000 wait:10000 spin:1000; do
@@ -59,6 +65,8 @@ for spec in wait:100 wait:1000 wait:10000 spin:1000; do
   else shim_row "2 gate wait D=${d}us" FAIL "$detail"; fi
   [ -z "$overhead" ] && overhead=$(sed -n 's/.*host_overhead_median_ns=\([0-9]*\).*host_overhead_p90_ns=\([0-9]*\).*/\1 \2/p' <<< "$l")
 done
+fi
+if shim_part 2b; then
 # (2b) where a gate's error comes from (INFO; PRISM_GATE_OPEN_STAMPS=1 adds a stamp after each gate, so this run is
 # separate from the accuracy rows): on the GPU clock, per unit after the 10 warm-up ones, medians of
 #   hold   = open - arrival        (what the stream saw; the accuracy rows measure it with CUDA events)
@@ -92,12 +100,16 @@ PY
 )
   shim_row "2b gate diagnosis D=${d}us" INFO "${detail:-no result (see gate_diag_$d.log)}; events median $(sed -n 's/.* median_us=\([0-9.]*\).*/\1/p' <<< "$l") us"
 done
+fi
+if shim_part 2; then
 if [ -n "$overhead" ]; then
   set -- $overhead
   res=$([ "$1" -lt 5000 ] && echo PASS || echo FAIL)
   shim_row "3 host overhead per collective" "$res" "median $1 ns, p90 $2 ns (target < 5000 ns)"
 else shim_row "3 host overhead per collective" FAIL "no measurement"; fi
+fi
 
+if shim_part 4; then
 # (4) memory: world 8 vs 8192
 local -A mem
 for w in 8 8192; do
@@ -109,6 +121,30 @@ if [ -n "${mem[8]}" ] && [ -n "${mem[8192]}" ]; then
   res=$(awk -v d="$diff" 'BEGIN{print (d<=64)?"PASS":"FAIL"}')
   shim_row "4 GPU memory, world 8 vs 8192" "$res" "${mem[8]} MiB vs ${mem[8192]} MiB (diff ${diff} MiB)"
 else shim_row "4 GPU memory, world 8 vs 8192" FAIL "no measurement (see mem_*.log)"; fi
+fi
+
+if shim_part 4b; then
+# (4b) memory accounting of torch's two allocator paths: cudaMalloc (default) and the VMM path of expandable
+# segments (cuMemCreate/cuMemMap through the driver entry points): libprism's tracked peak and current bytes
+# against torch's max reserved and reserved after a fixed pattern (grow, free half, grow, 2 GiB, empty_cache).
+for conf in default expandable_segments:True; do
+  tag=${conf%%:*}
+  if [ "$conf" = default ]; then
+    shim_as_rank $t_bench 8 29637 "$out/alloc_$tag" $PY tests/gpu/shim_gpu_bench.py alloc > "$out/alloc_$tag.log" 2>&1
+  else
+    PYTORCH_CUDA_ALLOC_CONF=$conf shim_as_rank $t_bench 8 29638 "$out/alloc_$tag" $PY tests/gpu/shim_gpu_bench.py alloc \
+      > "$out/alloc_$tag.log" 2>&1
+  fi
+  line=$(grep '^ALLOC ' "$out/alloc_$tag.log" | tail -1)
+  if [ -n "$line" ]; then
+    res=$(echo "$line" | awk '{for(i=2;i<=NF;i++){split($i,a,"="); v[a[1]]=a[2]}
+      d1=v["prism_peak_mib"]-v["torch_max_reserved_mib"]; if(d1<0)d1=-d1;
+      d2=v["prism_current_mib"]-v["torch_reserved_mib"]; if(d2<0)d2=-d2;
+      print (d1<=16 && d2<=16)?"PASS":"FAIL"}')
+    shim_row "4b tracked memory, $tag" "$res" "${line#ALLOC } (within 16 MiB)"
+  else shim_row "4b tracked memory, $tag" FAIL "no measurement (see alloc_$tag.log)"; fi
+done
+fi
 
 {
   echo "libprism GPU suite ($(cat "$out/gpu.txt" 2>/dev/null))"
