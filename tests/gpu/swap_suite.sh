@@ -9,7 +9,7 @@
 #   swap_w64_same_graph  both observed graphs hold the same communication (every class's streams with their
 #                      communication nodes in order, the communicators, rank -> class; compute nodes are only counted:
 #                      their gaps hold the swaps), and `prism-run simulate` runs on both.
-# Run: tests/gpu/run.sh OUT swap      (SWAP_CASES="resident capped same_graph" by default; SWAP_STALL: --swap-stall
+# Run: tests/gpu/run.sh OUT swap      (SWAP_CASES="resident capped same_graph" by default, "big" on request; SWAP_STALL: --swap-stall
 #   of the capped case, default 10 s: each torch store barrier a swapped-out rank must join costs that long)
 #  or, without run.sh knowing the suite: bash tests/gpu/swap_suite.sh OUT   (from the repo root; same table)
 if ! declare -F check > /dev/null; then
@@ -105,11 +105,35 @@ print("same graph" if ok else "NOT the same graph")
 sys.exit(0 if ok else 1)
 PY
 }
+# swap_big (issue 7, item 2; not in the default cases): distinct ranks that together do not fit in the GPU. GPT of
+# SWAP_BIG_LAYERS (44) layers, hidden 4096 (about 8.9 B parameters), tp 2 x pp 4, world 64: replica 0 is 8 ranks of
+# about 1.1 B parameters, ~20 GB each with Adam and fp32 main parameters (18 bytes per parameter), ~160 GB together
+# against the H200's 141 GB. Collected with --swap and the default cap (the GPU's memory less 5 %), SWAP_BIG_ITERS
+# (2) iterations; the detail has the time, the swaps and the volume. Host RAM: the swapped-out ranks (2-3 x 20 GB)
+# must fit in 80 % of MemAvailable.
+swap_big() {
+  local name=swap_big_pp4tp2 dir=$out/swap_big_pp4tp2
+  local -a model=(--num-layers "${SWAP_BIG_LAYERS:-44}" --hidden-size 4096 --num-attention-heads 32 --seq-length 1024
+    --max-position-embeddings 1024 --micro-batch-size 1 --log-interval 1 --eval-iters 1 --eval-interval 1000
+    --mock-data --tokenizer-type NullTokenizer --vocab-size 32000 --transformer-impl local --lr 1e-4 --bf16
+    --no-gradient-accumulation-fusion --disable-gloo-process-groups --no-persist-layer-norm --no-masked-softmax-fusion)
+  (cd "$MEGATRON" && timeout -s INT -k 20 "${SWAP_BIG_TIMEOUT:-540}" "$PRISM_RUN" collect --out "$dir" --no-payloads --swap on \
+     torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${model[@]}" --tensor-model-parallel-size 2 \
+     --pipeline-model-parallel-size 4 --global-batch-size 32 --train-iters "${SWAP_BIG_ITERS:-2}") > "$out/$name.out" 2>&1 \
+     || { echo "collect exit $?"; grep -v '^\[rank' "$out/$name.out" | tail -30; return 1; }
+  local rep=$dir/report.json
+  [ -f "$rep" ] || { echo "no report.json"; return 1; }
+  swap_json "$rep" '"wall_s=%.0f iterations=%s peak_GiB=%s swaps_out=%d swaps_in=%d moved_GiB=%.1f swap_s=%.1f peak_gpu_GiB=%.1f cap_GiB=%.1f peak_host_GiB=%.1f failures=%d" % (r["wall_s"], r["iterations"], [round((x.get("peak_memory_bytes") or 0)/2**30, 1) for x in r["ranks"]], r["swap"]["swaps_out"], r["swap"]["swaps_in"], (r["swap"]["bytes_out"] + r["swap"]["bytes_in"]) / 2**30, r["swap"]["seconds_out"] + r["swap"]["seconds_in"], r["swap"]["peak_gpu_bytes"] / 2**30, r["swap"]["gpu_cap_bytes"] / 2**30, r["swap"]["peak_host_bytes"] / 2**30, r["swap"]["failures"])' > "$out/$name.detail"
+  [ -f "$dir/observed.prism" ] || { echo "no observed.prism"; return 1; }
+  "$PRISM_RUN" simulate "$dir/observed.prism" --out "$dir/simulate" > "$out/$name.simulate.log" 2>&1 || { echo "simulate failed"; return 1; }
+  swap_json "$rep" 'r["swap"]["swaps_out"] > 0 and r["swap"]["failures"] == 0 and r["swap"]["finished"] == 8' | grep -q True
+}
 for c in ${SWAP_CASES:-resident capped same_graph}; do
   case $c in
     resident) check swap_w64_resident swap_resident ;;
     capped) check swap_w64_capped swap_capped ;;
     same_graph) check swap_w64_same_graph swap_same_graph ;;
+    big) check swap_big_pp4tp2 swap_big ;;
   esac
 done
 if [ "${swap_standalone:-0}" = 1 ]; then
