@@ -21,5 +21,8 @@ inline constexpr std::string_view kWall = "wall_s";
 inline constexpr std::string_view kRank = "rank";
 inline constexpr std::string_view kPeakMemory = "peak_memory_bytes";
 inline constexpr std::string_view kWait = "wait_s";  // object: communicator description -> seconds
+// object: communicator description -> the median over measured iterations of the seconds waited in that iteration
+// (an operation counts in the iteration whose marks bracket its arrival; iterations without a wait count as 0)
+inline constexpr std::string_view kWaitPerIteration = "wait_per_iteration_s";
 
 }  // namespace prism::report

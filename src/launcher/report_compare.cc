@@ -129,6 +129,9 @@ std::string ShowReport(const json& rep, size_t max_rows) {
         if (v.is_number() && v.get<double>() > best) {
           best = v.get<double>();
           wait = desc + " " + Seconds(best);
+          const json* per = r.contains("wait_per_iteration_s") ? &r["wait_per_iteration_s"] : nullptr;
+          if (per != nullptr && per->is_object() && per->contains(desc) && (*per)[desc].is_number())
+            wait += " (" + Seconds((*per)[desc].get<double>()) + "/iter)";
         }
     }
     std::string status = r.contains("status") && r["status"].is_string() ? r["status"].get<std::string>() : "-";

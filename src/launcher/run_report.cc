@@ -48,6 +48,38 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+namespace {
+
+// Per communicator description, the median over the rank's measured iterations (those with a duration after the
+// first mark, as for iteration_time_s) of the seconds waited in each: iteration n spans (mark n-1, mark n] on the events'
+// clock, and an operation belongs to the iteration in which it arrived.
+json WaitPerIteration(const RankEvents& e) {
+  json out = json::object();
+  std::vector<std::pair<int64_t, int64_t>> spans;  // (start, end] of measured iterations
+  int64_t prev_t = 0;
+  bool have_prev = false;
+  for (const auto& [n, s] : e.iterations) {
+    // Why the first entry never counts: Build leaves it out of iteration_time_s (warm-up, or no start mark).
+    if (have_prev && s.dur_ns > 0) spans.emplace_back(prev_t, s.t_ns);
+    prev_t = s.t_ns;
+    have_prev = true;
+  }
+  if (spans.empty()) return out;
+  for (const auto& [desc, ws] : e.waits) {
+    std::vector<double> per(spans.size(), 0.0);
+    for (const auto& [t, w] : ws) {
+      // First span whose end is at or after t; it holds t when its start is before t.
+      auto it = std::lower_bound(spans.begin(), spans.end(), t,
+                                 [](const std::pair<int64_t, int64_t>& sp, int64_t v) { return sp.second < v; });
+      if (it != spans.end() && it->first < t) per[static_cast<size_t>(it - spans.begin())] += w;
+    }
+    out[desc] = Median(per);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string HumanBytes(int64_t bytes) {
   if (bytes < 0) return "?";
   double b = static_cast<double>(bytes);
@@ -185,6 +217,7 @@ void RunReport::Feed(int r, const std::string& line) {
     c.comm_s += held;
     c.wait_s += wait;
     ++c.ops;
+    if (wait > 0) e.waits[desc].emplace_back(arrival, wait);
     int64_t last = GetInt(j, "wait_on_rank");
     if (last >= 0 && wait > 0) e.wait_on_ranks[static_cast<int>(last)] += wait;
     if (e.ops.size() < kMaxTraceOpsPerRank && release > arrival) {
@@ -294,6 +327,7 @@ json RunReport::Build(double wall_s, const std::vector<std::string>& warnings, c
       ops[desc] = c.ops;
     }
     jr[std::string(report::kWait)] = wait;
+    jr[std::string(report::kWaitPerIteration)] = WaitPerIteration(e);
     jr["comm_s"] = comm;
     jr["comm_ops"] = ops;
     json on = json::object();

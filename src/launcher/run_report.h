@@ -55,6 +55,7 @@ struct RankEvents {
   std::map<int64_t, std::string> comm_desc;       // comm_id -> description
   std::map<std::string, CommTotals> comms;        // description -> totals
   std::map<int, double> wait_on_ranks;
+  std::map<std::string, std::vector<std::pair<int64_t, double>>> waits;  // description -> (arrival ns, seconds) > 0
   std::vector<nlohmann::json> ops;                // for trace.json (capped)
   std::vector<std::string> errors;                // "error" lines
   int malformed = 0;
