@@ -1026,6 +1026,19 @@ bool Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const json& j, bo
     xhub_.AddComm(comm_id, members, is_real);
     HangComm hc;
     hc.name = !group_desc.empty() ? group_desc : !group.empty() ? "group " + group : std::string();
+    // torch's lazy 2-rank p2p communicator (its unique id under a "<low>:<high>" key of its process group) carries
+    // that group's name; say which pair it is (as flight_recorder.cc names p2p communicators read from dumps), so
+    // "comm 1 (default_pg)" is not taken for the whole default group.
+    const size_t last = comm_key.rfind("//");
+    const std::string tail = last == std::string::npos ? std::string() : comm_key.substr(last + 2);
+    const size_t colon = tail.find(':');
+    auto digits = [](const std::string& s) {
+      return !s.empty() && std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    };
+    if (how == "unique id" && members.size() == 2 && colon != std::string::npos && digits(tail.substr(0, colon)) &&
+        digits(tail.substr(colon + 1))) {
+      hc.name = fmt::format("{}{}p2p {}:{}", hc.name, hc.name.empty() ? "" : " ", members[0], members[1]);
+    }
     hc.members = members;
     hc.real = std::move(is_real);
     hc.pg_name = group;
