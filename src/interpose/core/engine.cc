@@ -94,12 +94,18 @@ struct Tls {
   // waits for them after every unit was posted, so a group spanning streams does not wait on its own receives.
   bool defer_send_done = false;
   std::vector<std::tuple<uint32_t, uint64_t, int32_t>> send_done;
+  // Units of the open group with an exchanged send under PRISM_SEND_RENDEZVOUS=1: handed to the progress thread only
+  // after GroupEnd got their sends' acknowledgements. Why: released earlier, the gate would open and the unit's
+  // kOpRecord tell the coordinator the send completed while this thread still waits for its receive, which took the
+  // wait off the hang diagnosis (torch's dist.send is a group of one: a both-send-first deadlock went unreported).
+  std::vector<GateUnit> held_units;
   Tls() {
     group.reserve(4096);
     prepared.reserve(4096);
     scratch.reserve(4096);
     sends.reserve(4096);
     done.reserve(4096);
+    held_units.reserve(64);
   }
 };
 thread_local Tls tls;
@@ -477,9 +483,18 @@ CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
   return gpu.Synchronize(stream);
 }
 
+// Hands a unit to the progress thread (its gate opens and it is logged when it is released).
+void PushUnit(const GateUnit& u) {
+  static std::atomic<bool> warned_full{false};
+  if (!ProgressPush(u)) {
+    LogOnce(&warned_full, "more than 16384 operations in flight: releasing gates immediately");
+    __atomic_store_n(TheGpu().GateWord(u.slot), u.ticket, __ATOMIC_RELEASE);
+  }
+}
+
 // Runs one unit: operations on one stream that complete together.
 ncclResult_t RunUnit(const OpCall* ops, size_t n) {
-  static std::atomic<bool> warned_capture{false}, warned_plan{false}, warned_step{false}, warned_full{false};
+  static std::atomic<bool> warned_capture{false}, warned_plan{false}, warned_step{false};
   if (n == 0) return ncclSuccess;
   Gpu& gpu = TheGpu();
   if (!gpu.EnsureReady()) {
@@ -672,11 +687,20 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   u.comm_ops = 0;
   for (const Prepared& p : prep) u.comm_ops += p.call.comm == c0 ? 1 : 0;
   FillUnitEvent(prep[0].call, prep[0].seq, n, mixed, total, dur, last, stream, &u.event);
-  for (const Prepared& p : prep) u.event.exchanged += p.xkind != XKind::kNone && !p.local ? 1 : 0;
-  if (!ProgressPush(u)) {
-    LogOnce(&warned_full, "more than 16384 operations in flight: releasing gates immediately");
-    __atomic_store_n(gpu.GateWord(slot), ticket, __ATOMIC_RELEASE);
+  bool xsends = false;  // exchanged sends whose acknowledgement GroupEnd waits for (RunExchange left them pending)
+  for (const Prepared& p : prep) {
+    u.event.exchanged += p.xkind != XKind::kNone && !p.local ? 1 : 0;
+    xsends = xsends || p.xkind == XKind::kSend;
   }
+  bool held = false;
+  if (xsends && tls.defer_send_done && cfg.send_rendezvous) {
+    try {
+      tls.held_units.push_back(u);
+      held = true;
+    } catch (...) {
+    }
+  }
+  if (!held) PushUnit(u);
   thread_local uint32_t since_check = 0;
   if ((++since_check & 63u) == 0) gpu.MaybeRecalibrate();  // Why every 64: it reads the clock
   St().units.fetch_add(1, std::memory_order_relaxed);
@@ -889,6 +913,9 @@ ncclResult_t GroupEnd() {
   }
   tls.defer_send_done = false;
   WaitSendsDone();
+  // The units with sends complete now, as NCCL's group does once every receive of its sends was posted.
+  for (const GateUnit& u : tls.held_units) PushUnit(u);
+  tls.held_units.clear();
   ops.clear();
   if (sample) RecordOverhead(MonoNs() - t0);
   return result != ncclSuccess ? result : real_result;
