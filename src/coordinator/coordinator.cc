@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -21,10 +22,12 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -286,6 +289,19 @@ class Coordinator::Impl {
   std::chrono::steady_clock::time_point swap_last_progress_{};
   uint64_t swap_progress_mark_ = 0;  // swaps + finished at the last progress line
   std::string swap_banner_;          // the "swap: on" line, printed once Start succeeded
+  // A collective's release needs every real member's kOpArrive, which libprism sends only after the member's
+  // exchange returned; a member swapped out while blocked in that exchange sends it only once restored, so the
+  // others' gates stayed shut until then (the GPU run of s17: every swap in came from the stall rule). Its exchange
+  // input proves it arrived: SwapReleaseOut releases without it and keeps the release for its late kOpArrive.
+  void SwapReleaseOut();
+  bool SwapLateArrival(BusId id, BusClient& c, const ipc::OpArrive& a);
+  std::map<std::pair<uint32_t, uint64_t>, std::set<int>> swap_exchanged_;  // (comm, seq) -> members that posted
+  std::map<std::tuple<int, uint32_t, uint64_t>, std::string> swap_owed_;    // (rank, comm, seq) -> kOpRelease frame
+  // Store waits (store_server.h BlockedPeers) mapped to ranks through /proc: peer "host:port" -> rank.
+  void SwapStoreWaits();
+  std::atomic<bool> swap_store_dirty_{false};
+  std::atomic<int> swap_wake_fd_{-1};
+  std::map<std::string, int> swap_store_peer_rank_;
 };
 
 bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error) {
@@ -327,6 +343,17 @@ bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error
   so.port = opts_.store_port;
   so.stand_in = vr_.get();
   so.record_path = opts_.record_wire;
+  if (opts_.swap.enabled) {
+    // Why a flag and a wake-up: the store's thread must not take mu_; the event loop maps the waits to ranks.
+    so.on_waits_changed = [this] {
+      swap_store_dirty_ = true;
+      const int fd = swap_wake_fd_.load();
+      uint64_t one = 1;
+      if (fd >= 0) {
+        [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof(one));
+      }
+    };
+  }
   if (!store_.Start(so, error)) return false;
   ep_.store_host = opts_.store_host;
   if (ep_.store_host == "0.0.0.0" || ep_.store_host == "::" || ep_.store_host.empty()) ep_.store_host = HostName();
@@ -416,6 +443,7 @@ bool Coordinator::Impl::Listen(std::string* error) {
     *error = fmt::format("coordinator: epoll/eventfd/timerfd: {}", std::strerror(errno));
     return false;
   }
+  swap_wake_fd_ = wake_fd_;
   itimerspec its{};
   int ms = std::max(opts_.status_interval_ms, 10);
   its.it_interval.tv_sec = ms / 1000;
@@ -550,6 +578,7 @@ void Coordinator::Impl::Loop() {
       for (BusId id : drop) DropClient(id);
       if (swap_) PumpSwap();
     }
+    if (swap_ && (swap_store_dirty_.exchange(false) || tick)) SwapStoreWaits();
     if (tick) {
       MaybeWriteStatus(false);
       CheckHang();
@@ -821,7 +850,15 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::Frame& f)
           xhub_.Recycle(std::move(o.frames));
           Flush(cl->first, cl->second);
         }
-        if (swap_) UpdateSwapWaits();
+        if (swap_) {
+          for (const ExchangeHub::Wait& w : waits) {
+            // A collective's member whose wait ended posted its input there: it arrived (SwapReleaseOut).
+            if (!w.begin && w.op != 103 && w.op != 104) swap_exchanged_[{w.comm_id, w.seq}].insert(w.rank);
+          }
+          if (swap_exchanged_.size() > 4096) swap_exchanged_.erase(swap_exchanged_.begin());
+          UpdateSwapWaits();
+          SwapReleaseOut();
+        }
         return;
       }
       case MsgType::kBye: {
@@ -1130,6 +1167,7 @@ void Coordinator::Impl::HandleArrive(BusId id, BusClient& c, const ipc::OpArrive
              {{"what", fmt::format("rank {} is not a member of comm {}", c.rank, comm_id)}});
     return;
   }
+  if (swap_ && SwapLateArrival(id, c, a)) return;
   RankState& s = ranks_[c.rank];
   ++s.ops_arrived;
   s.waiting = true;
@@ -1147,7 +1185,10 @@ void Coordinator::Impl::HandleArrive(BusId id, BusClient& c, const ipc::OpArrive
   } else {
     arrivals.push_back(Arrival{c.rank, a});
   }
-  if (arrivals.size() < comm.real_members.size()) return;
+  if (arrivals.size() < comm.real_members.size()) {
+    if (swap_) SwapReleaseOut();
+    return;
+  }
   if (HoldOnDisagreement(comm, seq, arrivals)) return;
   ReleaseDecision d = opts_.release_policy ? opts_.release_policy->Decide(comm, seq, arrivals)
                                            : DefaultRelease(comm, seq, arrivals);
@@ -1165,6 +1206,7 @@ void Coordinator::Impl::HandleArrive(BusId id, BusClient& c, const ipc::OpArrive
     if (cl != clients_.end()) cl->second.out.append(frame);
   }
   pending_.erase({comm_id, seq});
+  swap_exchanged_.erase({comm_id, seq});
   ++releases_;
 }
 
@@ -1449,6 +1491,7 @@ void Coordinator::Impl::PumpSwap() {
     swap_cv_.notify_all();
     break;  // one checkpoint call at a time
   }
+  SwapReleaseOut();  // a rank that just began swapping out no longer holds up the releases it was needed for
   for (const std::string& n : swap_->TakeNotices()) SwapPrint("prism: " + n);
   const SwapStats s = swap_->Stats();
   const uint64_t mark = s.swaps_out + s.swaps_in + static_cast<uint64_t>(s.finished);
@@ -1522,6 +1565,153 @@ void Coordinator::Impl::UpdateSwapWaits() {
     auto it = waiting_for.find(r);
     swap_->SetWaits(r, it == waiting_for.end() ? std::vector<int>{} : it->second);
   }
+}
+
+void Coordinator::Impl::SwapReleaseOut() {
+  std::vector<std::pair<uint32_t, uint64_t>> done;
+  for (auto& [key, arrivals] : pending_) {
+    const auto [comm_id, seq] = key;
+    if (arrivals.empty() || comm_id < 1 || comm_id > comms_.size()) continue;
+    const CommView& comm = comms_[comm_id - 1];
+    auto ex = swap_exchanged_.find(key);
+    std::vector<int> missing;
+    bool ok = ex != swap_exchanged_.end();
+    for (int m : comm.real_members) {
+      if (!ok) break;
+      if (std::any_of(arrivals.begin(), arrivals.end(), [&](const Arrival& x) { return x.rank == m; })) continue;
+      // Why only a locked member: a resident one sends its arrival in microseconds, with its real GPU time.
+      const SwapPhase ph = swap_->phase(m);
+      ok = ex->second.count(m) > 0 && (ph == SwapPhase::kSwappingOut || ph == SwapPhase::kOut);
+      missing.push_back(m);
+    }
+    if (!ok || missing.empty()) continue;
+    if (HoldOnDisagreement(comm, seq, arrivals)) continue;
+    // Its arrival stands in as the latest known one: it posted before the exchange completed, which the last real
+    // arrival's rank did after reaching the operation (a swapped-out member was blocked, so never the last).
+    Arrival base = *std::max_element(arrivals.begin(), arrivals.end(), [](const Arrival& a, const Arrival& b) {
+      return a.op.arrival_ns < b.op.arrival_ns;
+    });
+    std::vector<Arrival> all = arrivals;
+    for (int m : missing) all.push_back(Arrival{m, base.op});
+    ReleaseDecision d = opts_.release_policy ? opts_.release_policy->Decide(comm, seq, all)
+                                             : DefaultRelease(comm, seq, all);
+    ipc::OpRelease rel{};
+    rel.comm_id = comm_id;
+    rel.seq = seq;
+    rel.release_ns = d.release_ns;
+    rel.last_rank = d.last_rank;
+    std::string frame = ipc::EncodePod(ipc::MsgType::kOpRelease, rel);
+    const uint64_t now = NowNs();
+    for (const Arrival& x : arrivals) {
+      RankState& rs = ranks_[x.rank];
+      if (rs.waiting && rs.waiting_comm == comm_id && rs.waiting_seq == seq) rs.waiting = false;
+      hang_.Release(x.rank, comm_id, seq, now);
+      auto cl = clients_.find(rs.conn);
+      if (cl != clients_.end()) {
+        cl->second.out.append(frame);
+        Flush(cl->first, cl->second);
+      }
+    }
+    for (int m : missing) swap_owed_[{m, comm_id, seq}] = frame;
+    Log("coord")->debug("swap: comm {} seq {} released without the arrival of swapped-out rank(s) {}", comm_id, seq,
+                        fmt::join(missing, ","));
+    done.push_back(key);
+  }
+  for (const auto& key : done) {
+    pending_.erase(key);
+    swap_exchanged_.erase(key);
+    ++releases_;
+  }
+}
+
+bool Coordinator::Impl::SwapLateArrival(BusId id, BusClient& c, const ipc::OpArrive& a) {
+  auto it = swap_owed_.find({c.rank, a.comm_id, a.seq});
+  if (it == swap_owed_.end()) return false;
+  RankState& s = ranks_[c.rank];
+  ++s.ops_arrived;
+  s.last_seen_ns = NowNs();
+  hang_.Arrive(c.rank, a, s.last_seen_ns);
+  hang_.Release(c.rank, a.comm_id, a.seq, s.last_seen_ns);
+  auto cl = clients_.find(id);
+  if (cl != clients_.end()) cl->second.out.append(it->second);
+  swap_owed_.erase(it);
+  return true;
+}
+
+namespace {
+// Local TCP port -> socket inode of the connections to `server_port` on this host (/proc/net/tcp, tcp6).
+std::map<uint16_t, uint64_t> StoreSocketInodes(uint16_t server_port) {
+  std::map<uint16_t, uint64_t> out;
+  for (const char* path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(path);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      std::string sl, local, remote, st, queues, timer, retr, uid, timeout;
+      uint64_t inode = 0;
+      if (!(ls >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >> inode)) continue;
+      auto port = [](const std::string& a) -> long {
+        const size_t c = a.rfind(':');
+        return c == std::string::npos ? -1 : std::strtol(a.c_str() + c + 1, nullptr, 16);
+      };
+      if (port(remote) == server_port && port(local) > 0 && inode != 0) out[static_cast<uint16_t>(port(local))] = inode;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+void Coordinator::Impl::SwapStoreWaits() {
+  // Outside mu_: the store answers on its own thread, and /proc is read here.
+  const std::vector<std::string> peers = store_.BlockedPeers();
+  std::map<std::string, int> known;
+  std::map<int, int> pid_rank;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    known = swap_store_peer_rank_;
+    for (const auto& [r, s] : ranks_) {
+      if (s.pid > 0 && s.state == "connected") pid_rank[s.pid] = r;
+    }
+  }
+  std::map<std::string, int> now_known;
+  std::set<int> blocked;
+  std::map<uint64_t, std::string> wanted;  // inode -> peer
+  std::map<uint16_t, uint64_t> inodes;
+  for (const std::string& p : peers) {
+    auto k = known.find(p);
+    if (k != known.end()) {
+      now_known[p] = k->second;
+      blocked.insert(k->second);
+      continue;
+    }
+    const size_t c = p.rfind(':');
+    if (c == std::string::npos) continue;
+    if (inodes.empty()) inodes = StoreSocketInodes(store_.port());
+    auto in = inodes.find(static_cast<uint16_t>(std::strtoul(p.c_str() + c + 1, nullptr, 10)));
+    if (in != inodes.end()) wanted[in->second] = p;
+  }
+  // Which rank holds the socket: its pid (from kHello) has a descriptor on it. Only ranks on this host are found.
+  for (const auto& [pid, rank] : pid_rank) {
+    if (wanted.empty()) break;
+    std::error_code ec;
+    for (const auto& fd : std::filesystem::directory_iterator(fmt::format("/proc/{}/fd", pid), ec)) {
+      std::error_code ec2;
+      const std::string target = std::filesystem::read_symlink(fd.path(), ec2).string();
+      if (ec2 || target.rfind("socket:[", 0) != 0) continue;
+      auto w = wanted.find(std::strtoull(target.c_str() + 8, nullptr, 10));
+      if (w == wanted.end()) continue;
+      now_known[w->second] = rank;
+      blocked.insert(rank);
+      wanted.erase(w);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!swap_) return;
+  // Why keep only the blocked ones: a port is reused by a later connection, the mapping must not outlive its own.
+  swap_store_peer_rank_ = std::move(now_known);
+  for (const auto& [r, s] : ranks_) swap_->SetStoreWait(r, blocked.count(r) > 0);
+  PumpSwap();
 }
 
 json Coordinator::Impl::SwapJsonLocked() {

@@ -211,6 +211,17 @@ std::vector<std::string> StoreServer::WaitedKeys(size_t max) {
   return keys;
 }
 
+std::vector<std::string> StoreServer::BlockedPeers() {
+  std::vector<std::string> peers;
+  Call([&](StoreState& s) {
+    for (ClientId id : s.WaitingClients()) {
+      auto it = clients_.find(id);
+      if (it != clients_.end()) peers.push_back(it->second.peer);
+    }
+  });
+  return peers;
+}
+
 void StoreServer::Loop() {
   loop_thread_id_ = std::this_thread::get_id();
   std::vector<epoll_event> events(256);
@@ -249,6 +260,13 @@ void StoreServer::Loop() {
       Client& c = it->second;
       if (c.drop_reason.empty()) Flush(id, c);
       if (!c.drop_reason.empty()) Drop(id, true);
+    }
+    if (opts_.on_waits_changed) {
+      std::vector<ClientId> waiting = state_->WaitingClients();
+      if (waiting != last_waiting_) {
+        last_waiting_ = std::move(waiting);
+        opts_.on_waits_changed();
+      }
     }
   }
   loop_thread_id_ = std::thread::id{};

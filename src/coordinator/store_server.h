@@ -35,6 +35,9 @@ struct StoreServerOptions {
   // Records every byte clients send, per connection, to this file (format: docs/coordinator.md, "Wire captures");
   // tests/unit/store_wire_replay_test.cc replays such files. Empty: no recording.
   std::string record_path;
+  // Called on the server's thread whenever the set of clients blocked in a WAIT changes (BlockedPeers says which);
+  // it must not block or call back into the server.
+  std::function<void()> on_waits_changed;
 };
 
 // Wire capture file: "PRSMWIRE", uint32 version (1), uint32 0, then records
@@ -74,6 +77,8 @@ class StoreServer {
   void RetryWaits();
   ServerStats Stats();
   std::vector<std::string> WaitedKeys(size_t max);
+  // The peer addresses ("127.0.0.1:40312") of the clients blocked in a WAIT now.
+  std::vector<std::string> BlockedPeers();
 
  private:
   struct Client {
@@ -118,6 +123,7 @@ class StoreServer {
   std::unordered_map<ClientId, Client> clients_;
   std::unordered_set<ClientId> dirty_;  // clients with output or a pending drop after the current batch
   ClientId next_id_ = 16;
+  std::vector<ClientId> last_waiting_;  // on_waits_changed: the waiting clients it was last called for
   std::atomic<uint64_t> n_clients_{0}, n_accepted_{0}, n_dropped_{0};
 
   std::mutex calls_mu_;

@@ -353,6 +353,15 @@ StoreStats StoreState::Stats() const {
   return s;
 }
 
+std::vector<ClientId> StoreState::WaitingClients() const {
+  std::vector<ClientId> out;
+  for (const auto& [client, ids] : client_waits_) {
+    if (std::any_of(ids.begin(), ids.end(), [&](uint64_t id) { return waits_.count(id) > 0; })) out.push_back(client);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::vector<std::string> StoreState::WaitedKeys(size_t max) const {
   std::vector<std::string> out;
   for (const auto& [k, ids] : waiters_) {

@@ -73,6 +73,9 @@ class StoreState {
   StoreStats Stats() const;
   // Up to `max` keys some client is waiting on, for status and hang diagnosis.
   std::vector<std::string> WaitedKeys(size_t max) const;
+  // Clients blocked in a WAIT (or BARRIER) on a missing key now, in id order (context switching: such a rank waits
+  // on the others; docs/collect.md).
+  std::vector<ClientId> WaitingClients() const;
 
  private:
   struct StringHash {

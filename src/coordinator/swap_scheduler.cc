@@ -83,6 +83,11 @@ void SwapScheduler::SetWaits(int rank, std::vector<int> waiting_for) {
   if (was && !Blocked(r) && r.phase == SwapPhase::kOut) r.ready_since_ns = r.last_activity_ns;
 }
 
+void SwapScheduler::SetStoreWait(int rank, bool waiting) {
+  auto it = ranks_.find(rank);
+  if (it != ranks_.end()) it->second.store_wait = waiting;
+}
+
 void SwapScheduler::Done(int rank) {
   auto it = ranks_.find(rank);
   if (it == ranks_.end() || it->second.phase == SwapPhase::kDone) return;
@@ -267,10 +272,11 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
     if (OnGpu(r)) {
       resident.push_back(&r);
       if (r.phase == SwapPhase::kAdmitted || (!r.sampled && r.phase == SwapPhase::kResident)) unsampled_resident = true;
-      // Why silence counts after stall_s: a rank waiting outside an exchange (a store key, its start-up) never says
-      // so; the GPU must not wait for it forever. A rank still starting (admitted, no hello) is not stalled.
+      // Why silence counts after stall_s: a rank waiting outside an exchange and the store (its start-up, a file
+      // lock) never says so; the GPU must not wait for it forever. A rank still starting (admitted, no hello) is
+      // not stalled.
       const bool silent = r.phase == SwapPhase::kResident && now_ns > r.last_activity_ns + stall_ns;
-      if (!(r.phase == SwapPhase::kResident && (Blocked(r) || silent))) stalled = false;
+      if (!(r.phase == SwapPhase::kResident && (Blocked(r) || r.store_wait || silent))) stalled = false;
     } else if (r.phase == SwapPhase::kUnstarted || (r.phase == SwapPhase::kOut && !Blocked(r))) {
       candidates.push_back(&r);
     }

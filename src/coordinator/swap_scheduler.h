@@ -16,7 +16,8 @@
 //  - Who goes on the GPU next: ranks whose exchange completed while they were out, and ranks not started yet; first
 //    those that most blocked ranks wait for (a pending collective or receive needs them: the paper's Appendix A),
 //    then swapped-out ranks before new ones, then the one that waited longest.
-//  - No deadlock: a GPU is stalled when every resident rank is blocked (or has been silent for `stall_s`); only then
+//  - No deadlock: a GPU is stalled when every resident rank is blocked (in an exchange or a store WAIT, or has been
+//    silent for `stall_s`); only then
 //    does a resident rank make room for a waiting one. A GPU with nothing resident always takes the next rank.
 #pragma once
 
@@ -85,6 +86,10 @@ class SwapScheduler {
   // The real ranks `rank` now waits for in exchanges (empty: it is not blocked). Only waits that block the rank's
   // host thread count (collectives, receives).
   void SetWaits(int rank, std::vector<int> waiting_for);
+  // Whether the rank is blocked in a store WAIT now (a torch barrier, a communicator's unique id: it waits for ranks
+  // that have not set the key yet). Such a rank counts as blocked for the stall rule at once, but is not swapped out:
+  // its streams may hold work that waits on other ranks (a gate), which the checkpoint lock would wait for.
+  void SetStoreWait(int rank, bool waiting);
   // The rank is gone (goodbye, lost connection, exited).
   void Done(int rank);
 
@@ -118,6 +123,7 @@ class SwapScheduler {
     uint64_t ready_since_ns = 0;  // out with its wait over, or unstarted: since when it wants the GPU
     uint64_t out_bytes = 0;       // what it holds in host RAM while out
     bool out_failed = false;      // a swap out failed in its current waits: not picked again until they change
+    bool store_wait = false;      // blocked in a store WAIT (SetStoreWait)
   };
   bool OnGpu(const Rank& r) const {
     return r.phase == SwapPhase::kAdmitted || r.phase == SwapPhase::kResident || r.phase == SwapPhase::kSwappingIn ||

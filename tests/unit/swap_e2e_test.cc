@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -103,6 +104,62 @@ TEST_F(SwapE2E, FourRanksOfOneGiBFinishOnATwoGiBGpuThroughSwaps) {
   json st = json::parse(ReadText(out / "status.json"), nullptr, false);
   ASSERT_FALSE(st.is_discarded());
   EXPECT_EQ(st["swap"]["gpu_cap_bytes"].get<uint64_t>(), 2ull << 30);
+}
+
+// A real rank's collective completes at a gate whose release needs every real member's kOpArrive, and libprism
+// sends that only after the exchange returned: a member swapped out while blocked in the exchange sent it only once
+// restored, so the others waited at the gate (outside any exchange) until the stall rule brought it back -- every
+// swap in of the first GPU run. The coordinator now releases without a swapped-out member that posted its input.
+// With --swap-stall 60 any stall-rule swap would take a minute: the run must finish long before, within the cap.
+TEST_F(SwapE2E, GatedCollectivesRunAtSwapSpeedNotStallSpeed) {
+  fs::path out = base_ / "out";
+  std::string log;
+  const auto t0 = std::chrono::steady_clock::now();
+  int rc = RunPrism(Env() + " FAKE_GATED=1 FAKE_WAIT_S=150",
+                    "collect --out " + out.string() + " --gpu-mem-cap 2G --context-mem 0 --swap-stall 60 --swap-driver " +
+                        std::string(PRISM_SWAP_FAKE_CUDA) + Job(),
+                    &log);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(rc, 0) << log << "\n--- driver calls:\n" << ReadText(base_ / "cuda.log");
+  std::printf("gated collectives, 4 ranks on room for 2: %.1f s\n", s);
+  EXPECT_LT(s, 40.0) << log;
+  EXPECT_EQ(log.find("over the cap"), std::string::npos) << log;
+  json rep = json::parse(ReadText(out / "report.json"), nullptr, false);
+  ASSERT_TRUE(rep.contains("swap")) << log;
+  EXPECT_EQ(rep["swap"]["finished"], 4) << rep["swap"].dump();
+  EXPECT_EQ(rep["swap"]["failures"], 0) << rep["swap"].dump();
+  EXPECT_GE(rep["swap"]["swaps_in"].get<int>(), 2) << rep["swap"].dump();
+  for (int r = 0; r < 4; ++r) {
+    std::string rl = ReadText(out / "logs" / ("rank" + std::to_string(r) + ".log"));
+    EXPECT_NE(rl.find("iteration 2 done"), std::string::npos) << "rank " << r << ":\n" << rl;
+  }
+}
+
+// Ranks that wait in torch-like store barriers (ADD, then WAIT for the last one's key) are blocked on ranks not on
+// the GPU: the coordinator (the store's server) maps each blocked store connection to its rank through /proc and
+// the GPU counts as stalled at once, not after --swap-stall of silence. Such a rank is not swapped out, so the next
+// rank goes on over the cap: the fake GPU has room for that (4 GiB), the cap is 2 GiB.
+TEST_F(SwapE2E, StoreBarrierWaitsAreSeenAtOnce) {
+  fs::path out = base_ / "out";
+  std::string log;
+  const auto t0 = std::chrono::steady_clock::now();
+  int rc = RunPrism(Env() + " FAKE_GATED=1 FAKE_STORE_BARRIERS=1 FAKE_WAIT_S=150 FAKE_GPU_BYTES=" +
+                        std::to_string(4ull << 30),
+                    "collect --out " + out.string() + " --gpu-mem-cap 2G --context-mem 0 --swap-stall 60 --swap-driver " +
+                        std::string(PRISM_SWAP_FAKE_CUDA) + Job(),
+                    &log);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(rc, 0) << log << "\n--- driver calls:\n" << ReadText(base_ / "cuda.log");
+  std::printf("store barriers + gated collectives, 4 ranks on room for 2: %.1f s\n", s);
+  EXPECT_LT(s, 40.0) << log;
+  json rep = json::parse(ReadText(out / "report.json"), nullptr, false);
+  ASSERT_TRUE(rep.contains("swap")) << log;
+  EXPECT_EQ(rep["swap"]["finished"], 4) << rep["swap"].dump();
+  EXPECT_EQ(rep["swap"]["failures"], 0) << rep["swap"].dump();
+  for (int r = 0; r < 4; ++r) {
+    std::string rl = ReadText(out / "logs" / ("rank" + std::to_string(r) + ".log"));
+    EXPECT_NE(rl.find("iteration 2 done"), std::string::npos) << "rank " << r << ":\n" << rl;
+  }
 }
 
 // The control: the same job without context switching does not fit (ranks die out of memory on the fake GPU).

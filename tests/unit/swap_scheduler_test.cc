@@ -177,6 +177,38 @@ TEST(SwapScheduler, AStalledGpuWhoseRanksWaitOutsideAnExchangeTakesTheNextRankOv
   EXPECT_NE(notes[0].find("over the cap"), std::string::npos) << notes[0];
 }
 
+TEST(SwapScheduler, ARankBlockedInTheStoreStallsItsGpuAtOnceButIsNotSwappedOut) {
+  SwapConfig c = Config(2 * kF);
+  c.stall_s = 30;
+  SwapScheduler s(c);
+  for (int r = 0; r < 3; ++r) s.AddRank(r, "g");
+  StartNext(s, 0);
+  StartNext(s, 1);
+  // Both wait in a store barrier (the coordinator saw their WAITs): the GPU is stalled now, not after 30 s of
+  // silence; neither may be swapped out (their streams may hold gated work), so rank 2 starts over the cap.
+  EXPECT_FALSE(s.Next(1 * kSec));
+  s.SetStoreWait(0, true);
+  EXPECT_FALSE(s.Next(1 * kSec));  // rank 1 still runs
+  s.SetStoreWait(1, true);
+  auto a = s.Next(1 * kSec);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->kind, SwapAction::kAdmit);
+  EXPECT_EQ(a->rank, 2);
+  auto notes = s.TakeNotices();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("over the cap"), std::string::npos) << notes[0];
+  // Once one of them blocks in an exchange as well, that one is what a stalled GPU over its cap sheds.
+  s.Started(2, 1002, "g", 1 * kSec);
+  s.Memory(2, kF);
+  s.SetStoreWait(0, false);
+  s.SetStoreWait(1, false);
+  s.SetWaits(0, {2});
+  auto b = s.Next(2 * kSec);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->kind, SwapAction::kSwapOut);
+  EXPECT_EQ(b->rank, 0);
+}
+
 TEST(SwapScheduler, FailedSwapOutLeavesTheRankOnTheGpu) {
   SwapScheduler s(Config(kF));
   for (int r = 0; r < 2; ++r) s.AddRank(r, "g");

@@ -14,6 +14,11 @@ makes no progress while swapped out.
 
 Settings: FAKE_ITERS (default 3), FAKE_OPS (default "all_reduce:4096,all_gather:4096"), FAKE_RANK_BYTES,
 FAKE_COMPUTE_MS (default 20), FAKE_WAIT_S (give up after this long without an answer, default 60).
+FAKE_GATED=1: after each exchange (once its memory is back on the GPU, as libprism's progress thread learns of the
+unit only after the exchange's CUDA calls) send kOpArrive and wait for kOpRelease before the next op, as a rank's
+stream waits at the gate and torch's host thread at the next synchronisation (`.item()`).
+FAKE_STORE_BARRIERS=1: before each iteration a store barrier as torch's (ADD to a counter, the last one SETs a key,
+everyone WAITs for it): a rank waiting there is blocked on the store, not in an exchange.
 """
 import fcntl
 import importlib.util
@@ -94,6 +99,18 @@ class Gpu:
             os.unlink(self.path)
 
 
+def store_add(store, key, value):
+    """c10d ADD (query 4): the counter's new value."""
+    store.s.sendall(struct.pack("<B", 4) + store._bytes(key.encode()) + struct.pack("<q", value))
+    return struct.unpack("<q", store._recv(8))[0]
+
+
+def store_barrier(store, name, world):
+    if store_add(store, name, 1) == world:
+        store.set(name + "/last", b"1")
+    store.wait_get(name + "/last")
+
+
 def main():
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
@@ -133,7 +150,12 @@ def main():
     xkey = 0
     seq = 0
     last = time.time_ns()
+    gated = os.environ.get("FAKE_GATED", "0") == "1"
+    barriers = os.environ.get("FAKE_STORE_BARRIERS", "0") == "1"
     for it in range(iters):
+        if barriers:
+            gpu.check_running("before barrier %d" % it)
+            store_barrier(store, "fake_barrier/%d" % it, world)
         for op, size in ops:
             gpu.check_running("before op %d" % seq)
             time.sleep(compute_s)  # the compute before the collective, on the GPU
@@ -156,6 +178,10 @@ def main():
                 sys.exit(4)
             gpu.check_running("after op %d" % seq)  # copying the output back to the GPU
             t1 = time.time_ns()
+            if gated:
+                bus.send(fs.OP_ARRIVE, struct.pack("<IIQQQQiI", comm, op, seq, size, t0, 100000, -1, 1))
+                t1, _ = bus.release(comm, seq)
+                gpu.check_running("after the gate of op %d" % seq)
             bus.send(fs.OP_RECORD, struct.pack("<IIQQQQQiBBBBI", comm, op, seq, size, t0, t1, 0, -1, 1, 0, 0, 0, 0))
             xkey += 1
             seq += 1
