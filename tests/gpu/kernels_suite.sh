@@ -20,6 +20,7 @@
 #              times from report.json after KERNELS_SKIP, the first iteration of each block left out (it pays the
 #              switch); medians on and off, their ratio, and the median of the on/off ratios of neighbouring blocks.
 #              What it does not see: CUPTI's fixed cost while loaded but disabled (the `overhead` case does).
+#              KERNELS_MODEL=medium runs `overhead` and `toggle` on the fidelity suite's GPU-bound model.
 #   graph      tests/gpu/kernels_graph.py (a CUDA graph replayed every iteration) under --kernels: kernel records
 #              carry graph ids, trace.json has the graph launches, the report marks them [g].
 # Tables (report kernels) in OUT/kernels/*.txt and *.json.
@@ -57,8 +58,11 @@ kjson() {  # FILE EXPR over `j`
 
 kernels_w64() {  # OUTDIR [prism-run options]: Megatron tiny GPT world 64 tp2 pp2, rank 0
   local dir=$1; shift
+  # KERNELS_MODEL=medium: the fidelity suite's GPU-bound model instead of the tiny, launch-bound one.
+  local -a model=("${MEGATRON_TINY_ARGS[@]}")
+  [ "${KERNELS_MODEL:-tiny}" = medium ] && model=("${MEGATRON_MEDIUM_ARGS[@]}")
   (cd "$MEGATRON" && timeout -s INT -k 20 "$KERNELS_T" "$PRISM_RUN" "$@" --ranks 0 --gpus 1 --out "$dir" --quiet \
-     torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_TINY_ARGS[@]}" \
+     torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${model[@]}" \
      --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --global-batch-size 64 \
      --train-iters "$KERNELS_ITERS") > "$dir.out" 2>&1
 }
