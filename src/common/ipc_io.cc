@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -70,37 +71,69 @@ std::string CheckHeader(const FrameHeader& h, uint32_t max_frame_bytes) {
   return {};
 }
 
-void FrameDecoder::Feed(const void* data, size_t len) {
-  if (failed_ || len == 0) return;
-  // Why compact here: keeps the buffer at most one frame plus one read long without copying on every frame.
-  if (pos_ > 0 && pos_ >= buf_.size() / 2) {
-    buf_.erase(0, pos_);
+char* FrameDecoder::Reserve(size_t len) {
+  if (pos_ == len_) {
+    pos_ = len_ = 0;
+  } else if (pos_ > 0 && (len_ + len > cap_ || pos_ >= len_ - pos_)) {
+    // Why compact only here: the bytes moved are at most the start of the next frame (WantBytes keeps reads from
+    // running past a frame's end), never a whole frame.
+    std::memmove(buf_.get(), buf_.get() + pos_, len_ - pos_);
+    len_ -= pos_;
     pos_ = 0;
   }
-  buf_.append(static_cast<const char*>(data), len);
+  if (len_ + len > cap_) {
+    size_t cap = std::max<size_t>(cap_ * 2, len_ + len);
+    std::unique_ptr<char[]> grown(new char[cap]);  // Why not a std::string: resize would zero what the read fills
+    if (len_) std::memcpy(grown.get(), buf_.get(), len_);
+    buf_ = std::move(grown);
+    cap_ = cap;
+  }
+  return buf_.get() + len_;
 }
 
-DecodeStatus FrameDecoder::Next(Frame* out) {
-  if (failed_) return DecodeStatus::kError;
-  if (buf_.size() - pos_ < sizeof(FrameHeader)) return DecodeStatus::kNeedMore;
+size_t FrameDecoder::WantBytes(size_t dflt) const {
+  const size_t have = len_ - pos_;
+  if (have < sizeof(FrameHeader)) return dflt;
   FrameHeader h;
-  std::memcpy(&h, buf_.data() + pos_, sizeof(h));
+  std::memcpy(&h, buf_.get() + pos_, sizeof(h));
+  if (h.length > max_) return dflt;  // Next reports it
+  const size_t whole = sizeof(h) + h.length;
+  return whole > have ? std::max(dflt, whole - have) : dflt;
+}
+
+void FrameDecoder::Feed(const void* data, size_t len) {
+  if (failed_ || len == 0) return;
+  std::memcpy(Reserve(len), data, len);
+  Commit(len);
+}
+
+DecodeStatus FrameDecoder::NextView(FrameView* out) {
+  if (failed_) return DecodeStatus::kError;
+  if (len_ - pos_ < sizeof(FrameHeader)) return DecodeStatus::kNeedMore;
+  FrameHeader h;
+  std::memcpy(&h, buf_.get() + pos_, sizeof(h));
   std::string why = CheckHeader(h, max_);
   if (!why.empty()) {
     error_ = std::move(why);
     failed_ = true;
     return DecodeStatus::kError;
   }
-  if (buf_.size() - pos_ - sizeof(h) < h.length) return DecodeStatus::kNeedMore;
+  if (len_ - pos_ - sizeof(h) < h.length) return DecodeStatus::kNeedMore;
   out->type = static_cast<MsgType>(h.type);
   out->version = h.version;
-  out->payload.assign(buf_.data() + pos_ + sizeof(h), h.length);
-  pos_ += sizeof(h) + h.length;
-  if (pos_ == buf_.size()) {
-    buf_.clear();
-    pos_ = 0;
-  }
+  out->payload = std::string_view(buf_.get() + pos_ + sizeof(h), h.length);
+  pos_ += sizeof(h) + h.length;  // the bytes stay where they are until the next Reserve
   return DecodeStatus::kFrame;
+}
+
+DecodeStatus FrameDecoder::Next(Frame* out) {
+  FrameView v;
+  const DecodeStatus st = NextView(&v);
+  if (st != DecodeStatus::kFrame) return st;
+  out->type = v.type;
+  out->version = v.version;
+  out->payload.assign(v.payload.data(), v.payload.size());
+  return st;
 }
 
 IoStatus WriteAll(int fd, const void* data, size_t len, std::string* error) {

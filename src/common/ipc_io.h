@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -18,6 +19,13 @@ struct Frame {
   MsgType type = MsgType::kInvalid;
   uint16_t version = 0;
   std::string payload;
+};
+
+// A decoded frame's bytes where the decoder holds them: valid until the next Feed, Reserve or Next* call.
+struct FrameView {
+  MsgType type = MsgType::kInvalid;
+  uint16_t version = 0;
+  std::string_view payload;
 };
 
 // Appends one frame (header + payload) to *out. False when the payload is over kMaxFrameBytes.
@@ -37,22 +45,38 @@ bool DecodePod(const Frame& f, T* out) {
   std::memcpy(out, f.payload.data(), sizeof(T));
   return true;
 }
+template <typename T>
+bool DecodePod(const FrameView& f, T* out) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  if (f.payload.size() != sizeof(T)) return false;
+  std::memcpy(out, f.payload.data(), sizeof(T));
+  return true;
+}
 
 enum class DecodeStatus { kFrame, kNeedMore, kError };
 
 // Incremental decoder: feed bytes as they arrive (any split), take whole frames out. After kError the stream is
 // unusable (bad magic, unknown version, oversized): drop the connection, error() says why.
+// Two ways in: Feed (copies the bytes) or Reserve + Commit (the caller reads the socket straight into the
+// decoder's buffer); two ways out: Next (copies the payload into a Frame) or NextView (a view, no copy).
 class FrameDecoder {
  public:
   explicit FrameDecoder(uint32_t max_frame_bytes = kMaxFrameBytes) : max_(max_frame_bytes) {}
   void Feed(const void* data, size_t len);
+  // Room for at least `len` bytes at the end of the buffered ones; Commit(n) says n of them were written.
+  char* Reserve(size_t len);
+  void Commit(size_t n) { len_ += n; }
+  // How many bytes to read next: the rest of the frame being received when its header is in (so that a large
+  // frame arrives in few reads and nothing after it is read into its buffer), else `dflt`.
+  size_t WantBytes(size_t dflt) const;
   DecodeStatus Next(Frame* out);
+  DecodeStatus NextView(FrameView* out);
   const std::string& error() const { return error_; }
-  size_t buffered() const { return buf_.size() - pos_; }
+  size_t buffered() const { return len_ - pos_; }
 
  private:
-  std::string buf_;
-  size_t pos_ = 0;
+  std::unique_ptr<char[]> buf_;  // [pos_, len_) not decoded yet; not value-initialised (filled by reads)
+  size_t cap_ = 0, len_ = 0, pos_ = 0;
   uint32_t max_;
   std::string error_;
   bool failed_ = false;

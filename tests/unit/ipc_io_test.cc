@@ -4,7 +4,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <thread>
+#include <vector>
 
 #include "common/ipc_io.h"
 
@@ -44,6 +47,45 @@ TEST(IpcIo, PodFrameRoundTripsThroughTheDecoderByteByByte) {
   OpRelease wrong{};
   EXPECT_FALSE(DecodePod(got[0], &wrong)) << "size mismatch must be caught";
   EXPECT_EQ(d.buffered(), 0u);
+}
+
+// The coordinator's way in (Reserve + Commit, reads sized by WantBytes) and out (NextView): frames of every size,
+// split anywhere, come out whole and unchanged, and a large frame is asked for as its rest, never beyond its end.
+TEST(IpcIo, ReserveCommitAndViewsCarryFramesWithoutCopies) {
+  std::string big(3 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + 7);
+  std::string wire = EncodeFrame(MsgType::kHello, R"({"rank":1})") + EncodeFrame(MsgType::kOpData, big) +
+                     EncodeFrame(MsgType::kBye, "") + EncodeFrame(MsgType::kOpData, big.substr(0, 5000));
+  for (size_t step : {size_t{1} << 10, size_t{7777}, size_t{64} << 10}) {
+    FrameDecoder d;
+    std::vector<std::pair<MsgType, std::string>> got;
+    size_t pos = 0;
+    while (pos < wire.size()) {
+      const size_t want = d.WantBytes(step);
+      EXPECT_GE(want, step);
+      const size_t n = std::min({want, step * 3, wire.size() - pos});
+      std::memcpy(d.Reserve(want), wire.data() + pos, n);
+      d.Commit(n);
+      pos += n;
+      FrameView v;
+      DecodeStatus st;
+      while ((st = d.NextView(&v)) == DecodeStatus::kFrame) got.emplace_back(v.type, std::string(v.payload));
+      ASSERT_EQ(st, DecodeStatus::kNeedMore);
+    }
+    ASSERT_EQ(got.size(), 4u) << step;
+    EXPECT_EQ(got[0].second, R"({"rank":1})");
+    EXPECT_EQ(got[1].first, MsgType::kOpData);
+    EXPECT_TRUE(got[1].second == big) << step;
+    EXPECT_EQ(got[2].first, MsgType::kBye);
+    EXPECT_TRUE(got[3].second == big.substr(0, 5000)) << step;
+    EXPECT_EQ(d.buffered(), 0u);
+  }
+  // With a large frame's header in, the next read is its rest.
+  FrameDecoder d;
+  std::string one = EncodeFrame(MsgType::kOpData, big);
+  std::memcpy(d.Reserve(100), one.data(), 100);
+  d.Commit(100);
+  EXPECT_EQ(d.WantBytes(64 << 10), one.size() - 100);
 }
 
 TEST(IpcIo, BadHeadersStopTheStream) {
