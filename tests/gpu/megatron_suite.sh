@@ -89,6 +89,8 @@ ops_prism() {  # NAME NNODES
 # filled graph: the report compares each with simulate of the graph iteration by iteration (graph_comparison);
 # then rank 0 with the mirror policy and no graph (which cannot see the pipeline bubble), and rank 0 with
 # FILL_WHATIF (default straggler=<rank 0's next-stage peer>:1.14) against `simulate --what-if` of the same graph.
+# The emulated iteration time and the pipeline wait per iteration (report.json wait_per_iteration_s): the bubble.
+pp_wait_expr='"emulated %.2f ms, pipeline wait %.2f ms/iter" % (1e3*(r["iteration_time_s"] or 0), 1e3*(r["ranks"][0].get("wait_per_iteration_s") or {}).get("PIPELINE_MODEL_PARALLEL_GROUP", 0))'
 megatron_fill() {
   fill_shape || return 1
   local name=megatron_${shape_tag}_fill dir=$out/megatron_${shape_tag}_fill col=$out/megatron_${shape_tag}_collect
@@ -102,7 +104,7 @@ megatron_fill() {
     (cd "$MEGATRON" && timeout -s INT -k 20 200 "$PRISM_RUN" --ranks "$r" --graph "$dir/filled.prism" \
        --payload recorded --payload-dir "$col" --out "$dir/emulate_rank$r" "${shape_job[@]}") > "$out/$name.rank$r.out" 2>&1 \
        || { echo "emulate rank $r with the graph: exit $?"; ok=1; continue; }
-    echo "rank$r: $(json_get "$dir/emulate_rank$r/report.json" '"emulated %.2f ms" % (1e3*(r["iteration_time_s"] or 0))')" \
+    echo "rank$r: $(json_get "$dir/emulate_rank$r/report.json" "$pp_wait_expr")" \
       "graph blocked $(grep -c 'blocked on a real rank' "$out/$name.rank$r.out") unmatched $(grep -c 'does not match the graph' "$out/$name.rank$r.out");" \
       "$(grep -h 'emulated vs simulate(graph)' "$out/$name.rank$r.out" | head -1)" >> "$out/$name.detail"
     grep -q 'emulated vs simulate(graph)' "$out/$name.rank$r.out" || ok=1
@@ -120,7 +122,7 @@ megatron_fill_contrast() {
   if [ "${FILL_MIRROR:-1}" = 1 ]; then
     (cd "$MEGATRON" && timeout -s INT -k 20 200 "$PRISM_RUN" --ranks 0 --payload recorded --payload-dir "$col" \
        --out "$dir/mirror_rank0" "${shape_job[@]}") > "$out/$name.mirror0.out" 2>&1 || { echo "mirror rank 0: exit $?" >&2; ok=1; }
-    echo "rank0 mirror (no graph): $(json_get "$dir/mirror_rank0/report.json" '"%.2f ms" % (1e3*(r["iteration_time_s"] or 0))')" 
+    echo "rank0 mirror (no graph): $(json_get "$dir/mirror_rank0/report.json" "$pp_wait_expr")" 
   fi
   local what=${FILL_WHATIF:-straggler=$peer:1.14}
   if [ "$what" != none ]; then
