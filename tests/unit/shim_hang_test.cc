@@ -47,6 +47,9 @@ enum class Script {
   kSendThenRecv,       // dist.send then dist.recv: each one ncclGroupStart/ncclSend|ncclRecv/ncclGroupEnd (torch)
   kBareSendThenRecv,   // ncclSend then ncclRecv outside any group
   kGroupSendRecv,      // one group with the send and the receive (Megatron's pipeline exchange)
+  // Rank 1: one group with an all-reduce and a send on one stream (one unit); rank 5: the all-reduce, then it reads
+  // its result (its host waits until the all-reduce's gate opened), then the receive.
+  kGroupAllReduceSend,
 };
 
 bool ReadFull(int fd, void* p, size_t n) {
@@ -117,6 +120,24 @@ int RankMain(int rank, const std::string& socket, const std::string& out_dir, co
       // Each side posts in its own order (Megatron's send_forward_recv_backward and its mirror).
       if (!(rank == kReal[0] ? grouped({snd, rcv}) : grouped({rcv, snd}))) return 12;
       break;
+    case Script::kGroupAllReduceSend: {
+      std::vector<float> in(kCount, 1.0f), out(kCount, 0.0f);
+      OpCall ar = snd;
+      ar.op = payload::OpKind::kAllReduce;
+      ar.peer = 0;
+      ar.send = in.data();
+      ar.recv = out.data();
+      if (rank == kReal[0]) {
+        if (!grouped({ar, snd})) return 12;
+        return ProgressDrain(5000000000ull) ? 0 : 14;
+      }
+      if (!grouped({ar})) return 12;
+      // As torch's .item() on the result: the host waits until the stream passed the all-reduce's gate.
+      const bool released = ProgressDrain(3000000000ull);
+      if (!grouped({rcv})) return 12;
+      if (!released) return 15;
+      break;
+    }
   }
   const float want = static_cast<float>(kReal[static_cast<size_t>(peer)]);
   for (float v : recvbuf) {
@@ -306,6 +327,21 @@ TEST(ShimHang, GroupedSendRecvCompletes) {
     EXPECT_EQ(codes, (std::vector<int>{0, 0})) << "10 init, 11 members, 12 an operation failed, 13 wrong bytes, "
                                                   "14 not drained, -1 still running";
     EXPECT_FALSE(run.hang());
+  }
+}
+
+// Under the rendezvous a unit with an exchanged send is held until GroupEnd got its acknowledgement; a collective in
+// that unit must still reach the coordinator at once: its other members' gates open only with this rank's kOpArrive,
+// and here the receive that acknowledges the send comes only after rank 5 read the all-reduce's result (NCCL
+// completes the all-reduce without the send).
+TEST(ShimHang, GroupedAllReduceAndSendDoesNotHoldTheAllReduce) {
+  for (bool rendezvous : {false, true}) {
+    SCOPED_TRACE(rendezvous ? "PRISM_SEND_RENDEZVOUS=1" : "default");
+    P2pRun run(Script::kGroupAllReduceSend, rendezvous, /*hang_timeout_s=*/30.0);
+    ASSERT_TRUE(run.ok()) << run.error();
+    std::vector<int> codes = run.WaitRanks(20.0);
+    EXPECT_EQ(codes, (std::vector<int>{0, 0})) << "10 init, 11 members, 12 an operation failed, 13 wrong bytes, "
+                                                  "14 not drained, 15 the all-reduce was not released, -1 still running";
   }
 }
 

@@ -693,7 +693,10 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
     xsends = xsends || p.xkind == XKind::kSend;
   }
   bool held = false;
-  if (xsends && tls.defer_send_done && cfg.send_rendezvous) {
+  // Why not a unit released through the coordinator (a collective on the send's stream): its kOpArrive would wait
+  // for the send's receive, and the other members' gates for that arrival; a member that reads the collective's
+  // result before it posts that receive would never get there (NCCL completes the collective without the send).
+  if (xsends && tls.defer_send_done && cfg.send_rendezvous && !u.via_coordinator) {
     try {
       tls.held_units.push_back(u);
       held = true;
