@@ -51,27 +51,23 @@ double Median(std::vector<double> v) {
 namespace {
 
 // Per communicator description, the median over the rank's measured iterations (those with a duration after the
-// first mark, as for iteration_time_s) of the seconds waited in each: iteration n spans (mark n-1, mark n] on the events'
-// clock, and an operation belongs to the iteration in which it arrived.
+// first mark, as for iteration_time_s) of the seconds waited in each (RankEvents::waits: an operation belongs to
+// the iteration in which it arrived).
 json WaitPerIteration(const RankEvents& e) {
   json out = json::object();
-  std::vector<std::pair<int64_t, int64_t>> spans;  // (start, end] of measured iterations
-  int64_t prev_t = 0;
-  bool have_prev = false;
+  std::vector<int64_t> measured;  // iterations with a duration, less the first mark's
+  bool first = true;
   for (const auto& [n, s] : e.iterations) {
     // Why the first entry never counts: Build leaves it out of iteration_time_s (warm-up, or no start mark).
-    if (have_prev && s.dur_ns > 0) spans.emplace_back(prev_t, s.t_ns);
-    prev_t = s.t_ns;
-    have_prev = true;
+    if (!first && s.dur_ns > 0) measured.push_back(n);
+    first = false;
   }
-  if (spans.empty()) return out;
-  for (const auto& [desc, ws] : e.waits) {
-    std::vector<double> per(spans.size(), 0.0);
-    for (const auto& [t, w] : ws) {
-      // First span whose end is at or after t; it holds t when its start is before t.
-      auto it = std::lower_bound(spans.begin(), spans.end(), t,
-                                 [](const std::pair<int64_t, int64_t>& sp, int64_t v) { return sp.second < v; });
-      if (it != spans.end() && it->first < t) per[static_cast<size_t>(it - spans.begin())] += w;
+  if (measured.empty()) return out;
+  for (const auto& [desc, by_iter] : e.waits) {
+    std::vector<double> per;
+    for (int64_t n : measured) {
+      auto it = by_iter.find(n);
+      per.push_back(it == by_iter.end() ? 0.0 : it->second);
     }
     out[desc] = Median(per);
   }
@@ -187,6 +183,14 @@ void RunReport::Feed(int r, const std::string& line) {
     e.peak_bytes = std::max(e.peak_bytes, s.peak_bytes);
     e.torch_max_allocated = std::max(e.torch_max_allocated, s.torch_max_allocated);
     e.iterations[s.iteration] = s;
+    if (e.mark_times.empty() || s.t_ns > e.mark_times.back().first) {
+      e.mark_times.emplace_back(s.t_ns, s.iteration);
+      // Pending waits arrived after the previous mark: those at or before this one are in this iteration.
+      auto keep = std::partition(e.pending_waits.begin(), e.pending_waits.end(),
+                                 [&](const RankEvents::PendingWait& p) { return p.arrival_ns > s.t_ns; });
+      for (auto it = keep; it != e.pending_waits.end(); ++it) e.waits[it->desc][s.iteration] += it->seconds;
+      e.pending_waits.erase(keep, e.pending_waits.end());
+    }
   } else if (type == events::kMem || type == events::kBye) {
     e.peak_bytes = std::max(e.peak_bytes, GetInt(j, "peak_bytes"));
     if (type == events::kBye) e.seen_bye = true;
@@ -217,7 +221,13 @@ void RunReport::Feed(int r, const std::string& line) {
     c.comm_s += held;
     c.wait_s += wait;
     ++c.ops;
-    if (wait > 0) e.waits[desc].emplace_back(arrival, wait);
+    if (wait > 0) {
+      // The iteration of the arrival: the first mark at or after it; none yet: pending until that mark is read.
+      auto m = std::lower_bound(e.mark_times.begin(), e.mark_times.end(), arrival,
+                                [](const std::pair<int64_t, int64_t>& mt, int64_t v) { return mt.first < v; });
+      if (m != e.mark_times.end()) e.waits[desc][m->second] += wait;
+      else e.pending_waits.push_back({arrival, wait, desc});
+    }
     int64_t last = GetInt(j, "wait_on_rank");
     if (last >= 0 && wait > 0) e.wait_on_ranks[static_cast<int>(last)] += wait;
     if (e.ops.size() < kMaxTraceOpsPerRank && release > arrival) {

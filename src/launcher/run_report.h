@@ -55,7 +55,18 @@ struct RankEvents {
   std::map<int64_t, std::string> comm_desc;       // comm_id -> description
   std::map<std::string, CommTotals> comms;        // description -> totals
   std::map<int, double> wait_on_ranks;
-  std::map<std::string, std::vector<std::pair<int64_t, double>>> waits;  // description -> (arrival ns, seconds) > 0
+  // description -> iteration -> seconds waited by operations that arrived in it (iteration n spans (mark n-1,
+  // mark n]). Bounded by iterations, not operations: an operation that arrived after the last mark seen so far
+  // waits in pending_waits until the mark that closes its iteration is read (a mark's line can come after the
+  // lines of operations that arrived after it).
+  std::map<std::string, std::map<int64_t, double>> waits;
+  std::vector<std::pair<int64_t, int64_t>> mark_times;  // (t_ns, iteration), increasing t_ns
+  struct PendingWait {
+    int64_t arrival_ns;
+    double seconds;
+    std::string desc;
+  };
+  std::vector<PendingWait> pending_waits;
   std::vector<nlohmann::json> ops;                // for trace.json (capped)
   std::vector<std::string> errors;                // "error" lines
   int malformed = 0;

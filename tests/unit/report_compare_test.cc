@@ -118,6 +118,36 @@ TEST(RunReport, WaitPerIterationIsTheMedianOverMeasuredIterations) {
   EXPECT_NEAR(r0["wait_per_iteration_s"]["PIPELINE_MODEL_PARALLEL_GROUP"].get<double>(), 0.030, 1e-9);
 }
 
+// The lines of operations that arrived after a mark can come before the mark's own line (libprism writes a mark
+// once its GPU stamp is read): they wait for it and land in the right iteration.
+TEST(RunReport, WaitPerIterationWithMarksReadLate) {
+  RunReport r("/nonexistent", 64, {0});
+  auto iter = [](int it, int64_t t_ms) {
+    return json({{"type", "iter"}, {"iteration", it}, {"t_ns", t_ms * 1000000}, {"dur_ns", it ? 100000000 : 0}})
+        .dump();
+  };
+  auto op = [](int64_t at_ms, int64_t held_ms) {
+    return json({{"type", "op"}, {"comm_id", 2}, {"seq", 0}, {"op", "recv"}, {"arrival_ns", at_ms * 1000000},
+                 {"release_ns", (at_ms + held_ms) * 1000000}, {"model_dur_ns", 1000000}, {"wait_on_rank", 32}})
+        .dump();
+  };
+  r.Feed(0, R"({"type":"comm","comm_id":2,"desc":"PP","nranks":2,"rank":0})");
+  r.Feed(0, op(-5, 6));     // before mark 0, read before it: mark 0's iteration (not measured)
+  r.Feed(0, iter(0, 0));
+  r.Feed(0, op(50, 11));    // iteration 1, read before mark 1
+  r.Feed(0, op(150, 21));   // iteration 2, read before mark 1
+  r.Feed(0, iter(1, 100));
+  r.Feed(0, op(120, 11));   // iteration 2 (mark 1 known)
+  r.Feed(0, iter(2, 200));
+  r.Feed(0, op(250, 31));   // iteration 3
+  r.Feed(0, iter(3, 300));
+  r.Feed(0, op(350, 91));   // after the last mark: an unfinished iteration, not measured
+  json rep = r.Build(1.0, {}, json::object());
+  // Iterations 1, 2, 3 waited 10, 30, 30 ms: median 30 ms.
+  EXPECT_NEAR(rep["ranks"][0]["wait_per_iteration_s"]["PP"].get<double>(), 0.030, 1e-9);
+  EXPECT_NEAR(rep["ranks"][0]["wait_s"]["PP"].get<double>(), 0.005 + 0.010 + 0.020 + 0.010 + 0.030 + 0.090, 1e-9);
+}
+
 // The launcher's aggregation of event lines.
 TEST(RunReport, AggregatesEvents) {
   RunReport r("/nonexistent", 64, {0, 63});
