@@ -128,7 +128,7 @@ if shim_part 4b; then
 # segments (cuMemCreate/cuMemMap through the driver entry points): libprism's tracked peak and current bytes
 # against torch's max reserved and reserved after a fixed pattern (grow, free half, grow, 2 GiB, empty_cache).
 for conf in default expandable_segments:True; do
-  tag=${conf%%:*}
+  tag=${conf%%:*}; label=${tag%_segments}
   if [ "$conf" = default ]; then
     shim_as_rank $t_bench 8 29637 "$out/alloc_$tag" $PY tests/gpu/shim_gpu_bench.py alloc > "$out/alloc_$tag.log" 2>&1
   else
@@ -141,8 +141,8 @@ for conf in default expandable_segments:True; do
       d1=v["prism_peak_mib"]-v["torch_max_reserved_mib"]; if(d1<0)d1=-d1;
       d2=v["prism_current_mib"]-v["torch_reserved_mib"]; if(d2<0)d2=-d2;
       print (d1<=16 && d2<=16)?"PASS":"FAIL"}')
-    shim_row "4b tracked memory, $tag" "$res" "${line#ALLOC } (within 16 MiB)"
-  else shim_row "4b tracked memory, $tag" FAIL "no measurement (see alloc_$tag.log)"; fi
+    shim_row "4b tracked memory, $label" "$res" "${line#ALLOC } (within 16 MiB)"
+  else shim_row "4b tracked memory, $label" FAIL "no measurement (see alloc_$tag.log)"; fi
 done
 fi
 

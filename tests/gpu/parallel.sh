@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs GPU suites side by side, one group per GPU, then packs the logs so that a `device` call returns them in a
+# few files (a call returns a limited number of files: the late session of 2026-11-29 lost its swap logs by not
+# packing them).
+#   tests/gpu/parallel.sh OUT 'SWAP_STALL=2 SWAP_TIMEOUT=400 swap' 'KERNELS_CASES=toggle kernels; SHIM_PARTS=4b shim'
+# Group k (0-based) runs on GPU k (CUDA_VISIBLE_DEVICES=k); its steps, separated by ';', run one after the other,
+# each `VAR=value... SUITE...` as `VAR=value... tests/gpu/run.sh WORK/g<k>.<step> SUITE...`. PARALLEL_T (default
+# 560 s) bounds each step. Writes OUT/g<k>.txt (the group's output and tables), OUT/logs.tgz (the suites'
+# directories without event, kernel and payload files) and OUT/traces.tgz (trace.json files under 5 MB), and prints
+# the tables. KEEP=DIR puts the suites' directories under DIR instead of a scratch folder that is removed (e.g. the
+# git-ignored .keep/, which a later call on the still-warm machine can re-use).
+set -uo pipefail
+out=$(realpath -m "${1:?usage: tests/gpu/parallel.sh OUT 'GROUP' ['GROUP'...]}"); shift
+mkdir -p "$out"
+work=${KEEP:-$out/work}; mkdir -p "$work"
+k=0
+for group in "$@"; do
+  (
+    export CUDA_VISIBLE_DEVICES=$k
+    IFS=';' read -ra steps <<< "$group"
+    for ((st = 0; st < ${#steps[@]}; st++)); do
+      envs=() suites=()
+      for w in ${steps[$st]}; do
+        if [[ "$w" == *=* ]]; then envs+=("$w"); else suites+=("$w"); fi
+      done
+      ((${#suites[@]})) || continue
+      echo "== step $st: ${steps[$st]}"
+      env "${envs[@]}" timeout "${PARALLEL_T:-560}" tests/gpu/run.sh "$work/g$k.$st" "${suites[@]}"
+    done
+  ) > "$out/g$k.txt" 2>&1 &
+  k=$((k + 1))
+done
+wait
+(cd "$work" && tar czf "$out/logs.tgz" --exclude='*.events.jsonl' --exclude='*.kernels.jsonl' --exclude='payloads' \
+   --exclude='*.sock' --exclude='*.bin' . ) 2>/dev/null
+find "$work" -name trace.json -size -5M -print0 | (cd / && tar czf "$out/traces.tgz" --null -T - 2>/dev/null)
+[ -z "${KEEP:-}" ] && rm -rf "$work"
+for ((i = 0; i < k; i++)); do echo "== group $i (GPU $i)"; grep -A40 '^== GPU suite' "$out/g$i.txt" | grep -v '^== GPU suite'; done
