@@ -233,6 +233,10 @@ class Coordinator::Impl {
   // different operations there (hang_detector.h Disagreement): real NCCL would hang or corrupt, so it is held
   // and reported at once on stderr; the hang diagnosis follows after --hang-timeout.
   bool HoldOnDisagreement(const CommView& comm, uint64_t seq, const std::vector<Arrival>& arrivals);
+  // Decides (comm, seq)'s release over `decide_on` and queues the kOpRelease frame to every rank of `send_to`
+  // (flushed when `flush`), taking them off their waits. Returns the frame.
+  std::string SendRelease(const CommView& comm, uint64_t seq, const std::vector<Arrival>& decide_on,
+                          const std::vector<Arrival>& send_to, uint64_t now_ns, bool flush);
   void MaybeWriteStatus(bool force);
   json StatusLocked();
   void WriteInfo(const char* state);
@@ -1191,24 +1195,32 @@ void Coordinator::Impl::HandleArrive(BusId id, BusClient& c, const ipc::OpArrive
     return;
   }
   if (HoldOnDisagreement(comm, seq, arrivals)) return;
-  ReleaseDecision d = opts_.release_policy ? opts_.release_policy->Decide(comm, seq, arrivals)
-                                           : DefaultRelease(comm, seq, arrivals);
+  SendRelease(comm, seq, arrivals, arrivals, s.last_seen_ns, false);
+  pending_.erase({comm_id, seq});
+  swap_exchanged_.erase({comm_id, seq});
+  ++releases_;
+}
+
+std::string Coordinator::Impl::SendRelease(const CommView& comm, uint64_t seq, const std::vector<Arrival>& decide_on,
+                                           const std::vector<Arrival>& send_to, uint64_t now_ns, bool flush) {
+  ReleaseDecision d = opts_.release_policy ? opts_.release_policy->Decide(comm, seq, decide_on)
+                                           : DefaultRelease(comm, seq, decide_on);
   ipc::OpRelease rel{};
-  rel.comm_id = comm_id;
+  rel.comm_id = comm.comm_id;
   rel.seq = seq;
   rel.release_ns = d.release_ns;
   rel.last_rank = d.last_rank;
   std::string frame = ipc::EncodePod(ipc::MsgType::kOpRelease, rel);
-  for (const Arrival& x : arrivals) {
+  for (const Arrival& x : send_to) {
     RankState& rs = ranks_[x.rank];
-    if (rs.waiting && rs.waiting_comm == comm_id && rs.waiting_seq == seq) rs.waiting = false;
-    hang_.Release(x.rank, comm_id, seq, s.last_seen_ns);
+    if (rs.waiting && rs.waiting_comm == comm.comm_id && rs.waiting_seq == seq) rs.waiting = false;
+    hang_.Release(x.rank, comm.comm_id, seq, now_ns);
     auto cl = clients_.find(rs.conn);
-    if (cl != clients_.end()) cl->second.out.append(frame);
+    if (cl == clients_.end()) continue;
+    cl->second.out.append(frame);
+    if (flush) Flush(cl->first, cl->second);
   }
-  pending_.erase({comm_id, seq});
-  swap_exchanged_.erase({comm_id, seq});
-  ++releases_;
+  return frame;
 }
 
 bool Coordinator::Impl::HoldOnDisagreement(const CommView& comm, uint64_t seq, const std::vector<Arrival>& arrivals) {
@@ -1594,25 +1606,7 @@ void Coordinator::Impl::SwapReleaseOut() {
     });
     std::vector<Arrival> all = arrivals;
     for (int m : missing) all.push_back(Arrival{m, base.op});
-    ReleaseDecision d = opts_.release_policy ? opts_.release_policy->Decide(comm, seq, all)
-                                             : DefaultRelease(comm, seq, all);
-    ipc::OpRelease rel{};
-    rel.comm_id = comm_id;
-    rel.seq = seq;
-    rel.release_ns = d.release_ns;
-    rel.last_rank = d.last_rank;
-    std::string frame = ipc::EncodePod(ipc::MsgType::kOpRelease, rel);
-    const uint64_t now = NowNs();
-    for (const Arrival& x : arrivals) {
-      RankState& rs = ranks_[x.rank];
-      if (rs.waiting && rs.waiting_comm == comm_id && rs.waiting_seq == seq) rs.waiting = false;
-      hang_.Release(x.rank, comm_id, seq, now);
-      auto cl = clients_.find(rs.conn);
-      if (cl != clients_.end()) {
-        cl->second.out.append(frame);
-        Flush(cl->first, cl->second);
-      }
-    }
+    const std::string frame = SendRelease(comm, seq, all, arrivals, NowNs(), true);
     for (int m : missing) swap_owed_[{m, comm_id, seq}] = frame;
     Log("coord")->debug("swap: comm {} seq {} released without the arrival of swapped-out rank(s) {}", comm_id, seq,
                         fmt::join(missing, ","));

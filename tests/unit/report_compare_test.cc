@@ -89,27 +89,29 @@ TEST(ReportShow, Table) {
   EXPECT_NE(t.find("... 4 more ranks"), std::string::npos) << t;
 }
 
+// Event lines for the wait-per-iteration tests: mark `it` at t_ms (iteration 0 has no duration), and an operation on
+// comm 2 arriving at at_ms, held held_ms of which 1 ms is modelled.
+std::string IterMark(int it, int64_t t_ms) {
+  return json({{"type", "iter"}, {"iteration", it}, {"t_ns", t_ms * 1000000}, {"dur_ns", it ? 100000000 : 0}}).dump();
+}
+std::string HeldOp(int64_t at_ms, int64_t held_ms) {
+  return json({{"type", "op"}, {"comm_id", 2}, {"seq", 0}, {"op", "recv"}, {"arrival_ns", at_ms * 1000000},
+               {"release_ns", (at_ms + held_ms) * 1000000}, {"model_dur_ns", 1000000}, {"wait_on_rank", 32}})
+      .dump();
+}
+
 // Waits per iteration: each operation's wait counts in the iteration whose marks bracket its arrival; the median
 // over measured iterations (the first mark's iteration is left out, as for iteration_time_s).
 TEST(RunReport, WaitPerIterationIsTheMedianOverMeasuredIterations) {
   RunReport r("/nonexistent", 64, {0});
-  auto iter = [](int it, int64_t t_ms) {
-    return json({{"type", "iter"}, {"iteration", it}, {"t_ns", t_ms * 1000000}, {"dur_ns", it ? 100000000 : 0}})
-        .dump();
-  };
-  auto op = [](int64_t at_ms, int64_t held_ms) {
-    return json({{"type", "op"}, {"comm_id", 2}, {"seq", 0}, {"op", "recv"}, {"arrival_ns", at_ms * 1000000},
-                 {"release_ns", (at_ms + held_ms) * 1000000}, {"model_dur_ns", 1000000}, {"wait_on_rank", 32}})
-        .dump();
-  };
   r.Feed(0, R"({"type":"comm","comm_id":2,"desc":"PIPELINE_MODEL_PARALLEL_GROUP","nranks":2,"rank":0})");
   // Marks at 0, 100, 200, 300, 400 ms: iterations 1-4; iteration 1 follows the first mark and is measured.
-  for (int i = 0; i <= 4; ++i) r.Feed(0, iter(i, 100 * i));
-  r.Feed(0, op(-50, 500));  // before the first mark: in no iteration (the total keeps it)
-  r.Feed(0, op(10, 31));    // iteration 1: 30 ms waited
-  r.Feed(0, op(150, 11));   // iteration 2: 10 ms
-  r.Feed(0, op(160, 21));   // iteration 2: +20 ms -> 30 ms
-  r.Feed(0, op(350, 41));   // iteration 4: 40 ms; iteration 3 waited 0
+  for (int i = 0; i <= 4; ++i) r.Feed(0, IterMark(i, 100 * i));
+  r.Feed(0, HeldOp(-50, 500));  // before the first mark: in no iteration (the total keeps it)
+  r.Feed(0, HeldOp(10, 31));    // iteration 1: 30 ms waited
+  r.Feed(0, HeldOp(150, 11));   // iteration 2: 10 ms
+  r.Feed(0, HeldOp(160, 21));   // iteration 2: +20 ms -> 30 ms
+  r.Feed(0, HeldOp(350, 41));   // iteration 4: 40 ms; iteration 3 waited 0
   json rep = r.Build(1.0, {}, json::object());
   const json& r0 = rep["ranks"][0];
   EXPECT_NEAR(r0["wait_s"]["PIPELINE_MODEL_PARALLEL_GROUP"].get<double>(), 0.499 + 0.030 + 0.010 + 0.020 + 0.040,
@@ -122,26 +124,17 @@ TEST(RunReport, WaitPerIterationIsTheMedianOverMeasuredIterations) {
 // once its GPU stamp is read): they wait for it and land in the right iteration.
 TEST(RunReport, WaitPerIterationWithMarksReadLate) {
   RunReport r("/nonexistent", 64, {0});
-  auto iter = [](int it, int64_t t_ms) {
-    return json({{"type", "iter"}, {"iteration", it}, {"t_ns", t_ms * 1000000}, {"dur_ns", it ? 100000000 : 0}})
-        .dump();
-  };
-  auto op = [](int64_t at_ms, int64_t held_ms) {
-    return json({{"type", "op"}, {"comm_id", 2}, {"seq", 0}, {"op", "recv"}, {"arrival_ns", at_ms * 1000000},
-                 {"release_ns", (at_ms + held_ms) * 1000000}, {"model_dur_ns", 1000000}, {"wait_on_rank", 32}})
-        .dump();
-  };
   r.Feed(0, R"({"type":"comm","comm_id":2,"desc":"PP","nranks":2,"rank":0})");
-  r.Feed(0, op(-5, 6));     // before mark 0, read before it: mark 0's iteration (not measured)
-  r.Feed(0, iter(0, 0));
-  r.Feed(0, op(50, 11));    // iteration 1, read before mark 1
-  r.Feed(0, op(150, 21));   // iteration 2, read before mark 1
-  r.Feed(0, iter(1, 100));
-  r.Feed(0, op(120, 11));   // iteration 2 (mark 1 known)
-  r.Feed(0, iter(2, 200));
-  r.Feed(0, op(250, 31));   // iteration 3
-  r.Feed(0, iter(3, 300));
-  r.Feed(0, op(350, 91));   // after the last mark: an unfinished iteration, not measured
+  r.Feed(0, HeldOp(-5, 6));     // before mark 0, read before it: mark 0's iteration (not measured)
+  r.Feed(0, IterMark(0, 0));
+  r.Feed(0, HeldOp(50, 11));    // iteration 1, read before mark 1
+  r.Feed(0, HeldOp(150, 21));   // iteration 2, read before mark 1
+  r.Feed(0, IterMark(1, 100));
+  r.Feed(0, HeldOp(120, 11));   // iteration 2 (mark 1 known)
+  r.Feed(0, IterMark(2, 200));
+  r.Feed(0, HeldOp(250, 31));   // iteration 3
+  r.Feed(0, IterMark(3, 300));
+  r.Feed(0, HeldOp(350, 91));   // after the last mark: an unfinished iteration, not measured
   json rep = r.Build(1.0, {}, json::object());
   // Iterations 1, 2, 3 waited 10, 30, 30 ms: median 30 ms.
   EXPECT_NEAR(rep["ranks"][0]["wait_per_iteration_s"]["PP"].get<double>(), 0.030, 1e-9);
