@@ -5,7 +5,9 @@
 #   tests/gpu/parallel.sh OUT 'SWAP_STALL=2 SWAP_TIMEOUT=400 swap' 'KERNELS_CASES=toggle kernels; SHIM_PARTS=4b shim'
 # Group k (0-based) runs on GPU k (CUDA_VISIBLE_DEVICES=k); its steps, separated by ';', run one after the other,
 # each `VAR=value... SUITE...` as `VAR=value... tests/gpu/run.sh WORK/g<k>.<step> SUITE...`. PARALLEL_T (default
-# 560 s) bounds each step. Writes OUT/g<k>.txt (the group's output and tables), OUT/logs.tgz (the suites'
+# 560 s) bounds each step and PARALLEL_DEADLINE (default 570 s from the start) all of them, so that the packing
+# below runs before a `device` call's 600 s limit. A comma in a value stands for a space (the group is split on
+# spaces): 'MEGATRON_CASES=collect,fill megatron'. Writes OUT/g<k>.txt (the group's output and tables), OUT/logs.tgz (the suites'
 # directories without event, kernel and payload files) and OUT/traces.tgz (trace.json files under 5 MB), and prints
 # the tables. KEEP=DIR puts the suites' directories under DIR instead of a scratch folder that is removed (e.g. the
 # git-ignored .keep/, which a later call on the still-warm machine can re-use).
@@ -13,6 +15,7 @@ set -uo pipefail
 out=$(realpath -m "${1:?usage: tests/gpu/parallel.sh OUT 'GROUP' ['GROUP'...]}"); shift
 mkdir -p "$out"
 work=${KEEP:-$out/work}; mkdir -p "$work"
+start=$SECONDS deadline=${PARALLEL_DEADLINE:-570}
 k=0
 for group in "$@"; do
   (
@@ -21,11 +24,14 @@ for group in "$@"; do
     for ((st = 0; st < ${#steps[@]}; st++)); do
       envs=() suites=()
       for w in ${steps[$st]}; do
-        if [[ "$w" == *=* ]]; then envs+=("$w"); else suites+=("$w"); fi
+        if [[ "$w" == *=* ]]; then envs+=("${w//,/ }"); else suites+=("$w"); fi
       done
       ((${#suites[@]})) || continue
-      echo "== step $st: ${steps[$st]}"
-      env "${envs[@]}" timeout "${PARALLEL_T:-560}" tests/gpu/run.sh "$work/g$k.$st" "${suites[@]}"
+      left=$((deadline - (SECONDS - start))) t=${PARALLEL_T:-560}
+      ((left < t)) && t=$left
+      ((t > 10)) || { echo "== step $st: no time left"; continue; }
+      echo "== step $st (${t} s): ${steps[$st]}"
+      env "${envs[@]}" timeout "$t" tests/gpu/run.sh "$work/g$k.$st" "${suites[@]}"
     done
   ) > "$out/g$k.txt" 2>&1 &
   k=$((k + 1))
