@@ -225,5 +225,81 @@ TEST(ShimEvents, StreamWaitingForAnotherStreamsUnitWritesAWaitLine) {
   std::filesystem::remove_all(dir);
 }
 
+// Dependencies through a stream without units (torch's compute stream): the compute stream waits for the
+// tensor-parallel stream's unit (work.wait()), an event recorded on it afterwards carries that point, and the
+// pipeline stream that waits for the event depends on the tensor-parallel unit (a "wait" line on it), so the graph
+// does not take the tensor-parallel wait for the pipeline stream's compute.
+TEST(ShimEvents, WaitsPassThroughAStreamWithoutUnits) {
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  auto dir = std::filesystem::temp_directory_path() / ("prism_events_wait2_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  Config c;
+  c.rank = 0;
+  c.world_size = 2;
+  c.real_ranks = {0};
+  c.fixed_dur_us = 10;
+  c.out_dir = dir.string();
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  ncclUniqueId id;
+  ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
+  InitArgs a;
+  a.nranks = 2;
+  a.rank = 0;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  std::vector<float> buf(16);
+  auto* tp = reinterpret_cast<cudaStream_t>(0x1100);
+  auto* pp = reinterpret_cast<cudaStream_t>(0x1200);
+  auto* compute = reinterpret_cast<cudaStream_t>(0x1300);
+  auto* tp_done = reinterpret_cast<cudaEvent_t>(0x1400);
+  auto* fwd_done = reinterpret_cast<cudaEvent_t>(0x1500);
+  auto submit = [&](cudaStream_t s) {
+    OpCall call;
+    call.op = payload::OpKind::kAllReduce;
+    call.comm = comm;
+    call.count = buf.size();
+    call.send = buf.data();
+    call.recv = buf.data();
+    call.stream = s;
+    ASSERT_EQ(Submit(call), ncclSuccess);
+  };
+  submit(pp);  // pp: unit 0 (stream index 0)
+  submit(tp);  // tp: unit 0 (stream index 1)
+  submit(tp);  // tp: unit 1
+  NoteEventRecord(tp_done, tp);             // after tp's unit 1
+  NoteStreamWaitEvent(compute, tp_done);    // compute waits for it: no line (compute has no units)
+  NoteEventRecord(fwd_done, compute);       // carries tp:1
+  NoteStreamWaitEvent(pp, fwd_done);        // pp's unit 1 depends on tp:1
+  NoteStreamWaitEvent(pp, fwd_done);        // again: no second line
+  NoteEventRecord(fwd_done, compute);       // still tp:1: pp waiting again logs nothing
+  NoteStreamWaitEvent(pp, fwd_done);
+  NoteStreamWaitEvent(tp, fwd_done);        // tp waiting for its own point: nothing
+  submit(pp);
+  submit(tp);  // tp: unit 2
+  NoteEventRecord(tp_done, tp);             // after tp's unit 2
+  NoteStreamWaitEvent(compute, tp_done);
+  NoteEventRecord(fwd_done, compute);       // carries tp:2 and pp's nothing
+  NoteStreamWaitEvent(pp, fwd_done);        // pp's unit 2 depends on tp:2
+  submit(pp);
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  usleep(300000);
+  EventLogStop();
+  SetGpuForTest(nullptr);
+  std::ifstream in(EventLogPath());
+  std::vector<nlohmann::json> waits;
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") == "wait") waits.push_back(j);
+  }
+  ASSERT_EQ(waits.size(), 2u);
+  EXPECT_EQ(waits[0], nlohmann::json({{"type", "wait"}, {"stream", 0}, {"next", 1}, {"on", 1}, {"after", 1}}));
+  EXPECT_EQ(waits[1], nlohmann::json({{"type", "wait"}, {"stream", 0}, {"next", 2}, {"on", 1}, {"after", 2}}));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace prism::interpose

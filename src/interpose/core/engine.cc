@@ -3,8 +3,10 @@
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <tuple>
 #include <unordered_map>
@@ -1026,15 +1028,36 @@ void ResetStatsForTest() {
   St().units.store(0);
 }
 
-// Cross-stream dependencies (engine.h). Events are reused (torch pools them): a record always overwrites, and a
-// record on a stream that carried no unit yet forgets the event.
+// Cross-stream dependencies (engine.h). Events are reused (torch pools them): a record always overwrites it with
+// the recording stream's points, and a record that carries none forgets the event.
 namespace {
+// Points a stream depends on: per unit stream, the last of its units (max), at most kMaxPoints streams (a job has a
+// handful of communicator streams; past that the oldest dependencies are dropped, which only loses graph edges).
+struct Points {
+  static constexpr size_t kMaxPoints = 12;
+  uint8_t n = 0;
+  std::array<std::pair<uint16_t, uint32_t>, kMaxPoints> p{};
+  void Merge(uint16_t stream, uint32_t unit) {
+    for (size_t i = 0; i < n; ++i) {
+      if (p[i].first != stream) continue;
+      p[i].second = std::max(p[i].second, unit);
+      return;
+    }
+    if (n < kMaxPoints) {
+      p[n++] = {stream, unit};
+    } else {
+      std::move(p.begin() + 1, p.end(), p.begin());
+      p[kMaxPoints - 1] = {stream, unit};
+    }
+  }
+};
 struct EventPoints {
   std::mutex mu;
-  std::unordered_map<cudaEvent_t, std::pair<uint16_t, uint32_t>> at;  // event -> (stream, units before the record)
-  std::unordered_map<uint16_t, std::pair<uint16_t, uint32_t>> last_wait;  // waiting stream -> last (on, after) logged
+  std::unordered_map<cudaEvent_t, Points> at;         // event -> the points its record carries
+  std::unordered_map<CUstream, Points> of_stream;     // stream -> the points it has waited for
+  std::map<std::pair<uint16_t, uint16_t>, uint32_t> last_wait;  // (waiting stream, on) -> last `after` logged
 };
-EventPoints& Points() {
+EventPoints& EventPointTable() {
   static EventPoints* p = new EventPoints();  // Why leaked: used until exit
   return *p;
 }
@@ -1042,37 +1065,56 @@ EventPoints& Points() {
 
 void NoteEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (event == nullptr) return;
-  const int idx = KnownStreamIndex(reinterpret_cast<CUstream>(stream));
+  const auto s = reinterpret_cast<CUstream>(stream);
+  const int idx = KnownStreamIndex(s);
   const uint32_t units = idx >= 0 ? g_stream_units[idx].load(std::memory_order_relaxed) : 0;
-  EventPoints& p = Points();
-  std::lock_guard<std::mutex> lock(p.mu);
-  if (units == 0) {
-    p.at.erase(event);
+  EventPoints& t = EventPointTable();
+  std::lock_guard<std::mutex> lock(t.mu);
+  Points pts;
+  auto own = t.of_stream.find(s);
+  if (own != t.of_stream.end()) pts = own->second;
+  if (units > 0) pts.Merge(static_cast<uint16_t>(idx), units - 1);
+  if (pts.n == 0) {
+    t.at.erase(event);
     return;
   }
   try {
-    p.at[event] = {static_cast<uint16_t>(idx), units};
+    t.at[event] = pts;
   } catch (...) {
   }
 }
 
 void NoteStreamWaitEvent(cudaStream_t stream, cudaEvent_t event) {
   if (event == nullptr) return;
-  const int idx = KnownStreamIndex(reinterpret_cast<CUstream>(stream));
-  if (idx < 0) return;
-  std::pair<uint16_t, uint32_t> on;
+  const auto s = reinterpret_cast<CUstream>(stream);
+  const int idx = KnownStreamIndex(s);
+  Points to_log;
   {
-    EventPoints& p = Points();
-    std::lock_guard<std::mutex> lock(p.mu);
-    auto it = p.at.find(event);
-    if (it == p.at.end() || it->second.first == idx) return;
-    on = {it->second.first, it->second.second - 1};
-    auto [last, fresh] = p.last_wait.try_emplace(static_cast<uint16_t>(idx), on);
-    // Why only new points: torch makes a stream wait for the same point again and again (one line per dependency).
-    if (!fresh && last->second == on) return;
-    last->second = on;
+    EventPoints& t = EventPointTable();
+    std::lock_guard<std::mutex> lock(t.mu);
+    auto it = t.at.find(event);
+    if (it == t.at.end()) return;
+    const Points pts = it->second;
+    try {
+      Points& mine = t.of_stream[s];
+      for (size_t i = 0; i < pts.n; ++i) {
+        const auto [on, after] = pts.p[i];
+        if (static_cast<int>(on) == idx) continue;
+        mine.Merge(on, after);
+        if (idx < 0) continue;
+        // Why only new points: torch makes a stream wait for the same point again and again (one line per dependency).
+        auto [last, fresh] = t.last_wait.try_emplace({static_cast<uint16_t>(idx), on}, after);
+        if (!fresh && last->second >= after) continue;
+        last->second = after;
+        to_log.Merge(on, after);
+      }
+    } catch (...) {
+      return;
+    }
   }
-  LogWait(static_cast<uint16_t>(idx), g_stream_units[idx].load(std::memory_order_relaxed), on.first, on.second);
+  if (idx < 0) return;
+  const uint32_t next = g_stream_units[idx].load(std::memory_order_relaxed);
+  for (size_t i = 0; i < to_log.n; ++i) LogWait(static_cast<uint16_t>(idx), next, to_log.p[i].first, to_log.p[i].second);
 }
 
 }  // namespace prism::interpose

@@ -41,7 +41,10 @@ ncclResult_t RedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t 
 ncclResult_t RedOpDestroy(ncclRedOp_t op, Comm* comm);
 
 // Cross-stream dependencies for the graph (event file "wait" lines): cudaEventRecord / cudaStreamWaitEvent as the job
-// made them. Cheap (a mutex and a map entry); streams that never carried a unit are ignored.
+// made them. Cheap (a mutex and a map entry). Dependencies pass through streams without units (torch's compute
+// stream): a stream carries the points it waited for, an event recorded on it carries them on, and a unit stream
+// that waits for such an event depends on every one of them (a pipeline receive issued after a forward pass depends
+// on that pass's tensor-parallel all-reduces, through the compute stream).
 void NoteEventRecord(cudaEvent_t event, cudaStream_t stream);
 void NoteStreamWaitEvent(cudaStream_t stream, cudaEvent_t event);
 
