@@ -44,6 +44,8 @@ fill_shape() {
   # a "_medium" suffix.
   local -a model=("${MEGATRON_TINY_ARGS[@]}")
   if [ "${FILL_MODEL:-tiny}" = medium ]; then model=("${MEGATRON_MEDIUM_ARGS[@]}"); shape_tag+=_medium; fi
+  # Why: Megatron wants the layers divisible by the stages (the tiny model has 2; the last --num-layers wins).
+  if [ "${FILL_MODEL:-tiny}" = tiny ] && [ "$shape_pp" -gt 2 ]; then model+=(--num-layers "$shape_pp"); fi
   shape_job=(torchrun --nnodes "$shape_nnodes" --nproc-per-node 8 pretrain_gpt.py "${model[@]}"
     --tensor-model-parallel-size 2 --pipeline-model-parallel-size "$shape_pp" --global-batch-size "$shape_gbs"
     --train-iters 10)
