@@ -1,7 +1,9 @@
 // Messages between libprism.so (inside each real rank) and the coordinator (schema version 3: version 2 plus
 // passthrough, real NCCL among the members of a communicator that are all real and on distinct GPUs: kHello's
 // gpu_id/passthrough, kCommInfo's passthrough, kRealNcclId/kRealNcclIdInfo; version 2 added kOpData/kOpResult, the
-// real data between real members).
+// real data between real members). Added within version 3, without changing any other message: kHelloAck's "swap"
+// and kMemRoom/kMemRoomAnswer (allocation admission under context switching), which a shim sends only to a
+// coordinator whose kHelloAck said "swap": true.
 //
 // Transport: a Unix stream socket (PRISM_COORD_SOCKET) on one host, TCP (PRISM_COORD_ADDR=host:port) across
 // hosts. Every message is one frame: FrameHeader then `length` payload bytes. Hot-path messages (arrivals,
@@ -36,8 +38,12 @@ enum class MsgType : uint16_t {
                      // p2p send to a real peer, or (flags kExchangeRecvRequest, no bytes) a p2p receive from one
   kRealNcclId = 9,   // JSON {comm_id, id?}: communicator rank 0 of a passthrough communicator posts the real NCCL
                      // unique id (hex of 128 bytes); without id, a member asks for it. Answered by kRealNcclIdInfo
+  kMemRoom = 10,     // JSON {id, bytes, current, peak}: a device allocation of `bytes` failed for lack of memory;
+                     // the rank waits for room on its GPU (sent only when kHelloAck said "swap": true, so a
+                     // coordinator without it never sees one). Answered by kMemRoomAnswer with the same id
   // coordinator -> shim
-  kHelloAck = 64,    // JSON: {run_id, payload, topology, out_dir, ...}
+  kHelloAck = 64,    // JSON: {run_id, payload, topology, out_dir, ..., swap?}: swap true under context switching
+                     // (collect --swap): the rank may send kMemRoom
   kCommInfo = 65,    // JSON: {key, comm_id, members: [global ranks], real: [bool], passthrough: bool}: passthrough
                      // when every member is real, on its own GPU and able to run real NCCL: the members then build a
                      // real NCCL communicator (kRealNcclId) and call real NCCL for its operations
@@ -46,6 +52,8 @@ enum class MsgType : uint16_t {
   kOpResult = 68,    // ExchangeHeader + bytes: this member's output (or flags kExchangeLocal / kExchangeNothing), or
                      // (flags kExchangeSendDone, no bytes) the acknowledgement that a p2p send's receive was posted
   kRealNcclIdInfo = 69,  // JSON {comm_id, id} once rank 0 posted it, or {comm_id, error}
+  kMemRoomAnswer = 70,   // JSON {id, ok, why}: ok: ranks were swapped out to make room, retry the allocation;
+                         // not ok: nothing could be freed in time, the allocation fails as it did
 };
 
 #pragma pack(push, 1)

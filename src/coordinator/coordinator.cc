@@ -251,6 +251,10 @@ class Coordinator::Impl {
   void UpdateSwapWaits();
   void SwapWorker();
   void SwapPrint(const std::string& line);
+  // Allocation admission (ipc.h kMemRoom, SwapScheduler::RequestRoom): a rank's allocation failed; it waits for the
+  // answer, which SwapAnswerRooms (under mu_, from PumpSwap) sends once the scheduler decided.
+  void HandleMemRoom(BusId id, BusClient& c, const json& j);
+  void SwapAnswerRooms(uint64_t now);
   std::string SwapProgressLine();
   json SwapJsonLocked();
 
@@ -866,6 +870,12 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::FrameView
         }
         return;
       }
+      case MsgType::kMemRoom: {
+        json j;
+        if (!need_hello() || !parse(&j)) return;
+        HandleMemRoom(id, c, j);
+        return;
+      }
       case MsgType::kBye: {
         if (!need_hello()) return;
         json j = json::parse(f.payload, nullptr, false);
@@ -926,6 +936,9 @@ void Coordinator::Impl::HandleHello(BusId id, BusClient& c, const json& j) {
               {"topology", opts_.topology},   {"graph", opts_.graph},          {"layout", opts_.layout},
               {"out_dir", opts_.out_dir},     {"world_size", opts_.world_size}, {"real_ranks", opts_.real_ranks},
               {"store", fmt::format("{}:{}", ep_.store_host, ep_.store_port)}};
+  // Why only under --swap: the rank then asks for room when an allocation fails (kMemRoom); without it nobody
+  // could make room, and the allocation fails as it always did.
+  if (swap_) ack["swap"] = true;
   SendJson(id, ipc::MsgType::kHelloAck, ack);
   Log("coord")->info("rank {} connected (pid {}, host {}, gpu {})", rank, s.pid, s.host, s.gpu);
 }
@@ -1482,8 +1495,37 @@ std::string Coordinator::Impl::SwapProgressLine() {
                      FormatBytes(s.bytes_out + s.bytes_in), s.seconds_out + s.seconds_in);
 }
 
+void Coordinator::Impl::HandleMemRoom(BusId id, BusClient& c, const json& j) {
+  const uint64_t req = j.value("id", uint64_t{0}), bytes = j.value("bytes", uint64_t{0});
+  const uint64_t current = j.value("current", uint64_t{0});
+  if (!swap_ || !swap_->RequestRoom(c.rank, req, bytes, current, NowNs())) {
+    SendJson(id, ipc::MsgType::kMemRoomAnswer,
+             {{"id", req}, {"ok", false}, {"why", swap_ ? "the rank is not scheduled" : "context switching is off"}});
+    return;
+  }
+  Log("coord")->info("swap: rank {} waits for room: an allocation of {} failed (it holds {}); footprint now {}",
+                     c.rank, FormatBytes(bytes), FormatBytes(current), FormatBytes(swap_->Footprint(c.rank)));
+}
+
+void Coordinator::Impl::SwapAnswerRooms(uint64_t now) {
+  for (const RoomAnswer& a : swap_->TakeRoomAnswers(now)) {
+    auto rs = ranks_.find(a.rank);
+    if (rs != ranks_.end() && clients_.count(rs->second.conn)) {
+      SendJson(rs->second.conn, ipc::MsgType::kMemRoomAnswer, {{"id", a.id}, {"ok", a.ok}, {"why", a.why}});
+    }
+    if (a.ok) {
+      Log("coord")->info("swap: rank {} may retry its allocation of {}: {}", a.rank, FormatBytes(a.bytes), a.why);
+    } else {
+      SwapPrint(fmt::format("prism: swap: rank {}'s allocation of {} gets no room ({}); it fails as without --swap",
+                            a.rank, FormatBytes(a.bytes), a.why));
+    }
+    status_dirty_ = true;
+  }
+}
+
 void Coordinator::Impl::PumpSwap() {
   const uint64_t now = NowNs();
+  SwapAnswerRooms(now);
   // Why progress: a rank started late (admitted when its GPU had room) is the run moving on; the ranks waiting for
   // it in an exchange must not be diagnosed as a hang while it starts up.
   for (int r : swap_->Starting()) hang_.Progress(r, now);
@@ -1505,6 +1547,7 @@ void Coordinator::Impl::PumpSwap() {
     break;  // one checkpoint call at a time
   }
   SwapReleaseOut();  // a rank that just began swapping out no longer holds up the releases it was needed for
+  SwapAnswerRooms(now);
   for (const std::string& n : swap_->TakeNotices()) SwapPrint("prism: " + n);
   const SwapStats s = swap_->Stats();
   const uint64_t mark = s.swaps_out + s.swaps_in + static_cast<uint64_t>(s.finished);
@@ -1727,7 +1770,9 @@ json Coordinator::Impl::SwapJsonLocked() {
           {"seconds_out", s.seconds_out},
           {"seconds_in", s.seconds_in},
           {"peak_gpu_bytes", s.peak_gpu_bytes},
-          {"peak_host_bytes", s.peak_host_bytes}};
+          {"peak_host_bytes", s.peak_host_bytes},
+          {"rooms_granted", s.rooms_granted},
+          {"rooms_refused", s.rooms_refused}};
 }
 
 bool Coordinator::Impl::SwapAdmitted(int rank) {

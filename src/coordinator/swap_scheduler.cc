@@ -91,10 +91,93 @@ void SwapScheduler::SetStoreWait(int rank, bool waiting) {
 void SwapScheduler::Done(int rank) {
   auto it = ranks_.find(rank);
   if (it == ranks_.end() || it->second.phase == SwapPhase::kDone) return;
+  // Why credited: a rank that ends frees its GPU memory, which is room for a rank that waits for it. (One being
+  // swapped out is credited when its checkpoint finishes.)
+  if (it->second.phase == SwapPhase::kResident) CreditRoom(it->second.gpu, Footprint(rank));
+  it->second.room = false;
   it->second.phase = SwapPhase::kDone;
   it->second.waiting_for.clear();
   it->second.out_bytes = 0;
   ++stats_.finished;
+}
+
+bool SwapScheduler::RequestRoom(int rank, uint64_t id, uint64_t bytes, uint64_t current, uint64_t now_ns) {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second.phase == SwapPhase::kDone) return false;
+  Rank& r = it->second;
+  // Why the footprint grows now: the rank needs this much to go on; admissions and restores on its GPU must count
+  // it from here on, not only after its next memory sample.
+  r.peak = std::max(r.peak, current + bytes);
+  r.sampled = true;
+  r.room = true;
+  r.room_id = id;
+  r.room_bytes = std::max<uint64_t>(bytes, 1);
+  r.room_freed = 0;
+  r.room_since_ns = now_ns;
+  r.last_activity_ns = std::max(r.last_activity_ns, now_ns);
+  return true;
+}
+
+bool SwapScheduler::WaitsForRoom(int rank) const {
+  auto it = ranks_.find(rank);
+  return it != ranks_.end() && it->second.room;
+}
+
+void SwapScheduler::CreditRoom(const std::string& gpu, uint64_t bytes) {
+  // Oldest request first: one swap out of a rank smaller than two requests together satisfies only the first.
+  std::vector<Rank*> asking;
+  for (auto& [k, r] : ranks_) {
+    if (r.room && r.gpu == gpu && r.room_freed < r.room_bytes) asking.push_back(&r);
+  }
+  std::sort(asking.begin(), asking.end(), [](const Rank* a, const Rank* b) {
+    return std::tie(a->room_since_ns, a->rank) < std::tie(b->room_since_ns, b->rank);
+  });
+  for (Rank* r : asking) {
+    const uint64_t take = std::min(bytes, r->room_bytes - r->room_freed);
+    r->room_freed += take;
+    bytes -= take;
+    if (bytes == 0) break;
+  }
+}
+
+std::vector<RoomAnswer> SwapScheduler::TakeRoomAnswers(uint64_t now_ns) {
+  std::vector<RoomAnswer> out;
+  const uint64_t wait_ns = static_cast<uint64_t>(std::max(cfg_.room_wait_s, 0.0) * 1e9);
+  for (auto& [k, r] : ranks_) {
+    if (!r.room) continue;
+    if (r.phase == SwapPhase::kDone) {
+      r.room = false;
+      continue;
+    }
+    bool others = false, swapping = false;
+    for (const auto& [k2, o] : ranks_) {
+      if (k2 == k || o.gpu != r.gpu) continue;
+      if (o.phase == SwapPhase::kResident || o.phase == SwapPhase::kSwappingIn || o.phase == SwapPhase::kSwappingOut)
+        others = true;
+      if (o.phase == SwapPhase::kSwappingOut) swapping = true;
+    }
+    RoomAnswer a;
+    a.rank = k;
+    a.id = r.room_id;
+    a.bytes = r.room_bytes;
+    a.freed = r.room_freed;
+    if (r.room_freed >= r.room_bytes) {
+      a.ok = true;
+      a.why = fmt::format("{} swapped out on GPU {}", FormatBytes(r.room_freed), r.gpu);
+    } else if (!others && !swapping) {
+      a.why = fmt::format("rank {} is alone on GPU {}: nothing can be swapped out for it", k, r.gpu);
+    } else if (!swapping && now_ns >= r.room_since_ns + wait_ns) {
+      a.why = fmt::format("no rank on GPU {} could be swapped out within {:.0f} s (none blocked in an exchange, or "
+                          "the host budget is full); {} freed of {}",
+                          r.gpu, cfg_.room_wait_s, FormatBytes(r.room_freed), FormatBytes(r.room_bytes));
+    } else {
+      continue;
+    }
+    r.room = false;
+    ++(a.ok ? stats_.rooms_granted : stats_.rooms_refused);
+    out.push_back(std::move(a));
+  }
+  return out;
 }
 
 uint64_t SwapScheduler::Estimate() const {
@@ -227,6 +310,7 @@ void SwapScheduler::Finished(const SwapAction& a, bool ok, double seconds, uint6
     ++stats_.swaps_out;
     stats_.bytes_out += a.bytes;
     stats_.seconds_out += seconds;
+    CreditRoom(a.gpu, a.bytes);
   } else if (ok) {
     ++stats_.swaps_in;
     stats_.bytes_in += a.bytes;
@@ -288,7 +372,10 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
     Rank* best = nullptr;
     std::tuple<int, uint64_t, int> best_key{};
     for (Rank* r : resident) {
-      if (r == keep || r->phase != SwapPhase::kResident || !Blocked(*r) || r->pid <= 0 || r->out_failed) continue;
+      // Why never a rank waiting for room: its host thread waits in an allocation, not in an exchange; it may have
+      // GPU work in flight, and it is the one the room is for.
+      if (r == keep || r->phase != SwapPhase::kResident || !Blocked(*r) || r->pid <= 0 || r->out_failed || r->room)
+        continue;
       const uint64_t fp = Footprint(r->rank);
       if (cfg_.host_cap_bytes > 0 && host_used + fp > cfg_.host_cap_bytes) {
         Notice("host:" + std::to_string(r->rank),
@@ -315,6 +402,22 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
     a.why = why;
     return a;
   };
+
+  // A rank waits for room for an allocation that failed: swap out blocked ranks until enough was freed, and start or
+  // restore nothing here meanwhile (the room is that rank's).
+  const Rank* asking = nullptr;
+  for (const Rank* r : resident) {
+    if (r->room && r->room_freed < r->room_bytes &&
+        (!asking || std::tie(r->room_since_ns, r->rank) < std::tie(asking->room_since_ns, asking->rank)))
+      asking = r;
+  }
+  if (asking) {
+    if (Rank* v = victim(nullptr)) {
+      return out_action(v, fmt::format("rank {} waits for room for {} ({} freed so far)", asking->rank,
+                                       FormatBytes(asking->room_bytes), FormatBytes(asking->room_freed)));
+    }
+    return std::nullopt;
+  }
 
   // Over the cap (footprints grew after the ranks were placed): make room as soon as a rank blocks.
   if (cap > 0 && used > cap && resident.size() > 1) {

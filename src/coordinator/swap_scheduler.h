@@ -19,6 +19,11 @@
 //  - No deadlock: a GPU is stalled when every resident rank is blocked (in an exchange or a store WAIT, or has been
 //    silent for `stall_s`); only then
 //    does a resident rank make room for a waiting one. A GPU with nothing resident always takes the next rank.
+//  - Allocation admission (RequestRoom, ipc.h kMemRoom): a rank whose device allocation failed for lack of memory
+//    waits for room. Its footprint becomes at least what it holds plus the request; blocked ranks of its GPU are
+//    swapped out (never a rank that waits for room: it is not blocked in an exchange) until they freed the
+//    request's bytes, and nothing is started or restored on that GPU meanwhile; then the answer is yes. It is no
+//    when no other rank is on the GPU, or when nothing could be swapped out for `room_wait_s`.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +48,8 @@ struct SwapConfig {
   // cuCheckpointProcessLock's timeout: it waits for the process's work in flight (other streams' kernels); a rank
   // whose lock times out stays on the GPU and is not picked again until its waits change.
   int lock_timeout_ms = 10000;
+  // How long a room request (RequestRoom) waits for a rank of its GPU that can be swapped out before it is refused.
+  double room_wait_s = 60;
 };
 
 enum class SwapPhase { kUnstarted, kAdmitted, kResident, kSwappingOut, kOut, kSwappingIn, kDone };
@@ -58,8 +65,19 @@ struct SwapAction {
 };
 const char* SwapActionName(SwapAction::Kind k);
 
+// The answer to a room request (RequestRoom): the coordinator sends it as kMemRoomAnswer.
+struct RoomAnswer {
+  int rank = -1;
+  uint64_t id = 0;  // the request's id (the rank's)
+  bool ok = false;
+  uint64_t bytes = 0;  // requested
+  uint64_t freed = 0;  // footprints swapped out (or ended) on its GPU since the request
+  std::string why;
+};
+
 struct SwapStats {
   uint64_t swaps_out = 0, swaps_in = 0, admits = 0, failures = 0;
+  uint64_t rooms_granted = 0, rooms_refused = 0;  // room requests answered yes / no
   uint64_t bytes_out = 0, bytes_in = 0;
   double seconds_out = 0, seconds_in = 0;
   uint64_t peak_gpu_bytes = 0;   // the largest GpuHeld of any GPU (the ranks' reported peaks + context)
@@ -92,6 +110,14 @@ class SwapScheduler {
   void SetStoreWait(int rank, bool waiting);
   // The rank is gone (goodbye, lost connection, exited).
   void Done(int rank);
+  // The rank's device allocation of `bytes` failed for lack of memory while it held `current` tracked bytes
+  // (kMemRoom); it waits for TakeRoomAnswers to say whether to retry. A second request of the rank replaces its
+  // first.
+  // False for a rank the scheduler does not know (or that is done): answer no at once.
+  bool RequestRoom(int rank, uint64_t id, uint64_t bytes, uint64_t current, uint64_t now_ns);
+  // Requests decided since the last call (granted: enough was swapped out; refused: see RoomAnswer::why).
+  std::vector<RoomAnswer> TakeRoomAnswers(uint64_t now_ns);
+  bool WaitsForRoom(int rank) const;
 
   // The next action, or nullopt (nothing to do, or an action is still running). The caller runs it and calls
   // Finished; admissions finish at once (the launcher starts the process).
@@ -124,6 +150,9 @@ class SwapScheduler {
     uint64_t out_bytes = 0;       // what it holds in host RAM while out
     bool out_failed = false;      // a swap out failed in its current waits: not picked again until they change
     bool store_wait = false;      // blocked in a store WAIT (SetStoreWait)
+    // A pending room request (RequestRoom): never a victim while it waits.
+    bool room = false;
+    uint64_t room_id = 0, room_bytes = 0, room_freed = 0, room_since_ns = 0;
   };
   bool OnGpu(const Rank& r) const {
     return r.phase == SwapPhase::kAdmitted || r.phase == SwapPhase::kResident || r.phase == SwapPhase::kSwappingIn ||
@@ -135,6 +164,7 @@ class SwapScheduler {
   std::optional<SwapAction> DecideGpu(const std::string& gpu, uint64_t now_ns);
   void Notice(const std::string& key, const std::string& text);
   void UpdatePeaks();
+  void CreditRoom(const std::string& gpu, uint64_t bytes);
 
   SwapConfig cfg_;
   std::map<int, Rank> ranks_;

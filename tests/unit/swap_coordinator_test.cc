@@ -99,11 +99,12 @@ struct Shim {
       if (f->type == want) return true;
     }
   }
-  void Hello(int rank, int pid) {
+  void Hello(int rank, int pid, json* ack = nullptr) {
     SendJson(ipc::MsgType::kHello, {{"rank", rank}, {"world_size", 2}, {"pid", pid}, {"host", "h"}, {"gpu", 0},
                                     {"gpu_id", "h/0"}});
     ipc::Frame f;
     ASSERT_TRUE(Recv(ipc::MsgType::kHelloAck, &f, 2000)) << "no hello ack for rank " << rank;
+    if (ack) *ack = json::parse(f.payload);
     ipc::MemorySample m{};
     m.current_bytes = m.peak_bytes = kF;
     SendPod(ipc::MsgType::kMemory, m);
@@ -224,6 +225,89 @@ TEST(SwapCoordinator, SwapsABlockedRankOutForOneNotStartedAndKeepsServingMeanwhi
     std::lock_guard<std::mutex> lock(print_mu);
     ASSERT_FALSE(printed.empty());
     EXPECT_NE(printed[0].find("prism: swap: on; GPU cap 1.0 GiB (--gpu-mem-cap)"), std::string::npos) << printed[0];
+  }
+  coord->Stop();
+  fs::remove_all(out);
+}
+
+// Allocation admission (ipc.h kMemRoom): both ranks fit as they started, then rank 1's allocation fails while rank 0
+// is blocked in an exchange waiting for it; rank 0 is swapped out and rank 1 is told to retry. A second request, with
+// rank 1 alone on the GPU, is refused at once.
+TEST(SwapCoordinator, ARankWhoseAllocationFailedGetsRoomFromABlockedRank) {
+  fs::path out = fs::temp_directory_path() / ("prism-swaproom-" + std::to_string(getpid()));
+  fs::remove_all(out);
+  auto driver = std::make_shared<GateDriver>();
+  CoordinatorOptions o;
+  o.world_size = 2;
+  o.real_ranks = {0, 1};
+  o.out_dir = out.string();
+  o.status_interval_ms = 50;
+  o.hang_timeout_s = 0;
+  o.swap.enabled = true;
+  o.swap.gpu_cap_bytes = 2 * kF;
+  o.swap.host_cap_bytes = 4 * kF;
+  o.swap.context_bytes = 0;
+  o.swap.rank_gpu = {{0, "h/0"}, {1, "h/0"}};
+  o.swap_driver = driver;
+  std::vector<std::string> printed;
+  std::mutex print_mu;
+  o.swap_print = [&](const std::string& s) {
+    std::lock_guard<std::mutex> lock(print_mu);
+    printed.push_back(s);
+  };
+  std::string error;
+  auto coord = Coordinator::Start(o, &error);
+  ASSERT_TRUE(coord) << error;
+  const std::string sock = coord->endpoints().socket_path;
+
+  ASSERT_TRUE(WaitFor([&] { return coord->SwapAdmitted(0); }, 2000));
+  Shim s0;
+  s0.Connect(sock);
+  json ack;
+  s0.Hello(0, 4242, &ack);
+  EXPECT_EQ(ack.value("swap", false), true) << "the rank must learn that it may ask for room";
+  ASSERT_TRUE(WaitFor([&] { return coord->SwapAdmitted(1); }, 2000)) << "2F of 2F: both fit";
+  Shim s1;
+  s1.Connect(sock);
+  s1.Hello(1, 4343);
+  uint32_t comm = s0.CommInit(0);
+  ASSERT_EQ(s1.CommInit(1), comm);
+  s0.AllReduce(comm, 0, 5);  // rank 0 blocks: it waits for rank 1
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(driver->calls().empty()) << "everything fits: no swap";
+
+  s1.SendJson(ipc::MsgType::kMemRoom, {{"id", 5}, {"bytes", kF}, {"current", kF}, {"peak", kF}});
+  ASSERT_TRUE(driver->WaitCalls(1, 3000)) << "rank 0 was not swapped out for rank 1's allocation";
+  EXPECT_EQ(driver->calls()[0], "out 4242");
+  ipc::Frame f;
+  // No answer while the checkpoint runs: the room is not there yet.
+  EXPECT_FALSE(s1.Recv(ipc::MsgType::kMemRoomAnswer, &f, 300));
+  driver->Release();
+  ASSERT_TRUE(s1.Recv(ipc::MsgType::kMemRoomAnswer, &f, 3000)) << "no answer to the room request";
+  json a = json::parse(f.payload);
+  EXPECT_EQ(a.value("id", 0), 5);
+  EXPECT_EQ(a.value("ok", false), true) << a.dump();
+
+  // Alone on the GPU now: nothing can be freed, no at once.
+  s1.SendJson(ipc::MsgType::kMemRoom, {{"id", 6}, {"bytes", kF}, {"current", 2 * kF}, {"peak", 2 * kF}});
+  ASSERT_TRUE(s1.Recv(ipc::MsgType::kMemRoomAnswer, &f, 3000));
+  a = json::parse(f.payload);
+  EXPECT_EQ(a.value("id", 0), 6);
+  EXPECT_EQ(a.value("ok", true), false);
+  EXPECT_NE(a.value("why", std::string()).find("alone"), std::string::npos) << a.dump();
+  ASSERT_TRUE(WaitFor([&] { return coord->SwapSummary().rooms_refused == 1; }, 2000));
+  SwapStats st = coord->SwapSummary();
+  EXPECT_EQ(st.rooms_granted, 1u);
+  EXPECT_EQ(st.swaps_out, 1u);
+  json status = json::parse(coord->StatusJson());
+  EXPECT_EQ(status["swap"]["rooms_granted"], 1);
+  {
+    std::lock_guard<std::mutex> lock(print_mu);
+    bool said = false;
+    for (const std::string& p : printed) {
+      said = said || p.find("rank 1's allocation of 1.0 GiB gets no room") != std::string::npos;
+    }
+    EXPECT_TRUE(said) << "the refusal is printed";
   }
   coord->Stop();
   fs::remove_all(out);

@@ -276,6 +276,128 @@ TEST(SwapScheduler, GrowthOverTheCapIsUndoneWhenARankBlocks) {
   EXPECT_EQ(a->rank, 0);
 }
 
+// Allocation admission (RequestRoom, ipc.h kMemRoom): the GPU case `big` of s18b, where every rank grew at its first
+// step past what the GPU held and one died out of memory with the others blocked in collectives.
+TEST(SwapScheduler, ARoomRequestSwapsOutBlockedRanksUntilEnoughIsFreed) {
+  SwapScheduler s(Config(4 * kF));
+  for (int r = 0; r < 4; ++r) s.AddRank(r, "g");
+  for (int r = 0; r < 4; ++r) StartNext(s, r);
+  EXPECT_EQ(s.GpuUsed("g"), 4 * kF);
+  s.SetWaits(0, {3});
+  s.SetWaits(1, {3});
+  // Rank 2 also waits in an exchange (another thread of its process), but its allocation waits for room: it is the
+  // one the room is for, never a victim.
+  s.SetWaits(2, {3});
+  ASSERT_TRUE(s.RequestRoom(2, 7, 3 * kF / 2, kF, kSec));
+  EXPECT_TRUE(s.WaitsForRoom(2));
+  EXPECT_EQ(s.Footprint(2), 5 * kF / 2) << "what it holds plus what it asks for";
+  EXPECT_TRUE(s.TakeRoomAnswers(kSec).empty());
+  auto a = s.Next(kSec);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->kind, SwapAction::kSwapOut);
+  EXPECT_EQ(a->rank, 1) << "blocked, nobody waits for it, the highest of equals";
+  EXPECT_NE(a->why.find("rank 2 waits for room"), std::string::npos) << a->why;
+  s.Finished(*a, true, 0.5, kSec);
+  EXPECT_TRUE(s.TakeRoomAnswers(kSec).empty()) << "F freed of 1.5F";
+  auto b = s.Next(kSec);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->kind, SwapAction::kSwapOut);
+  EXPECT_EQ(b->rank, 0);
+  s.Finished(*b, true, 0.5, kSec);
+  auto answers = s.TakeRoomAnswers(kSec);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].rank, 2);
+  EXPECT_EQ(answers[0].id, 7u);
+  EXPECT_TRUE(answers[0].ok);
+  EXPECT_FALSE(s.WaitsForRoom(2));
+  EXPECT_TRUE(s.TakeRoomAnswers(kSec).empty()) << "answered once";
+  EXPECT_EQ(s.Stats().rooms_granted, 1u);
+  EXPECT_EQ(s.phase(2), SwapPhase::kResident);
+  EXPECT_EQ(s.GpuUsed("g"), 7 * kF / 2) << "rank 2's grown footprint and rank 3";
+}
+
+TEST(SwapScheduler, NothingStartsOrComesBackOnAGpuWhileARankWaitsForRoom) {
+  SwapScheduler s(Config(10 * kF));
+  for (int r = 0; r < 3; ++r) s.AddRank(r, "g");
+  StartNext(s, 0);
+  StartNext(s, 1);
+  // Rank 2 would fit by the count (2F of 10F), but the GPU just ran out of memory: the room is rank 1's.
+  ASSERT_TRUE(s.RequestRoom(1, 1, kF, kF, kSec));
+  EXPECT_FALSE(s.Next(2 * kSec));
+  EXPECT_FALSE(s.Admitted(2));
+  // Rank 0 blocks (it waits for rank 2, which is not started): it is swapped out for rank 1, and only once rank 1
+  // had its answer may rank 2 start.
+  s.SetWaits(0, {2});
+  auto a = s.Next(3 * kSec);
+  ASSERT_TRUE(a && a->kind == SwapAction::kSwapOut && a->rank == 0);
+  s.Finished(*a, true, 0.5, 3 * kSec);
+  auto answers = s.TakeRoomAnswers(3 * kSec);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_TRUE(answers[0].ok);
+  auto b = s.Next(3 * kSec);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->kind, SwapAction::kAdmit);
+  EXPECT_EQ(b->rank, 2);
+}
+
+TEST(SwapScheduler, ARoomRequestIsRefusedWhenNothingCanBeSwappedOut) {
+  SwapConfig cfg = Config(5 * kF);  // rank 0 grows to 2F below, the next ones are estimated at that
+  cfg.room_wait_s = 5;
+  SwapScheduler s(cfg);
+  for (int r = 0; r < 3; ++r) s.AddRank(r, "g");
+  StartNext(s, 0);
+  // Alone on its GPU: nothing could ever be freed for it, no at once.
+  ASSERT_TRUE(s.RequestRoom(0, 1, kF, kF, kSec));
+  auto alone = s.TakeRoomAnswers(kSec);
+  ASSERT_EQ(alone.size(), 1u);
+  EXPECT_FALSE(alone[0].ok);
+  EXPECT_NE(alone[0].why.find("alone on GPU g"), std::string::npos) << alone[0].why;
+
+  StartNext(s, 1, kSec);
+  StartNext(s, 2, kSec);
+  // Ranks 0 and 1 work (not blocked): rank 2 waits, then gets no after room_wait_s; nothing is swapped out.
+  ASSERT_TRUE(s.RequestRoom(2, 2, kF, kF, 10 * kSec));
+  EXPECT_FALSE(s.Next(11 * kSec));
+  EXPECT_TRUE(s.TakeRoomAnswers(14 * kSec).empty());
+  auto late = s.TakeRoomAnswers(15 * kSec);
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_FALSE(late[0].ok);
+  EXPECT_EQ(late[0].id, 2u);
+  EXPECT_NE(late[0].why.find("within 5 s"), std::string::npos) << late[0].why;
+  EXPECT_EQ(s.Stats().rooms_refused, 2u);
+  EXPECT_EQ(s.Stats().swaps_out, 0u);
+  // A rank unknown to the scheduler is refused by the caller (RequestRoom says so).
+  EXPECT_FALSE(s.RequestRoom(9, 3, kF, 0, 15 * kSec));
+}
+
+TEST(SwapScheduler, ARoomRequestWaitsForASwapOutInFlightAndForARankThatEnds) {
+  SwapConfig cfg = Config(3 * kF);
+  cfg.room_wait_s = 5;
+  SwapScheduler s(cfg);
+  for (int r = 0; r < 3; ++r) s.AddRank(r, "g");
+  for (int r = 0; r < 3; ++r) StartNext(s, r);
+  s.SetWaits(0, {5});
+  ASSERT_TRUE(s.RequestRoom(2, 1, kF, kF, kSec));
+  auto a = s.Next(kSec);
+  ASSERT_TRUE(a && a->kind == SwapAction::kSwapOut && a->rank == 0);
+  // The checkpoint takes longer than the room wait: no refusal while it runs.
+  EXPECT_TRUE(s.TakeRoomAnswers(30 * kSec).empty());
+  s.Finished(*a, false, 10, 30 * kSec);  // the lock timed out: nothing freed, and its wait is long over
+  auto no = s.TakeRoomAnswers(30 * kSec);
+  ASSERT_EQ(no.size(), 1u);
+  EXPECT_FALSE(no[0].ok);
+  // A rank that ends while it waits is not answered; one that ends on the GPU frees room for another's request.
+  ASSERT_TRUE(s.RequestRoom(2, 3, kF, kF, 30 * kSec));
+  s.Done(2);
+  EXPECT_FALSE(s.WaitsForRoom(2));
+  EXPECT_TRUE(s.TakeRoomAnswers(30 * kSec).empty());
+  ASSERT_TRUE(s.RequestRoom(1, 2, kF / 2, kF, 31 * kSec));
+  s.Done(0);
+  auto answers = s.TakeRoomAnswers(31 * kSec);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_TRUE(answers[0].ok) << answers[0].why;
+}
+
 TEST(SwapScheduler, ParseBytes) {
   uint64_t b = 0;
   EXPECT_TRUE(ParseBytes("80G", &b));

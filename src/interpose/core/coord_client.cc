@@ -41,6 +41,7 @@ struct Conn {
   int fd = -1;
   bool tried = false;
   std::atomic<bool> active{false};
+  std::atomic<bool> swap{false};  // kHelloAck said "swap": true (kMemRoom may be sent)
   // Replies to requests (kHelloAck, kCommInfo, kError), in arrival order.
   std::vector<ipc::Frame> replies;
   std::mutex release_mu;
@@ -160,6 +161,10 @@ void ReaderLoop() {
       c.releases[{rel.comm_id, rel.seq}] = {rel.release_ns, rel.last_rank};
       continue;
     }
+    if (f.type == ipc::MsgType::kHelloAck) {
+      nlohmann::json j = nlohmann::json::parse(f.payload, nullptr, false);
+      if (j.is_object()) c.swap.store(j.value("swap", false));
+    }
     {
       std::lock_guard<std::mutex> lock(c.mu);
       c.replies.push_back(std::move(f));
@@ -255,6 +260,38 @@ bool CoordConnect() {
 }
 
 bool CoordActive() { return C().active.load(std::memory_order_relaxed); }
+
+bool CoordSwapOn() { return C().active.load() && C().swap.load(); }
+
+CoordReply CoordAskRoom(uint64_t id, uint64_t bytes, uint64_t current, uint64_t peak, int timeout_ms,
+                        std::string* why) {
+  if (!CoordSwapOn()) {
+    *why = "no coordinator with context switching";
+    return CoordReply::kNoAnswer;
+  }
+  try {
+    nlohmann::json j = {{"id", id}, {"bytes", bytes}, {"current", current}, {"peak", peak}};
+    auto mine = [id](const ipc::Frame& f) {
+      if (f.type != ipc::MsgType::kMemRoomAnswer) return false;
+      nlohmann::json r = nlohmann::json::parse(f.payload, nullptr, false);
+      return r.is_object() && r.value("id", uint64_t{0}) == id;
+    };
+    ipc::Frame f;
+    switch (Request(ipc::MsgType::kMemRoom, j, timeout_ms, mine, &f)) {
+      case Wait::kLost: *why = "coordinator connection lost"; return CoordReply::kNoAnswer;
+      case Wait::kTimeout:
+        *why = "no answer within " + std::to_string(timeout_ms / 1000) + " s";
+        return CoordReply::kNoAnswer;
+      case Wait::kGot: break;
+    }
+    nlohmann::json r = nlohmann::json::parse(f.payload);
+    *why = r.value("why", std::string());
+    return r.value("ok", false) ? CoordReply::kOk : CoordReply::kRefused;
+  } catch (...) {
+    *why = "exception";
+    return CoordReply::kNoAnswer;
+  }
+}
 
 std::string PhysicalGpuId(const std::string& host, const char* visible_devices, int phys_device) {
   std::string entry = std::to_string(phys_device);
@@ -603,6 +640,7 @@ void CoordResetForTest() {
   if (c.fd >= 0) close(c.fd);
   c.fd = -1;
   c.tried = false;
+  c.swap.store(false);
   c.replies.clear();
   std::lock_guard<std::mutex> rl(c.result_mu);
   c.results.clear();

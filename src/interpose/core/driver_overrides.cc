@@ -131,6 +131,10 @@ CUresult CUDAAPI OvMemCreate(CUmemGenericAllocationHandle* handle, size_t size, 
   CUmemAllocationProp p = *prop;
   MapLocation(&p.location);
   CUresult r = D().cuMemCreate(handle, size, &p, flags);
+  // Under context switching: wait for the coordinator to make room, then retry (core/memory.h).
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && p.location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    r = memory::RetryWithRoom(size, CUDA_ERROR_OUT_OF_MEMORY, [&] { return D().cuMemCreate(handle, size, &p, flags); });
+  }
   if (r == CUDA_SUCCESS && handle != nullptr && p.location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
     memory::RecordHandleCreate(static_cast<uint64_t>(*handle), size);
   }

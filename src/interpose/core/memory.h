@@ -20,4 +20,25 @@ uint64_t PeakBytes();
 // Resets peak to current (tests).
 void ResetPeakForTest();
 
+// Allocation admission under context switching (docs/collect.md, ipc.h kMemRoom). After a device allocation of
+// `bytes` failed for lack of memory, the caller's `attempt`-th retry (from 0): asks the coordinator for room and
+// waits for its answer; true: retry the allocation. False at once when the coordinator did not say swap is on, after
+// kMaxRoomAsks asks for one allocation, and within kRoomQuietS of a refusal (torch's caching allocator frees its
+// cache and calls again after a failure: that call fails at once instead of waiting again).
+inline constexpr int kMaxRoomAsks = 3;
+inline constexpr double kRoomQuietS = 10;
+bool WaitForRoom(uint64_t bytes, int attempt);
+// Forgets the last refusal (tests).
+void ResetRoomForTest();
+
+// After `alloc` failed with `oom` (the allocator's "out of memory": cudaErrorMemoryAllocation,
+// CUDA_ERROR_OUT_OF_MEMORY): calls `again` (the same allocation) once per room the coordinator grants, and returns
+// the last result (`oom` when no room was granted).
+template <typename E, typename Again>
+E RetryWithRoom(uint64_t bytes, E oom, Again again) {
+  E e = oom;
+  for (int attempt = 0; e == oom && WaitForRoom(bytes, attempt); ++attempt) e = again();
+  return e;
+}
+
 }  // namespace prism::interpose::memory
