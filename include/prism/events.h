@@ -6,10 +6,12 @@
 //   hello  {type, v, rank, world_size, local_rank, pid, host, gpu, t_ns}
 //   comm   {type, comm_id, key, desc, nranks, rank, members:[global ranks] (if known)}
 //   op     {type, comm_id, seq, op, dtype, bytes, peer, arrival_ns, release_ns, model_dur_ns, wait_on_rank,
-//           algo, proto, nops, root, stream, sseq, exchanged, cost}
+//           algo, proto, nops, root, stream, sseq, exchanged, cost[, ops, ops_truncated]}
 //           nops: operations fused in the unit (a group); root: of a rooted op (-1 otherwise); stream: process-local index of the CUDA stream (order of
 //           first use); sseq: the unit's position among its stream's units; exchanged: operations of the unit whose
-//           output came from other real members' data
+//           output came from other real members' data; ops (nops > 1): the unit's operations in issue order, at most
+//           16, [{op, dtype, bytes, peer, root, comm_id, seq}] (peer/root communicator ranks, -1 if none);
+//           ops_truncated: 1 when the list is incomplete (more than 16 operations, or lost before the line was written)
 //   wait   {type, stream, next, on, after}: the stream's unit `next` (and the work before it, after its previous
 //           unit) waits for unit `after` of stream `on` (cudaEventRecord on `on`, cudaStreamWaitEvent on `stream`)
 //   iter   {type, iteration, t_ns, dur_ns, peak_bytes, torch_max_allocated}

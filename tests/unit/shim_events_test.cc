@@ -3,6 +3,7 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -298,6 +299,93 @@ TEST(ShimEvents, WaitsPassThroughAStreamWithoutUnits) {
   ASSERT_EQ(waits.size(), 2u);
   EXPECT_EQ(waits[0], nlohmann::json({{"type", "wait"}, {"stream", 0}, {"next", 1}, {"on", 1}, {"after", 1}}));
   EXPECT_EQ(waits[1], nlohmann::json({{"type", "wait"}, {"stream", 0}, {"next", 2}, {"on", 1}, {"after", 2}}));
+  std::filesystem::remove_all(dir);
+}
+
+// A group's send to the next pipeline stage and receive from the previous one on a 4-rank pipeline communicator
+// (Megatron's batch_isend_irecv) are one unit: its op line lists both operations ("ops") with their peers and sizes,
+// which the unit's own fields cannot give. A group of more than 16 operations lists its first 16 and says so.
+TEST(ShimEvents, GroupedSendAndReceiveListTheirOperations) {
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  auto dir = std::filesystem::temp_directory_path() / ("prism_events_ops_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  Config c;
+  c.rank = 1;
+  c.world_size = 4;
+  c.real_ranks = {1};
+  c.fixed_dur_us = 10;
+  c.out_dir = dir.string();
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  ncclUniqueId id;
+  ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
+  InitArgs a;
+  a.nranks = 4;
+  a.rank = 1;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  std::vector<uint16_t> act(1024), grad(512);
+  auto call = [&](payload::OpKind op, int peer, std::vector<uint16_t>* buf, size_t count) {
+    OpCall x;
+    x.op = op;
+    x.comm = comm;
+    x.count = count;
+    x.dtype = ncclBfloat16;
+    x.peer = peer;
+    x.send = buf->data();
+    x.recv = buf->data();
+    x.redop = ncclSum;
+    return Submit(x);
+  };
+  ASSERT_EQ(GroupStart(), ncclSuccess);
+  ASSERT_EQ(call(payload::OpKind::kSend, 2, &act, act.size()), ncclSuccess);    // to the next stage
+  ASSERT_EQ(call(payload::OpKind::kRecv, 0, &grad, grad.size()), ncclSuccess);  // from the previous stage
+  ASSERT_EQ(GroupEnd(), ncclSuccess);
+  ASSERT_EQ(call(payload::OpKind::kSend, 2, &act, 8), ncclSuccess);  // alone: no list
+  ASSERT_EQ(GroupStart(), ncclSuccess);
+  for (int i = 0; i < 18; ++i) ASSERT_EQ(call(payload::OpKind::kAllReduce, -1, &grad, 4 + i), ncclSuccess);
+  ASSERT_EQ(GroupEnd(), ncclSuccess);
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  usleep(300000);
+  EventLogStop();
+  SetGpuForTest(nullptr);
+  std::ifstream in(EventLogPath());
+  std::vector<nlohmann::json> ops;
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") == "op") ops.push_back(j);
+  }
+  ASSERT_EQ(ops.size(), 3u);
+  // Lines come in release order: by sequence number, the pair, the lone send, the long group.
+  std::sort(ops.begin(), ops.end(), [](const nlohmann::json& x, const nlohmann::json& y) {
+    return x.at("seq").get<int64_t>() < y.at("seq").get<int64_t>();
+  });
+  const nlohmann::json& u = ops[0];
+  EXPECT_EQ(u.at("op"), "group");
+  EXPECT_EQ(u.at("nops"), 2);
+  EXPECT_EQ(u.at("peer"), -1);
+  EXPECT_EQ(u.at("bytes"), 2 * (1024 + 512));
+  ASSERT_TRUE(u.contains("ops")) << u.dump();
+  EXPECT_FALSE(u.contains("ops_truncated"));
+  const int cid = u.at("comm_id");
+  const int64_t s = u.at("seq");
+  EXPECT_EQ(u.at("ops"), nlohmann::json::parse(
+                             "[{\"op\":\"send\",\"dtype\":\"bf16\",\"bytes\":2048,\"peer\":2,\"root\":-1,\"comm_id\":" +
+                             std::to_string(cid) + ",\"seq\":" + std::to_string(s) +
+                             "},{\"op\":\"recv\",\"dtype\":\"bf16\",\"bytes\":1024,\"peer\":0,\"root\":-1,"
+                             "\"comm_id\":" + std::to_string(cid) + ",\"seq\":" + std::to_string(s + 1) + "}]"));
+  EXPECT_EQ(ops[1].at("peer"), 2);
+  EXPECT_FALSE(ops[1].contains("ops"));
+  const nlohmann::json& big = ops[2];
+  EXPECT_EQ(big.at("nops"), 18);
+  ASSERT_EQ(big.at("ops").size(), 16u);
+  EXPECT_EQ(big.at("ops_truncated"), 1);
+  EXPECT_EQ(big.at("ops")[15].at("op"), "allreduce");
+  EXPECT_EQ(big.at("ops")[15].at("bytes"), 2 * (4 + 15));
+  EXPECT_EQ(big.at("ops")[15].at("seq"), s + 3 + 15);
   std::filesystem::remove_all(dir);
 }
 

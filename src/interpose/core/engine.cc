@@ -295,6 +295,22 @@ void FillUnitEvent(const OpCall& first, uint64_t seq, size_t n, bool mixed, uint
   if (e->stream < kCountedStreams) e->stream_seq = g_stream_units[e->stream].fetch_add(1);
 }
 
+// The "ops" entry of operation `c` of a unit of several (the op line lists them: their peers, roots and sizes
+// differ, e.g. a pipeline stage's send to the next stage and receive from the previous one).
+UnitOpEvent UnitOpOf(const OpCall& c, uint64_t seq, uint64_t bytes) {
+  const OpKind k = c.op;
+  const bool rooted = k == OpKind::kBroadcast || k == OpKind::kReduce || k == OpKind::kGather || k == OpKind::kScatter;
+  UnitOpEvent o;
+  o.comm_id = c.comm->id;
+  o.seq = seq;
+  o.op = static_cast<uint8_t>(k);
+  o.dtype = static_cast<uint8_t>(c.dtype);
+  o.bytes = bytes;
+  o.peer = IsP2p(k) ? c.peer : -1;
+  o.root = rooted ? c.root : -1;
+  return o;
+}
+
 // Whether an operation moves real data through the coordinator: a collective of a communicator with several real
 // members, or a p2p whose peer is real (docs/payload.md "Exchange").
 XKind ExchangeKindOf(const OpCall& c) {
@@ -689,6 +705,8 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   u.comm_ops = 0;
   for (const Prepared& p : prep) u.comm_ops += p.call.comm == c0 ? 1 : 0;
   FillUnitEvent(prep[0].call, prep[0].seq, n, mixed, total, dur, last, stream, &u.event);
+  ReserveUnitOps(&u.event, n);
+  for (size_t i = 0; i < u.event.ops_n; ++i) SetUnitOp(u.event, i, UnitOpOf(prep[i].call, prep[i].seq, prep[i].bytes));
   bool xsends = false;  // exchanged sends whose acknowledgement GroupEnd waits for (RunExchange left them pending)
   for (const Prepared& p : prep) {
     u.event.exchanged += p.xkind != XKind::kNone && !p.local ? 1 : 0;
@@ -765,6 +783,7 @@ void PushRealUnit(const std::pair<OpCall, uint64_t>* ops, size_t n, uint32_t slo
   uint64_t total = 0, dur = 0;
   bool mixed = false;
   OpCost last;
+  ReserveUnitOps(&u.event, n);
   for (size_t k = 0; k < n; ++k) {
     const OpCall& c = ops[k].first;
     const auto dt = static_cast<payload::DataType>(c.dtype);
@@ -773,6 +792,7 @@ void PushRealUnit(const std::pair<OpCall, uint64_t>* ops, size_t n, uint32_t slo
     mixed = mixed || c.op != first.op;
     last = OperationCost(c.comm->cost.get(), c.op, bytes, dt, -1, -1);
     dur += last.dur_ns;
+    SetUnitOp(u.event, k, UnitOpOf(c, ops[k].second, bytes));
   }
   u.dur_ns = dur;
   u.comm_ops = 0;

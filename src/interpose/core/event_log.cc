@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -62,6 +63,40 @@ const char* DtypeName(uint8_t t) {
   return t < sizeof(kNames) / sizeof(kNames[0]) ? kNames[t] : "invalid";
 }
 
+// The operation lists of units of several operations (OpEvent::ops_at): a ring of entries of four words (bytes, seq,
+// peer << 32 | root, comm_id << 32 | op << 8 | dtype). A producer claims its entries (`next`), then stores them; the
+// writer thread reads them and then checks that no later claim came round to them (a seqlock whose sequence is
+// `next`).
+struct UnitOpRing {
+  static constexpr uint64_t kEntries = 1u << 15;  // 1 MiB; a list is lost only after 32768 more entries
+  std::atomic<uint64_t> next{0};
+  std::atomic<uint64_t> words[kEntries * 4];
+};
+
+UnitOpRing& Ring() {
+  // Why allocated on first use and leaked: most jobs never group operations; producers may run during exit.
+  static UnitOpRing* r = new UnitOpRing();
+  return *r;
+}
+
+// Reads the list of `e` into `out` (e.ops_n entries); false when it was overwritten.
+bool ReadUnitOps(const OpEvent& e, UnitOpEvent* out) {
+  UnitOpRing& r = Ring();
+  for (size_t i = 0; i < e.ops_n; ++i) {
+    const std::atomic<uint64_t>* w = &r.words[((e.ops_at + i) % UnitOpRing::kEntries) * 4];
+    const uint64_t w2 = w[2].load(std::memory_order_relaxed), w3 = w[3].load(std::memory_order_relaxed);
+    out[i].bytes = w[0].load(std::memory_order_relaxed);
+    out[i].seq = w[1].load(std::memory_order_relaxed);
+    out[i].peer = static_cast<int32_t>(static_cast<uint32_t>(w2 >> 32));
+    out[i].root = static_cast<int32_t>(static_cast<uint32_t>(w2));
+    out[i].comm_id = static_cast<uint32_t>(w3 >> 32);
+    out[i].op = static_cast<uint8_t>(w3 >> 8);
+    out[i].dtype = static_cast<uint8_t>(w3);
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return r.next.load(std::memory_order_relaxed) - e.ops_at <= UnitOpRing::kEntries;
+}
+
 void WriteOp(FILE* f, const OpEvent& e) {
   char gate[96] = "";
   if (e.gate_open_ns != 0) {
@@ -72,12 +107,30 @@ void WriteOp(FILE* f, const OpEvent& e) {
                "{\"type\":\"op\",\"comm_id\":%u,\"seq\":%llu,\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,"
                "\"peer\":%d,\"arrival_ns\":%llu,\"release_ns\":%llu,\"model_dur_ns\":%llu,\"wait_on_rank\":%d,"
                "\"algo\":%u,\"proto\":%u,\"nops\":%u,\"root\":%d,\"stream\":%u,\"sseq\":%u,\"exchanged\":%u,"
-               "\"cost\":\"%s\"%s%s}\n",
+               "\"cost\":\"%s\"%s%s",
                e.comm_id, static_cast<unsigned long long>(e.seq), OpName(e.op), DtypeName(e.dtype),
                static_cast<unsigned long long>(e.bytes), e.peer, static_cast<unsigned long long>(e.arrival_ns),
                static_cast<unsigned long long>(e.release_ns), static_cast<unsigned long long>(e.model_dur_ns),
                e.wait_on_rank, e.algo, e.proto, e.nops, e.root, e.stream, e.stream_seq, e.exchanged,
                e.source == 1 ? "fixed" : (e.source == 2 ? "model" : "fallback"), e.passthrough ? ",\"passthrough\":1" : "", gate);
+  if (e.ops_n > 0) {
+    UnitOpEvent ops[kMaxUnitOps];
+    const size_t n = std::min<size_t>(e.ops_n, kMaxUnitOps);
+    if (ReadUnitOps(e, ops)) {
+      std::fputs(",\"ops\":[", f);
+      for (size_t i = 0; i < n; ++i) {
+        const UnitOpEvent& o = ops[i];
+        std::fprintf(f, "%s{\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,\"peer\":%d,\"root\":%d,\"comm_id\":%u,\"seq\":%llu}",
+                     i ? "," : "", OpName(o.op), DtypeName(o.dtype), static_cast<unsigned long long>(o.bytes), o.peer,
+                     o.root, o.comm_id, static_cast<unsigned long long>(o.seq));
+      }
+      std::fputc(']', f);
+      if (n < e.nops) std::fputs(",\"ops_truncated\":1", f);
+    } else {
+      std::fputs(",\"ops_truncated\":1", f);  // the list was overwritten before this line was written
+    }
+  }
+  std::fputs("}\n", f);
 }
 
 void WriteMem(Writer& w, FILE* f, bool force) {
@@ -246,6 +299,25 @@ void LogOp(const OpEvent& e) {
     w.ops.push_back(e);
   }
   w.cv.notify_one();
+}
+
+void ReserveUnitOps(OpEvent* e, size_t n) {
+  if (n < 2) return;
+  UnitOpRing& r = Ring();
+  const size_t k = std::min(n, kMaxUnitOps);
+  e->ops_at = r.next.fetch_add(k, std::memory_order_relaxed);
+  e->ops_n = static_cast<uint8_t>(k);
+  // Why: a reader that sees an entry stored after this claim must also see the claim (ReadUnitOps).
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void SetUnitOp(const OpEvent& e, size_t i, const UnitOpEvent& op) {
+  if (i >= e.ops_n) return;
+  std::atomic<uint64_t>* w = &Ring().words[((e.ops_at + i) % UnitOpRing::kEntries) * 4];
+  w[0].store(op.bytes, std::memory_order_relaxed);
+  w[1].store(op.seq, std::memory_order_relaxed);
+  w[2].store(uint64_t{static_cast<uint32_t>(op.peer)} << 32 | static_cast<uint32_t>(op.root), std::memory_order_relaxed);
+  w[3].store(uint64_t{op.comm_id} << 32 | uint64_t{op.op} << 8 | op.dtype, std::memory_order_relaxed);
 }
 
 void LogIteration(uint32_t iteration, volatile uint64_t* stamp, uint64_t host_ns, uint64_t torch_max_allocated) {

@@ -6,11 +6,27 @@
 // when the Python hook registers the group).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace prism::interpose {
+
+// Operations of one unit listed on its op line ("ops", docs/collect.md); a longer unit lists its first ones and says
+// "ops_truncated".
+inline constexpr size_t kMaxUnitOps = 16;
+
+// One operation of a unit of several (the op line's "ops" entry).
+struct UnitOpEvent {
+  uint32_t comm_id = 0;  // process-local communicator id
+  uint64_t seq = 0;      // its sequence number on that communicator
+  uint8_t op = 0;        // payload::OpKind
+  uint8_t dtype = 0;     // ncclDataType_t
+  uint64_t bytes = 0;
+  int32_t peer = -1;     // communicator rank (send/recv), -1 otherwise
+  int32_t root = -1;     // communicator rank (rooted collectives), -1 otherwise
+};
 
 struct OpEvent {
   uint32_t comm_id = 0;       // process-local communicator id (the event file's)
@@ -37,6 +53,10 @@ struct OpEvent {
   // the GPU clock, and when the stream passed the gate (a stamp after it); 0 otherwise.
   uint64_t gate_written_ns = 0;
   uint64_t gate_open_ns = 0;
+  // A unit of several operations: where ReserveUnitOps put their list (kept aside so that the event stays small;
+  // ops_n entries from ops_at, fewer than nops when the unit had more than kMaxUnitOps). ops_n 0: no list.
+  uint64_t ops_at = 0;
+  uint8_t ops_n = 0;
 };
 
 struct CommEvent {
@@ -55,6 +75,12 @@ struct CommEvent {
 void EventLogStart();
 void LogComm(const CommEvent& e);
 void LogOp(const OpEvent& e);
+// The operation list of a unit of `n` operations (n > 1; nothing otherwise): ReserveUnitOps sets e->ops_at/ops_n,
+// then SetUnitOp fills entry i < e->ops_n, before the event is handed on. No allocation per unit: the lists live in
+// one ring, and a list overwritten before its line was written (a unit kept longer than the ring's turn) is written
+// as "ops_truncated" without entries.
+void ReserveUnitOps(OpEvent* e, size_t n);
+void SetUnitOp(const OpEvent& e, size_t i, const UnitOpEvent& op);
 // An iteration mark whose GPU time arrives later in the host-mapped word `stamp` (nullptr: use host time).
 void LogIteration(uint32_t iteration, volatile uint64_t* stamp, uint64_t host_ns, uint64_t torch_max_allocated);
 void LogError(const std::string& what);
