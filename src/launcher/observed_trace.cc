@@ -632,7 +632,10 @@ bool Builder::Expand(const RankEventLog& log, const ObservedOp& op, std::vector<
     if (n != 2 || nranks != 2)
       return Fail(where(op.comm_id, op.seq) + ": a fused unit of " + std::to_string(n) + " sends and receives on a "
                   "communicator of " + std::to_string(nranks) + " ranks, without per-operation detail (\"ops\"): "
-                  "its peers and sizes are unknown. The shim must write \"ops\" for fused units (docs/collect.md)");
+                  "its peers and sizes are unknown. " +
+                  (op.ops_truncated ? std::string("The line's \"ops\" list is incomplete (\"ops_truncated\": the "
+                                                  "shim lists at most 16 operations of a unit)")
+                                    : std::string("The shim must write \"ops\" for fused units (docs/collect.md)")));
     if (!warned_split_)
       Warn("fused send+recv units without per-operation detail: each side taken as half of the unit's bytes");
     warned_split_ = true;
@@ -1145,9 +1148,11 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
         if (s.op.empty()) return malformed("\"ops\" entry without op");
         o.ops.push_back(std::move(s));
       }
-      if (Int(j, "ops_truncated", 0) != 0 || (j.contains("ops_truncated") && j["ops_truncated"].is_boolean() &&
-                                                j["ops_truncated"].get<bool>()))
-        o.ops.clear();  // Why: a partial list would drop operations; fall back to the unit's totals
+    }
+    if (Int(j, "ops_truncated", 0) != 0 || (j.contains("ops_truncated") && j["ops_truncated"].is_boolean() &&
+                                              j["ops_truncated"].get<bool>())) {
+      o.ops.clear();  // Why: a partial list would drop operations; fall back to the unit's totals
+      o.ops_truncated = true;
     }
     log->ops.push_back(std::move(o));
   } else if (type == events::kWait) {

@@ -56,6 +56,7 @@ struct ObservedOp {
   bool passthrough = false;  // ran on the real NCCL: arrival/release are GPU stamps around the real operation
   int32_t nops = 1;
   std::vector<ObservedSubOp> ops;  // empty unless the line lists them
+  bool ops_truncated = false;      // the line said its list was incomplete ("ops_truncated"): not used
   int64_t line = 0;                // line number in the event file (messages)
 };
 

@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 #include <sys/wait.h>
+#include <tuple>
 #include <unistd.h>
 #include <vector>
 
@@ -464,6 +465,94 @@ TEST(ObservedTrace, FusedUnitOnLargerCommunicatorNeedsDetail) {
   EXPECT_FALSE(BuildObservedTrace(logs, MakeWorld(8), {}, &err));
   EXPECT_NE(err.find("line 99"), std::string::npos) << err;
   EXPECT_NE(err.find("\"ops\""), std::string::npos) << err;
+}
+
+// A pp=4 pipeline (world 4) whose middle stages fuse the send to one neighbour and the receive from the other into
+// one unit on the 4-rank pipeline communicator (Megatron's batch_isend_irecv), forward and backward. Activations
+// and gradients between stage k and k+1 are k+1 MiB, so the two operations of a unit differ in peer and size.
+std::vector<RankEventLog> PipelineLogs(bool detail) {
+  auto boundary = [](int k) { return static_cast<uint64_t>(k + 1) << 20; };  // bytes between stage k and k+1
+  std::vector<RankEventLog> logs;
+  for (int r = 0; r < 4; ++r) {
+    JobOptions o;
+    o.world = 4;
+    RankWriter w(r, o);
+    w.Comm(0, "PIPELINE_MODEL_PARALLEL_GROUP", {0, 1, 2, 3}, r);
+    auto fused = [&](int send_peer, uint64_t send_bytes, int recv_peer, uint64_t recv_bytes) {
+      json f = w.Op(0, "group", "bf16", send_bytes + recv_bytes, -1, 1, kSendUs, 2);
+      if (detail) {
+        const int64_t s = f["seq"].get<int64_t>();
+        f["ops"] = json::array({{{"op", "send"}, {"dtype", "bf16"}, {"bytes", send_bytes}, {"peer", send_peer},
+                                 {"root", -1}, {"comm_id", 0}, {"seq", s}},
+                                {{"op", "recv"}, {"dtype", "bf16"}, {"bytes", recv_bytes}, {"peer", recv_peer},
+                                 {"root", -1}, {"comm_id", 0}, {"seq", s + 1}}});
+      }
+      w.Emit(f);
+    };
+    for (int it = 0; it < 3; ++it) {
+      if (r == 0) w.Emit(w.Op(0, "send", "bf16", boundary(0), 1, 1, kSendUs));
+      else if (r == 3) w.Emit(w.Op(0, "recv", "bf16", boundary(2), 2, 1, kSendUs));
+      else fused(r + 1, boundary(r), r - 1, boundary(r - 1));  // activations: on to the next, from the previous
+      w.Compute(kFwdUs);
+      if (r == 3) w.Emit(w.Op(0, "send", "bf16", boundary(2), 2, 1, kSendUs));
+      else if (r == 0) w.Emit(w.Op(0, "recv", "bf16", boundary(0), 1, 1, kSendUs));
+      else fused(r - 1, boundary(r - 1), r + 1, boundary(r));  // gradients: back to the previous, from the next
+      w.Compute(kBwdUs);
+      w.Mark(it);
+    }
+    RankEventLog log;
+    log.rank = r;
+    int64_t n = 0;
+    for (const std::string& l : w.lines()) prism::launcher::FeedEventLine(&log, l, ++n);
+    logs.push_back(std::move(log));
+  }
+  return logs;
+}
+
+TEST(ObservedTrace, FusedPipelineUnitOnFourStagesBuildsFromItsOperations) {
+  std::string err;
+  auto l = prism::world::ParseLayout("pp=4", &err);
+  ASSERT_TRUE(l) << err;
+  ASSERT_TRUE(prism::world::ResolveLayout(&*l, 4, "test", &err)) << err;
+  auto world = prism::world::World::Make(*l, 8, &err);
+  ASSERT_TRUE(world) << err;
+  // Without the list (libprism before "ops"): refused, as `prism-run collect` of Megatron pp=4 was.
+  EXPECT_FALSE(BuildObservedTrace(PipelineLogs(false), *world, {}, &err));
+  EXPECT_NE(err.find("a fused unit of 2 sends and receives on a communicator of 4 ranks"), std::string::npos) << err;
+  auto g = BuildObservedTrace(PipelineLogs(true), *world, {}, &err);
+  ASSERT_TRUE(g) << err;
+  const prism::trace::Trace& t = g->trace;
+  EXPECT_TRUE(prism::replay::ValidateTrace(t).empty());
+  ASSERT_EQ(t.classes.size(), 4u);
+  EXPECT_FALSE(HasWarning(*g, "half"));
+  // Per stage: (kind, peer in pipeline ranks, bytes) of every point-to-point node, over the three iterations.
+  using P2p = std::tuple<NodeKind, int, uint64_t>;
+  auto p2p = [&](int rank) {
+    std::multiset<P2p> out;
+    for (const auto& s : t.classes[t.ranks[rank].cls].streams)
+      for (const auto& n : s.nodes)
+        if (n.kind == NodeKind::kSend || n.kind == NodeKind::kRecv) out.insert({n.kind, n.peer, n.bytes});
+    return out;
+  };
+  auto times3 = [](std::initializer_list<P2p> l) {
+    std::multiset<P2p> out;
+    for (int i = 0; i < 3; ++i) out.insert(l.begin(), l.end());
+    return out;
+  };
+  constexpr uint64_t kMiB = 1 << 20;
+  EXPECT_EQ(p2p(1), times3({{NodeKind::kSend, 2, 2 * kMiB}, {NodeKind::kRecv, 0, kMiB},
+                            {NodeKind::kSend, 0, kMiB}, {NodeKind::kRecv, 2, 2 * kMiB}}));
+  EXPECT_EQ(p2p(2), times3({{NodeKind::kSend, 3, 3 * kMiB}, {NodeKind::kRecv, 1, 2 * kMiB},
+                            {NodeKind::kSend, 1, 2 * kMiB}, {NodeKind::kRecv, 3, 3 * kMiB}}));
+  EXPECT_EQ(p2p(0), times3({{NodeKind::kSend, 1, kMiB}, {NodeKind::kRecv, 1, kMiB}}));
+  // The fused units' operations run side by side on helper streams of the pipeline stream, one per channel (peer,
+  // direction), one node per iteration each.
+  const auto& c1 = t.classes[t.ranks[1].cls];
+  for (const char* name : {"stream1.pp.send2", "stream1.pp.recv0", "stream1.pp.send0", "stream1.pp.recv2"}) {
+    const prism::trace::Stream* h = StreamNamed(c1, name);
+    ASSERT_NE(h, nullptr) << name;
+    EXPECT_EQ(h->nodes.size(), 3u) << name;
+  }
 }
 
 TEST(ObservedTrace, MembersFromDescriptionAndRootAssumed) {
