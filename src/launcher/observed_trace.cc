@@ -139,12 +139,16 @@ struct Unit {
   std::vector<Piece> pieces;
 };
 
-// A built unit, for the event file's "wait" lines: its nodes and the compute node that ends where it arrives.
+// A built unit, for the event file's "wait" lines: its nodes and the compute nodes of the gap that ends where it
+// arrives (one, or several when the gap crosses iteration marks; none when it followed the previous unit at once).
 struct UnitNodes {
+  struct GapPiece {
+    uint32_t id = 0;
+    int64_t from = 0, to = 0;
+  };
   std::vector<uint32_t> ids;
   int64_t arrival = 0, release = 0;
-  int64_t gap = -1;  // node id; -1 when the unit followed the previous one at once
-  int64_t gap_from = 0;
+  std::vector<GapPiece> gap;
 };
 
 // Lookup tables over world::World's groups: kind -> (rank -> group index).
@@ -822,15 +826,14 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
       pending.clear();
       return id;
     };
-    int64_t last_compute = -1;  // id of the compute node `compute` added last
+    std::vector<UnitNodes::GapPiece> gap;  // compute nodes since the last unit
     auto compute = [&](int64_t from, int64_t to, int64_t iter) {
-      last_compute = -1;
       if (to <= from) return;
       Node node;
       node.kind = NodeKind::kCompute;
       node.dur_us = static_cast<double>(to - from) / 1000.0;
       node.iter = static_cast<uint32_t>(iter);
-      last_compute = add_main(std::move(node));
+      gap.push_back({add_main(std::move(node)), from, to});
     };
     bool have_t = false;
     int64_t t = 0;
@@ -858,11 +861,9 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
       UnitNodes un;
       un.arrival = u.op->arrival_ns;
       un.release = std::max(u.op->release_ns, u.op->arrival_ns);
-      if (have_t) {
-        compute(t, u.op->arrival_ns, u.iter);
-        un.gap = last_compute;
-        un.gap_from = t;
-      }
+      if (have_t) compute(t, u.op->arrival_ns, u.iter);
+      un.gap = std::move(gap);
+      gap.clear();
       const uint32_t first_id = next_id;
       // Fork: helper nodes start when the main stream reaches the unit; join: the next main node waits for them.
       std::vector<uint32_t> fork = pending;
@@ -918,19 +919,19 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
   return true;
 }
 
-// Cross-stream dependencies ("wait" lines): the compute node before the waiting unit (else the unit itself) gets the
-// awaited unit's nodes in `after`, and its duration loses the time the stream spent waiting: the gap is measured
-// from the later of its start and the awaited unit's release (the wait is taken to sit at the start of the gap, where
-// Megatron's pipeline receive waits are, right before the micro-batch's compute). Without this the wait would be
-// replayed as compute (docs/fill.md).
+// Cross-stream dependencies ("wait" lines): the first compute node of the gap before the waiting unit (else the unit
+// itself) gets the awaited unit's nodes in `after`, and the gap loses the time the stream spent waiting: each of its
+// nodes (the gap is cut at iteration marks) keeps only what lies after the awaited unit's release (the wait is taken
+// to sit at the start of the gap, where Megatron's pipeline receive waits are, right before the micro-batch's
+// compute). Without this the wait would be replayed as compute (docs/fill.md): a side stream's gap from its last
+// unit of one iteration to its first of the next holds the whole optimizer step and the other streams' work.
 void Builder::ApplyWaits(const RankEventLog& log, const std::map<std::pair<int64_t, int64_t>, UnitNodes>& unit_at,
                          trace::RoleClass* cls) {
   if (log.waits.empty()) return;
   std::map<uint32_t, Node*> by_id;
   for (trace::Stream& st : cls->streams)
     for (Node& n : st.nodes) by_id[n.id] = &n;
-  std::map<uint32_t, std::pair<int64_t, int64_t>> gap_span;  // gap node -> (start, end)
-  std::map<uint32_t, int64_t> awaited;                       // gap node -> latest awaited release
+  std::map<const UnitNodes*, int64_t> awaited;  // waiting unit -> latest awaited release
   size_t used = 0, skipped = 0;
   for (const ObservedWait& w : log.waits) {
     auto s = unit_at.find({w.stream, w.next});
@@ -941,20 +942,19 @@ void Builder::ApplyWaits(const RankEventLog& log, const std::map<std::pair<int64
       ++skipped;
       continue;
     }
-    const uint32_t target = s->second.gap >= 0 ? static_cast<uint32_t>(s->second.gap) : s->second.ids.front();
+    const uint32_t target = !s->second.gap.empty() ? s->second.gap.front().id : s->second.ids.front();
     Node* n = by_id.at(target);
     for (uint32_t id : t->second.ids)
       if (std::find(n->after.begin(), n->after.end(), id) == n->after.end()) n->after.push_back(id);
-    if (s->second.gap >= 0) {
-      gap_span[target] = {s->second.gap_from, s->second.arrival};
-      int64_t& a = awaited[target];
+    if (!s->second.gap.empty()) {
+      int64_t& a = awaited[&s->second];
       a = std::max(a, t->second.release);
     }
     ++used;
   }
-  for (const auto& [id, rel] : awaited) {
-    const auto [from, to] = gap_span[id];
-    by_id.at(id)->dur_us = static_cast<double>(std::max<int64_t>(0, to - std::max(from, rel))) / 1000.0;
+  for (const auto& [unit, rel] : awaited) {
+    for (const UnitNodes::GapPiece& g : unit->gap)
+      by_id.at(g.id)->dur_us = static_cast<double>(std::max<int64_t>(0, g.to - std::max(g.from, rel))) / 1000.0;
   }
   out_->wait_edges += used;
   out_->waits_skipped += skipped;

@@ -120,6 +120,9 @@ RankWriter MakeRank(int rank, const JobOptions& o) {
     if (o.root_field) b["root"] = 0;
     w.Emit(b);
     if (pp == 1) {
+      if (o.waits && it > 0) {  // torch's NCCL stream waits for the compute stream's point before the receive
+        w.Emit(json{{"type", "wait"}, {"stream", 1}, {"next", w.next_sseq(1)}, {"on", 0}, {"after", b["sseq"]}});
+      }
       json r = w.Op(1, "recv", "bf16", o.act_bytes, 0, 1, kSendUs);
       w.Emit(r);
       if (o.waits) {  // torch's work.wait(): the compute stream waits for the receive before the forward
@@ -372,6 +375,41 @@ TEST(ObservedTrace, CrossStreamWaitsBecomeEdgesAndLeaveCompute) {
     EXPECT_EQ(has_edge, waits);
     EXPECT_DOUBLE_EQ(gap->dur_us, waits ? kFwdUs : kFwdUs + kSendUs);
     EXPECT_EQ(g->wait_edges > 0, waits);
+    std::vector<std::string> problems = prism::replay::ValidateTrace(g->trace);
+    EXPECT_TRUE(problems.empty()) << problems.front();
+  }
+}
+
+// A side stream's gap from its last unit of one iteration to its first of the next crosses the iteration mark: the
+// builder cuts it there into two compute nodes (the data-parallel all-reduce and optimizer step before the mark, the
+// broadcast after it). Stage 1's pipeline stream waits for the broadcast before its receive, so neither piece is
+// compute of that stream; before, only the piece after the mark lost the wait and 1.3 ms per iteration were replayed
+// as the pipeline stream's compute (the medium fill's 2.5 s iterations, docs/fill.md).
+TEST(ObservedTrace, AWaitEmptiesEveryPieceOfAGapThatCrossesAnIterationMark) {
+  for (bool waits : {false, true}) {
+    SCOPED_TRACE(waits ? "with wait lines" : "without");
+    JobOptions o;
+    o.waits = waits;
+    std::string err;
+    auto g = Build(o, ReplicaZero(8), &err);
+    ASSERT_TRUE(g) << err;
+    const auto& cls = g->trace.classes[g->trace.ranks[4].cls];
+    const prism::trace::Stream* pp = StreamNamed(cls, "stream1");
+    ASSERT_NE(pp, nullptr);
+    // Compute between the send of iteration 0 and the receive of iteration 1.
+    double gap_us = 0;
+    int pieces = 0;
+    bool after_send = false;
+    for (const auto& n : pp->nodes) {
+      if (n.kind == NodeKind::kSend) after_send = true;
+      if (n.kind == NodeKind::kRecv && after_send) break;
+      if (after_send && n.kind == NodeKind::kCompute) {
+        gap_us += n.dur_us;
+        ++pieces;
+      }
+    }
+    EXPECT_EQ(pieces, 2);
+    EXPECT_DOUBLE_EQ(gap_us, waits ? 0.0 : double(kDpUs + kOptUs + kBcastUs));
     std::vector<std::string> problems = prism::replay::ValidateTrace(g->trace);
     EXPECT_TRUE(problems.empty()) << problems.front();
   }
