@@ -195,6 +195,7 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
     e["status"] = status;
     e["exit_code"] = status == "running" ? json(nullptr) : json(res.exit_code);
     if (res.failed_rank >= 0) e["failed_rank"] = res.failed_rank;
+    if (res.stopped_after_iterations) e["stopped_after_iterations"] = opts.stop_after_iterations;
     if (!res.hang_json.empty()) {
       // Why the whole diagnosis: report.json is what people and CI read first; hang.json stays the full record.
       std::ifstream hin(res.hang_json);
@@ -373,7 +374,18 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
         if (p->rank == rank) return p->reaped;
       return true;  // never started
     };
-    for (int64_t it : report.NewCompleteIterations(done)) print(report.ProgressLine(it));
+    for (int64_t it : report.NewCompleteIterations(done)) {
+      print(report.ProgressLine(it));
+      // Iteration marks count from 0: mark K-1 ends the K-th iteration.
+      if (opts.stop_after_iterations > 0 && it + 1 >= opts.stop_after_iterations && !stopping) {
+        print("prism: " + std::to_string(opts.stop_after_iterations) +
+              " iteration(s) complete on every real rank (--iterations): stopping the workers");
+        res.stopped_after_iterations = true;
+        signal_all(SIGTERM);
+        termed = true;
+        begin_stop(opts.iterations_grace_s);
+      }
+    }
   };
 
   while (true) {
@@ -532,6 +544,10 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
   } else if (res.stopped_on_hang) {
     status = "hang";
     res.exit_code = kExitHang;
+  } else if (res.stopped_after_iterations) {
+    // Why success: the ranks were stopped on purpose once they had done what was asked; their exit codes are ours.
+    status = "finished";
+    res.exit_code = 0;
   } else if (res.failed_rank >= 0) {
     status = "failed";
   } else if (!res.error.empty()) {

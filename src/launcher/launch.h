@@ -20,6 +20,8 @@ struct LaunchOptions {
   double failure_grace_s = 5;           // after a rank failed: SIGTERM the others, SIGKILL after this
   double report_interval_s = 1;         // report.json rewritten at most this often while running
   int log_tail_lines = 20;              // lines of a failed rank's log printed
+  int stop_after_iterations = 0;        // > 0: stop the workers once every real rank completed this many iterations
+  double iterations_grace_s = 10;       // then: SIGTERM, SIGKILL after this
   std::function<void(const std::string&)> print;  // progress and status lines (default: stdout)
 };
 
@@ -33,6 +35,7 @@ struct LaunchResult {
   std::string error;      // prism's own failure (could not start), if any
   std::string hang_json;  // set when the coordinator diagnosed a hang (its hang.json)
   bool stopped_on_hang = false;  // --on-hang stop: prism stopped the job after the diagnosis
+  bool stopped_after_iterations = false;  // --iterations K: prism stopped the job after K iterations
 };
 
 // `coordinator` may be null when plan.start_coordinator is false (joining an existing one).

@@ -39,6 +39,9 @@ TEST(CollectCli, RunsDataParallelReplicaZeroAndRecordsPayloads) {
               (out / "payloads" / ("rank" + std::to_string(rank) + ".bin")).string());
   }
   EXPECT_NE(PrismRun("collect --ranks 5 --dry-run " + std::string(kJob)).rc, 0);
+  // --iterations K (the "one, or --iterations K, iterations"): accepted, and not negative.
+  EXPECT_EQ(PrismRun("collect --iterations 3 --dry-run --out " + out.string() + " " + kJob).rc, 0);
+  EXPECT_NE(PrismRun("collect --iterations -1 --dry-run --out " + out.string() + " " + kJob).rc, 0);
 }
 
 TEST(CollectCli, RecordedPayloadsGoToEachRankByClass) {

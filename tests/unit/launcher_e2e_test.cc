@@ -203,6 +203,32 @@ TEST_F(LauncherE2E, FailingRankGivesItsStatusAndLogTail) {
   fs::remove_all(out);
 }
 
+// --iterations K: a job that would run 100000 iterations (a production command) is stopped once every real rank
+// completed K, and the run counts as finished (exit 0) with the K iterations in the report.
+TEST_F(LauncherE2E, IterationsStopsTheJobAfterKIterations) {
+  fs::path out = FreshDir("iters");
+  std::string log;
+  const auto t0 = std::chrono::steady_clock::now();
+  int rc = RunPrism("FAKE_ITERS=100000 FAKE_ITER_MS=20",
+                    "--out " + out.string() + " --ranks 0,1 --gpus 1 --no-preload --iterations 5 torchrun "
+                    "--nproc-per-node 2 " + Worker(),
+                    &log);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_LT(wall, 60.0) << log;  // 100000 iterations of 20 ms would take half an hour
+  EXPECT_NE(log.find("5 iteration(s) complete on every real rank (--iterations): stopping the workers"),
+            std::string::npos) << log;
+  json rep = ReadJson(out / "report.json");
+  ASSERT_FALSE(rep.is_discarded()) << log;
+  EXPECT_EQ(rep["status"], "finished");
+  EXPECT_EQ(rep["exit_code"], 0);
+  EXPECT_EQ(rep["stopped_after_iterations"], 5);
+  EXPECT_GE(rep["iterations"].get<int>(), 5);
+  EXPECT_LT(rep["iterations"].get<int>(), 100);
+  EXPECT_EQ(rep["ranks"][0]["status"], "stopped");
+  fs::remove_all(out);
+}
+
 TEST_F(LauncherE2E, CtrlCStopsCleanlyAndKeepsTheReport) {
   fs::path out = FreshDir("int");
   std::vector<std::string> args = {std::getenv("PRISM_RUN"), "--out", out.string(), "--ranks", "0,1", "--gpus", "1",

@@ -77,6 +77,10 @@ EmulateOptions* AddEmulateOptions(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber)
       ->envname("PRISM_HANG_TIMEOUT");
+  app.add_option("--iterations", opts.iterations,
+                 "stop the job once every real rank has completed K iterations (its iteration marks), as if it "
+                 "had ended there: the report, trace and graph cover iterations 0..K-1 (0: run the job to its end)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--on-hang", opts.on_hang,
                  "after a hang diagnosis: stop the job (report written, exit 4) or wait (keep running)")
       ->capture_default_str()
@@ -305,6 +309,7 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   launcher::LaunchOptions lo;
   lo.prism_argv = SelfArgv();
   lo.echo_output = !opts.quiet;
+  lo.stop_after_iterations = opts.iterations;
   std::printf("prism: emulating %d ranks (%d nodes x %d), layout %s; %zu real rank(s); output %s\n",
               plan->world_size, plan->nnodes, plan->nproc_per_node, plan->layout.ToSpec().c_str(), plan->real.size(),
               plan->out_dir.c_str());

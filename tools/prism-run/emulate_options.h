@@ -34,6 +34,7 @@ struct EmulateOptions {
   bool quiet = false;
   double hang_timeout = 60;
   std::string on_hang = "stop";
+  int iterations = 0;  // --iterations K: stop the job once every real rank completed K iterations (0: run it out)
   bool no_passthrough = false;  // --no-passthrough
   bool kernels = false;         // --kernels: CUPTI kernel records of the real ranks (docs/kernels.md)
   bool kernels_nvtx = false;    // --kernels-nvtx: also the job's NVTX ranges
@@ -52,6 +53,7 @@ struct LaunchSubcommandOptions {
   bool dry_run = false;
   bool json = false;
   double hang_timeout = 60;
+  int iterations = 0;
 };
 // Registers them on `sub` (`default_out`: the directory name used when --out is not given).
 void AddLaunchSubcommandOptions(CLI::App* sub, LaunchSubcommandOptions* o, const std::string& default_out,

@@ -19,6 +19,8 @@ void AddLaunchSubcommandOptions(CLI::App* sub, LaunchSubcommandOptions* o, const
   sub->add_flag("--dry-run", o->dry_run, "print the plan (which ranks run) and run nothing");
   sub->add_flag("--json", o->json, "with --dry-run: the plan as JSON");
   sub->add_option("--hang-timeout", o->hang_timeout, "as for emulate")->check(CLI::NonNegativeNumber);
+  sub->add_option("--iterations", o->iterations, "as for emulate: stop the job after K iterations of every real rank")
+      ->check(CLI::NonNegativeNumber);
 }
 
 EmulateOptions ToEmulateOptions(const LaunchSubcommandOptions& o, const std::string& default_out) {
@@ -31,6 +33,7 @@ EmulateOptions ToEmulateOptions(const LaunchSubcommandOptions& o, const std::str
   e.dry_run = o.dry_run;
   e.json = o.json;
   e.hang_timeout = o.hang_timeout;
+  e.iterations = o.iterations;
   if (e.out.empty()) {
     std::error_code ec;
     fs::path base = fs::current_path() / default_out;
