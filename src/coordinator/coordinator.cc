@@ -310,6 +310,13 @@ class Coordinator::Impl {
   std::atomic<bool> swap_store_dirty_{false};
   std::atomic<int> swap_wake_fd_{-1};
   std::map<std::string, int> swap_store_peer_rank_;
+  // Footprints from each rank's process's GPU memory (swap_usage.h): asked on the timer, outside mu_, at most every
+  // SwapConfig::usage_interval_s. swap_usage_from_: where footprints come from, for the banner and the summary.
+  void SwapMeasure();
+  GpuUsageFn swap_usage_;
+  std::string swap_usage_from_;
+  std::chrono::steady_clock::time_point swap_usage_last_{};
+  std::set<int> swap_usage_logged_;  // ranks whose first measurement is in the log
 };
 
 bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error) {
@@ -587,6 +594,7 @@ void Coordinator::Impl::Loop() {
       if (swap_) PumpSwap();
     }
     if (swap_ && (swap_store_dirty_.exchange(false) || tick)) SwapStoreWaits();
+    if (swap_ && tick && swap_usage_) SwapMeasure();
     if (tick) {
       MaybeWriteStatus(false);
       CheckHang();
@@ -1462,6 +1470,18 @@ bool Coordinator::Impl::StartSwap(std::string* error) {
     cfg.host_cap_bytes = avail / 10 * 8;
     host_from = avail ? fmt::format("80% of the {} available", FormatBytes(avail)) : "unknown: unlimited";
   }
+  swap_usage_ = opts_.swap_usage;
+  if (swap_usage_) {
+    swap_usage_from_ = "measured per process (the caller's source)";
+  } else if (cfg.usage_library.empty()) {
+    swap_usage_from_ = fmt::format("tracked peak + {} context (measuring is off)", FormatBytes(cfg.context_bytes));
+  } else {
+    std::string why;
+    swap_usage_ = OpenNvmlUsage(cfg.usage_library, &why);
+    swap_usage_from_ = swap_usage_ ? std::string("measured per process (NVML)")
+                                   : fmt::format("tracked peak + {} context (NVML: {})",
+                                                 FormatBytes(cfg.context_bytes), why);
+  }
   swap_ = std::make_unique<SwapScheduler>(cfg);
   for (int r : opts_.real_ranks) {
     auto g = cfg.rank_gpu.find(r);
@@ -1469,10 +1489,11 @@ bool Coordinator::Impl::StartSwap(std::string* error) {
   }
   // Why printed once the coordinator is up: a start that fails later (its store port taken) is retried.
   swap_banner_ =
-      fmt::format("prism: swap: on; GPU cap {} ({}), host budget {} ({}), {} rank(s) start as GPUs have room",
+      fmt::format("prism: swap: on; GPU cap {} ({}), host budget {} ({}), {} rank(s) start as GPUs have room; "
+                  "footprints: {}",
                   FormatBytes(cfg.gpu_cap_bytes), cap_from,
                   cfg.host_cap_bytes ? FormatBytes(cfg.host_cap_bytes) : std::string("unlimited"), host_from,
-                  opts_.real_ranks.size());
+                  opts_.real_ranks.size(), swap_usage_from_);
   swap_last_progress_ = std::chrono::steady_clock::now();
   swap_thread_ = std::thread([this] { SwapWorker(); });
   return true;
@@ -1772,7 +1793,48 @@ json Coordinator::Impl::SwapJsonLocked() {
           {"peak_gpu_bytes", s.peak_gpu_bytes},
           {"peak_host_bytes", s.peak_host_bytes},
           {"rooms_granted", s.rooms_granted},
-          {"rooms_refused", s.rooms_refused}};
+          {"rooms_refused", s.rooms_refused},
+          {"footprint_source", swap_usage_from_},
+          {"footprints_measured", s.measured},
+          {"context_bytes", cfg.context_bytes}};
+}
+
+void Coordinator::Impl::SwapMeasure() {
+  const auto t = std::chrono::steady_clock::now();
+  std::map<int, int> pid_rank;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!swap_) return;
+    if (t - swap_usage_last_ < std::chrono::duration<double>(std::max(swap_->config().usage_interval_s, 0.0))) return;
+    // Why this host's ranks only: NVML sees this host's GPUs, and a remote rank's pid may be a local process's.
+    const std::string here = HostName();
+    for (const auto& [r, s] : ranks_) {
+      if (s.pid > 0 && s.state == "connected" && (s.host.empty() || s.host == here)) pid_rank[s.pid] = r;
+    }
+  }
+  swap_usage_last_ = t;
+  if (pid_rank.empty()) return;
+  // Outside mu_: an NVML query takes milliseconds. The scheduler keeps only measurements of resident ranks.
+  std::map<int, uint64_t> by_pid;
+  std::string why;
+  const bool ok = swap_usage_(&by_pid, &why);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!swap_) return;
+  if (!ok) {
+    if (swap_usage_logged_.insert(-1).second) Log("coord")->warn("swap: measuring GPU memory per process: {}", why);
+    return;
+  }
+  for (const auto& [pid, rank] : pid_rank) {
+    auto it = by_pid.find(pid);
+    if (it == by_pid.end()) continue;
+    swap_->Measured(rank, it->second);
+    if (swap_->IsMeasured(rank) && swap_usage_logged_.insert(rank).second) {
+      const RankState& s = ranks_[rank];
+      Log("coord")->info("swap: rank {} (pid {}) uses {} of GPU memory (tracked peak {}): footprint {}", rank, pid,
+                         FormatBytes(it->second), FormatBytes(s.peak_bytes), FormatBytes(swap_->Footprint(rank)));
+    }
+  }
+  PumpSwap();  // a footprint smaller than assumed may make room for a rank
 }
 
 bool Coordinator::Impl::SwapAdmitted(int rank) {

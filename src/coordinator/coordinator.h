@@ -20,6 +20,7 @@
 
 #include "coordinator/swap_driver.h"
 #include "coordinator/swap_scheduler.h"
+#include "coordinator/swap_usage.h"
 #include "coordinator/virtual_ranks.h"
 #include "prism/ipc.h"
 
@@ -92,6 +93,8 @@ struct CoordinatorOptions {
   // SwapAdmitted says so, and ranks blocked in an exchange are swapped out of GPU memory to make room for others.
   SwapConfig swap;
   std::shared_ptr<SwapDriver> swap_driver;  // tests: a driver to use; nullptr: OpenCudaCheckpointDriver(swap.driver)
+  // Per-process GPU memory (swap_usage.h); tests: a source to use; empty: OpenNvmlUsage(swap.usage_library).
+  GpuUsageFn swap_usage;
   std::function<void(const std::string&)> swap_print;  // progress and notices (default: stdout)
   double swap_progress_s = 10;                          // at most one progress line this often
 };

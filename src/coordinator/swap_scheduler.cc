@@ -66,6 +66,25 @@ void SwapScheduler::Memory(int rank, uint64_t peak_bytes) {
   UpdatePeaks();
 }
 
+void SwapScheduler::Measured(int rank, uint64_t bytes) {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || bytes == 0) return;
+  Rank& r = it->second;
+  // Why only resident and sampled: a process being checkpointed or restored holds part of its memory, one swapped
+  // out holds none; and before its first memory sample the tracked bytes the measurement contains are unknown, so
+  // the overhead (measurement - tracked peak) would count them twice once the sample comes.
+  if (r.phase != SwapPhase::kResident || !r.sampled) return;
+  const int64_t over = static_cast<int64_t>(bytes) - static_cast<int64_t>(r.peak);
+  r.overhead = r.measured ? std::max(r.overhead, over) : over;
+  r.measured = true;
+  UpdatePeaks();
+}
+
+bool SwapScheduler::IsMeasured(int rank) const {
+  auto it = ranks_.find(rank);
+  return it != ranks_.end() && it->second.measured;
+}
+
 void SwapScheduler::Activity(int rank, uint64_t now_ns) {
   auto it = ranks_.find(rank);
   if (it != ranks_.end()) it->second.last_activity_ns = std::max(it->second.last_activity_ns, now_ns);
@@ -184,7 +203,7 @@ uint64_t SwapScheduler::Estimate() const {
   if (cfg_.rank_estimate_bytes > 0) return cfg_.rank_estimate_bytes;
   uint64_t best = 0;
   for (const auto& [k, r] : ranks_) {
-    if (r.sampled) best = std::max(best, r.peak + cfg_.context_bytes);
+    if (Known(r)) best = std::max(best, r.peak + Overhead(r));
   }
   return best;
 }
@@ -193,7 +212,11 @@ uint64_t SwapScheduler::Footprint(int rank) const {
   auto it = ranks_.find(rank);
   if (it == ranks_.end()) return 0;
   const Rank& r = it->second;
-  if (r.sampled) return r.peak + cfg_.context_bytes;
+  // Why the tracked peak plus the overhead rather than the last measurement: the peak grows between measurements
+  // (the first step's optimizer state), and each measurement is a moment, not a peak.
+  if (Known(r)) return r.peak + Overhead(r);
+  // Why --rank-mem as given, even below the context: it is the footprint the user says a rank has (docs/collect.md).
+  if (cfg_.rank_estimate_bytes > 0) return cfg_.rank_estimate_bytes;
   return std::max(Estimate(), cfg_.context_bytes);
 }
 
@@ -257,7 +280,7 @@ uint64_t SwapScheduler::GpuHeld(const std::string& gpu) const {
   uint64_t held = 0;
   for (const auto& [k, r] : ranks_) {
     if (r.gpu == gpu && OnGpu(r) && r.phase != SwapPhase::kAdmitted) {
-      held += (r.sampled ? r.peak : 0) + cfg_.context_bytes;
+      held += (r.sampled ? r.peak : 0) + Overhead(r);
     }
   }
   return held;
@@ -503,6 +526,7 @@ SwapStats SwapScheduler::Stats() const {
     if (OnGpu(r)) ++s.resident;
     if (r.phase == SwapPhase::kOut) ++s.out;
     if (r.phase == SwapPhase::kUnstarted) ++s.unstarted;
+    if (r.measured) ++s.measured;
   }
   return s;
 }

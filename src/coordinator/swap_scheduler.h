@@ -5,8 +5,11 @@
 // runs the one action it returns at a time on a worker thread (swap_driver.h), then reports the outcome.
 //
 // Rules (each one is a unit test in swap_scheduler_test.cc):
-//  - A GPU never holds more than its cap: the sum of the footprints of its resident ranks (each rank's peak device
-//    bytes from its memory samples plus the CUDA context, or the estimate for a rank that reported nothing yet).
+//  - A GPU never holds more than its cap: the sum of the footprints of its resident ranks. A rank's footprint is its
+//    peak tracked device bytes (its memory samples) plus what the allocator does not see: measured when the driver
+//    says how much GPU memory the process uses (Measured, from NVML: the most any measurement exceeded the tracked
+//    peak of its time, so at least every measurement), else the assumed `context_bytes`; the estimate (--rank-mem,
+//    or the largest footprint known) for a rank that reported nothing yet.
 //    The exceptions are printed as notices: a rank that alone is bigger than the cap, and a stalled GPU whose
 //    resident ranks all wait outside an exchange (they cannot be swapped), where the next rank starts over the cap.
 //  - Only a rank blocked in an exchange (a collective or a receive with real peers; it has synchronised its stream
@@ -26,6 +29,7 @@
 //    when no other rank is on the GPU, or when nothing could be swapped out for `room_wait_s`.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -38,7 +42,8 @@ struct SwapConfig {
   bool enabled = false;
   uint64_t gpu_cap_bytes = 0;   // per GPU; the coordinator fills it from the driver when 0 (total memory - margin)
   uint64_t host_cap_bytes = 0;  // bytes of host RAM swapped-out ranks may hold in all; 0: unlimited
-  uint64_t context_bytes = 512ull << 20;  // added to each rank's tracked bytes (CUDA context, cuBLAS workspaces)
+  // Added to each rank's tracked bytes (CUDA context, cuBLAS workspaces) until its GPU memory is measured.
+  uint64_t context_bytes = 512ull << 20;
   // Footprint assumed for a rank that reported no memory yet; 0: the largest footprint learned so far, and at most
   // one such rank resident per GPU unless the GPU is stalled.
   uint64_t rank_estimate_bytes = 0;
@@ -50,6 +55,10 @@ struct SwapConfig {
   int lock_timeout_ms = 10000;
   // How long a room request (RequestRoom) waits for a rank of its GPU that can be swapped out before it is refused.
   double room_wait_s = 60;
+  // Per-process GPU memory (swap_usage.h): the NVML library the coordinator dlopens ("" = do not measure), and how
+  // often it asks (seconds).
+  std::string usage_library = "libnvidia-ml.so.1";
+  double usage_interval_s = 1;
 };
 
 enum class SwapPhase { kUnstarted, kAdmitted, kResident, kSwappingOut, kOut, kSwappingIn, kDone };
@@ -83,6 +92,7 @@ struct SwapStats {
   uint64_t peak_gpu_bytes = 0;   // the largest GpuHeld of any GPU (the ranks' reported peaks + context)
   uint64_t peak_host_bytes = 0;  // the largest swapped-out sum
   int ranks = 0, finished = 0, resident = 0, out = 0, unstarted = 0;
+  int measured = 0;  // ranks whose footprint comes from a measurement of their process's GPU memory (Measured)
 };
 
 class SwapScheduler {
@@ -99,6 +109,11 @@ class SwapScheduler {
   void Started(int rank, int pid, const std::string& gpu, uint64_t now_ns);
   // A memory sample: the rank's peak tracked device bytes so far.
   void Memory(int rank, uint64_t peak_bytes);
+  // The GPU memory the rank's process uses now as the driver counts it (context, allocator reservations, library
+  // workspaces). Taken only while the rank is resident (a checkpoint in progress or a swapped-out process shows
+  // less); 0 is no measurement.
+  void Measured(int rank, uint64_t bytes);
+  bool IsMeasured(int rank) const;
   // Any message from the rank.
   void Activity(int rank, uint64_t now_ns);
   // The real ranks `rank` now waits for in exchanges (empty: it is not blocked). Only waits that block the rank's
@@ -130,7 +145,8 @@ class SwapScheduler {
   SwapPhase phase(int rank) const;
   uint64_t Footprint(int rank) const;
   uint64_t GpuUsed(const std::string& gpu) const;  // as admission counts: estimates for ranks not sampled yet
-  uint64_t GpuHeld(const std::string& gpu) const;  // as the ranks said: peak + context, context alone before a sample
+  // As the ranks said: peak + measured overhead (or context), the overhead alone before a sample.
+  uint64_t GpuHeld(const std::string& gpu) const;
   uint64_t HostUsed() const;
   SwapStats Stats() const;
   // Lines for people that appeared since the last call (budget waits, over-cap starts); each said once per cause.
@@ -144,6 +160,10 @@ class SwapScheduler {
     int pid = 0;
     uint64_t peak = 0;
     bool sampled = false;
+    // Measured: the most a measurement of the process's GPU memory exceeded the tracked peak of its time (negative:
+    // the measurement was below it).
+    bool measured = false;
+    int64_t overhead = 0;
     std::vector<int> waiting_for;
     uint64_t last_activity_ns = 0;
     uint64_t ready_since_ns = 0;  // out with its wait over, or unstarted: since when it wants the GPU
@@ -160,6 +180,10 @@ class SwapScheduler {
   }
   bool Blocked(const Rank& r) const { return !r.waiting_for.empty(); }
   uint64_t Estimate() const;
+  bool Known(const Rank& r) const { return r.sampled || r.measured; }
+  uint64_t Overhead(const Rank& r) const {
+    return r.measured ? static_cast<uint64_t>(std::max<int64_t>(r.overhead, 0)) : cfg_.context_bytes;
+  }
   int Needers(int rank) const;
   std::optional<SwapAction> DecideGpu(const std::string& gpu, uint64_t now_ns);
   void Notice(const std::string& key, const std::string& text);

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <map>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -99,8 +101,8 @@ struct Shim {
       if (f->type == want) return true;
     }
   }
-  void Hello(int rank, int pid, json* ack = nullptr) {
-    SendJson(ipc::MsgType::kHello, {{"rank", rank}, {"world_size", 2}, {"pid", pid}, {"host", "h"}, {"gpu", 0},
+  void Hello(int rank, int pid, json* ack = nullptr, const std::string& host = "h") {
+    SendJson(ipc::MsgType::kHello, {{"rank", rank}, {"world_size", 2}, {"pid", pid}, {"host", host}, {"gpu", 0},
                                     {"gpu_id", "h/0"}});
     ipc::Frame f;
     ASSERT_TRUE(Recv(ipc::MsgType::kHelloAck, &f, 2000)) << "no hello ack for rank " << rank;
@@ -311,6 +313,75 @@ TEST(SwapCoordinator, ARankWhoseAllocationFailedGetsRoomFromABlockedRank) {
   }
   coord->Stop();
   fs::remove_all(out);
+}
+
+// Footprints from each rank's process's GPU memory (CoordinatorOptions::swap_usage, as NVML would answer): two ranks
+// of 1 GiB tracked on a cap of 2.6 GiB. Counted as tracked + the assumed 512 MiB context (1.5 GiB each) only one
+// fits; measured at 1.2 GiB each both do. The source is in the banner and in status.json.
+TEST(SwapCoordinator, FootprintsComeFromTheMeasuredGpuMemoryOfEachRanksProcess) {
+  constexpr uint64_t kMiB = 1ull << 20;
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  for (bool measure : {false, true}) {
+    SCOPED_TRACE(measure ? "measured" : "assumed");
+    fs::path out = fs::temp_directory_path() / ("prism-swapusage-" + std::to_string(getpid()));
+    fs::remove_all(out);
+    CoordinatorOptions o;
+    o.world_size = 2;
+    o.real_ranks = {0, 1};
+    o.out_dir = out.string();
+    o.status_interval_ms = 50;
+    o.hang_timeout_s = 0;
+    o.swap.enabled = true;
+    o.swap.gpu_cap_bytes = 2 * kF + 600 * kMiB;
+    o.swap.context_bytes = 512 * kMiB;
+    o.swap.rank_gpu = {{0, "h/0"}, {1, "h/0"}};
+    o.swap.usage_library = "";  // never the machine's NVML in a test
+    o.swap.usage_interval_s = 0.05;
+    std::atomic<int> asked{0};
+    if (measure) {
+      o.swap_usage = [&](std::map<int, uint64_t>* by_pid, std::string*) {
+        ++asked;
+        *by_pid = {{4242, kF + 200 * kMiB}, {4343, kF + 200 * kMiB}, {1, 7 * kF}};
+        return true;
+      };
+    }
+    o.swap_driver = std::make_shared<GateDriver>();
+    std::vector<std::string> printed;
+    std::mutex print_mu;
+    o.swap_print = [&](const std::string& line) {
+      std::lock_guard<std::mutex> lock(print_mu);
+      printed.push_back(line);
+    };
+    std::string error;
+    auto coord = Coordinator::Start(o, &error);
+    ASSERT_TRUE(coord) << error;
+    ASSERT_TRUE(WaitFor([&] { return coord->SwapAdmitted(0); }, 2000)) << "rank 0 never admitted";
+    Shim s0;
+    s0.Connect(coord->endpoints().socket_path);
+    s0.Hello(0, 4242, nullptr, host);
+    if (measure) {
+      ASSERT_TRUE(WaitFor([&] { return coord->SwapAdmitted(1); }, 3000)) << "rank 1 never admitted";
+      EXPECT_GT(asked.load(), 0);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      EXPECT_FALSE(coord->SwapAdmitted(1)) << "1.5 GiB + 1.5 GiB > 2.6 GiB";
+    }
+    json status = json::parse(coord->StatusJson());
+    EXPECT_EQ(status["swap"]["footprints_measured"], measure ? 1 : 0);
+    EXPECT_EQ(status["swap"]["footprint_source"], measure ? "measured per process (the caller's source)"
+                                                          : "tracked peak + 512.0 MiB context (measuring is off)");
+    {
+      std::lock_guard<std::mutex> lock(print_mu);
+      ASSERT_FALSE(printed.empty());
+      EXPECT_NE(printed[0].find(measure ? "; footprints: measured per process"
+                                        : "; footprints: tracked peak + 512.0 MiB context"),
+                std::string::npos)
+          << printed[0];
+    }
+    coord->Stop();
+    fs::remove_all(out);
+  }
 }
 
 }  // namespace

@@ -72,6 +72,8 @@ TEST_F(SwapE2E, FourRanksOfOneGiBFinishOnATwoGiBGpuThroughSwaps) {
   EXPECT_NE(log.find("prism: swap: on; GPU cap 2.0 GiB (--gpu-mem-cap)"), std::string::npos) << log;
   EXPECT_NE(log.find("rank(s) wait for room on their GPU before they start"), std::string::npos) << log;
   EXPECT_NE(log.find("prism collect: context switching: 4/4 rank(s) finished"), std::string::npos) << log;
+  // Where the footprints came from (the fake ranks are no GPU processes: NVML, where there is one, does not list them).
+  EXPECT_NE(log.find("; footprints: "), std::string::npos) << log;
   for (int r = 0; r < 4; ++r) {
     std::string rl = ReadText(out / "logs" / ("rank" + std::to_string(r) + ".log"));
     EXPECT_NE(rl.find("iteration 2 done"), std::string::npos) << "rank " << r << ":\n" << rl;
@@ -84,6 +86,8 @@ TEST_F(SwapE2E, FourRanksOfOneGiBFinishOnATwoGiBGpuThroughSwaps) {
   EXPECT_GE(s["swaps_in"].get<int>(), 1) << s.dump();
   EXPECT_EQ(s["failures"], 0) << s.dump();
   EXPECT_EQ(s["finished"], 4);
+  EXPECT_EQ(s["footprints_measured"], 0) << s.dump();
+  EXPECT_TRUE(s.contains("footprint_source")) << s.dump();
   EXPECT_LE(s["peak_gpu_bytes"].get<uint64_t>(), 2ull << 30) << s.dump();
   EXPECT_EQ(s["bytes_out"].get<uint64_t>(), s["swaps_out"].get<uint64_t>() << 30);
   // The driver saw the same: every checkpoint and restore it was asked for, never a restore without room, and the

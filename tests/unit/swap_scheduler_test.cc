@@ -398,6 +398,103 @@ TEST(SwapScheduler, ARoomRequestWaitsForASwapOutInFlightAndForARankThatEnds) {
   EXPECT_TRUE(answers[0].ok) << answers[0].why;
 }
 
+// Footprints from the driver's per-process GPU memory (Measured) instead of the tracked peak + the assumed context.
+TEST(SwapScheduler, MeasuredFootprintsFitThreeRanksWhereTrackedPeakPlusContextFitTwo) {
+  constexpr uint64_t kMiB = 1ull << 20;
+  for (bool measure : {false, true}) {
+    SwapConfig cfg = Config(1760 * kMiB);
+    cfg.context_bytes = 512 * kMiB;
+    SwapScheduler s(cfg);
+    for (int r = 0; r < 4; ++r) s.AddRank(r, "g");
+    int started = 0;
+    while (auto a = s.Next(kSec)) {
+      ASSERT_EQ(a->kind, SwapAction::kAdmit);
+      s.Started(a->rank, 1000 + a->rank, "g", kSec);
+      s.Memory(a->rank, 100 * kMiB);
+      if (measure) s.Measured(a->rank, 580 * kMiB);
+      ++started;
+    }
+    if (measure) {
+      EXPECT_EQ(started, 3);
+      EXPECT_EQ(s.Footprint(0), 580 * kMiB);
+      EXPECT_EQ(s.GpuUsed("g"), 3 * 580 * kMiB);
+      EXPECT_EQ(s.GpuHeld("g"), 3 * 580 * kMiB);
+      EXPECT_EQ(s.Stats().measured, 3);
+      EXPECT_TRUE(s.IsMeasured(2));
+    } else {
+      EXPECT_EQ(started, 2);
+      EXPECT_EQ(s.Footprint(0), 612 * kMiB);
+      EXPECT_EQ(s.Stats().measured, 0);
+    }
+    EXPECT_EQ(s.Stats().unstarted, 4 - started);
+  }
+}
+
+TEST(SwapScheduler, AMeasuredFootprintFollowsTheTrackedPeakAndKeepsItsLargestMeasurement) {
+  constexpr uint64_t kMiB = 1ull << 20;
+  SwapConfig cfg = Config(100 * kF);
+  cfg.context_bytes = 512 * kMiB;
+  SwapScheduler s(cfg);
+  s.AddRank(0, "g");
+  ASSERT_TRUE(s.Next(0));
+  s.Started(0, 1000, "g", 0);
+  s.Measured(0, 300 * kMiB);
+  EXPECT_FALSE(s.IsMeasured(0)) << "before its first sample the tracked bytes inside the measurement are unknown";
+  s.Memory(0, 100 * kMiB);
+  s.Measured(0, 500 * kMiB);  // 400 MiB beyond the tracked peak
+  EXPECT_EQ(s.Footprint(0), 500 * kMiB);
+  s.Measured(0, 450 * kMiB);  // torch freed some of its cache: the footprint stays
+  EXPECT_EQ(s.Footprint(0), 500 * kMiB);
+  s.Memory(0, 1100 * kMiB);  // the first step's growth, before the next measurement
+  EXPECT_EQ(s.Footprint(0), 1500 * kMiB);
+  s.Measured(0, 1600 * kMiB);
+  EXPECT_EQ(s.Footprint(0), 1600 * kMiB);
+  // A measurement below the tracked peak (e.g. the driver's number excludes something): the peak still counts.
+  SwapScheduler t(cfg);
+  t.AddRank(0, "g");
+  ASSERT_TRUE(t.Next(0));
+  t.Started(0, 1000, "g", 0);
+  t.Memory(0, 800 * kMiB);
+  t.Measured(0, 700 * kMiB);
+  EXPECT_EQ(t.Footprint(0), 800 * kMiB);
+}
+
+TEST(SwapScheduler, OnlyAResidentRankIsMeasured) {
+  SwapScheduler s(Config(kF));
+  for (int r = 0; r < 2; ++r) s.AddRank(r, "g");
+  StartNext(s, 0);
+  s.SetWaits(0, {1});
+  auto out = s.Next(kSec);  // stalled: rank 0 makes room for rank 1
+  ASSERT_TRUE(out);
+  ASSERT_EQ(out->kind, SwapAction::kSwapOut);
+  s.Measured(0, kF / 4);  // a checkpoint in progress: part of its memory is gone already
+  EXPECT_FALSE(s.IsMeasured(0));
+  s.Finished(*out, true, 0.1, kSec);
+  s.Measured(0, 1);  // swapped out
+  EXPECT_FALSE(s.IsMeasured(0));
+  EXPECT_EQ(s.Footprint(0), kF);
+}
+
+TEST(SwapScheduler, RankMemIsTheFootprintOfARankThatReportedNothingEvenBelowTheContext) {
+  constexpr uint64_t kMiB = 1ull << 20;
+  SwapConfig cfg = Config(1000 * kMiB);
+  cfg.context_bytes = 512 * kMiB;
+  cfg.rank_estimate_bytes = 300 * kMiB;
+  SwapScheduler s(cfg);
+  for (int r = 0; r < 4; ++r) s.AddRank(r, "g");
+  int admitted = 0;
+  while (auto a = s.Next(0)) {
+    ASSERT_EQ(a->kind, SwapAction::kAdmit);
+    EXPECT_EQ(a->bytes, 300 * kMiB);
+    ++admitted;
+  }
+  EXPECT_EQ(admitted, 3) << "3 x 300 MiB fit in 1000 MiB; with --rank-mem they start without waiting for samples";
+  s.Started(0, 1000, "g", 0);
+  s.Memory(0, 100 * kMiB);
+  EXPECT_EQ(s.Footprint(0), 612 * kMiB) << "once it reported, its own size counts";
+  EXPECT_EQ(s.Footprint(1), 300 * kMiB);
+}
+
 TEST(SwapScheduler, ParseBytes) {
   uint64_t b = 0;
   EXPECT_TRUE(ParseBytes("80G", &b));
@@ -424,8 +521,11 @@ struct SimResult {
   uint64_t max_gpu = 0, max_host = 0;
 };
 
+// sizes: each rank's tracked peak (kF when absent); measured: its process's GPU memory as NVML would say (none when
+// absent), given once the rank reported its size.
 SimResult Simulate(SwapConfig cfg, const std::map<int, std::string>& rank_gpu,
-                   const std::vector<std::vector<int>>& groups, int rounds, const std::map<int, uint64_t>& sizes) {
+                   const std::vector<std::vector<int>>& groups, int rounds, const std::map<int, uint64_t>& sizes,
+                   const std::map<int, uint64_t>& measured = {}) {
   SwapScheduler s(cfg);
   std::set<std::string> gpus;
   for (const auto& [r, g] : rank_gpu) {
@@ -490,6 +590,7 @@ SimResult Simulate(SwapConfig cfg, const std::map<int, std::string>& rank_gpu,
         started[a->rank] = true;
         s.Started(a->rank, 1000 + a->rank, rank_gpu.at(a->rank), now);
         s.Memory(a->rank, sizes.count(a->rank) ? sizes.at(a->rank) : kF);
+        if (measured.count(a->rank)) s.Measured(a->rank, measured.at(a->rank));
       } else {
         s.Finished(*a, true, 0.01, now);
       }
@@ -546,6 +647,34 @@ TEST(SwapSimulation, EightRanksOnTwoGpusWithAHostBudgetAndUnevenSizes) {
   EXPECT_LE(r.max_gpu, 3 * kF);
   EXPECT_LE(r.max_host, 6 * kF);
   EXPECT_GT(r.stats.swaps_out, 0u);
+}
+
+// The GPU run of s18a (swap_w64_capped): four Megatron ranks of ~100 MiB tracked on a cap of 1760 MiB. Counted as
+// tracked peak + 512 MiB each (612 MiB) two fit; measured per process at 580 MiB three do, and the same job needs
+// half the swaps.
+TEST(SwapSimulation, MeasuredFootprintsHoldThreeOfFourRanksWithFewerSwaps) {
+  constexpr uint64_t kMiB = 1ull << 20;
+  std::map<int, std::string> rg = {{0, "g"}, {1, "g"}, {2, "g"}, {3, "g"}};
+  std::vector<std::vector<int>> groups = {{0, 1}, {2, 3}, {0, 2}, {1, 3}, {0, 1, 2, 3}};
+  SwapConfig cfg = Config(1760 * kMiB);
+  cfg.context_bytes = 512 * kMiB;
+  std::map<int, uint64_t> tracked, measured;
+  for (int r = 0; r < 4; ++r) {
+    tracked[r] = 100 * kMiB;
+    measured[r] = 580 * kMiB;
+  }
+  SimResult assumed = Simulate(cfg, rg, groups, 10, tracked);
+  SimResult real = Simulate(cfg, rg, groups, 10, tracked, measured);
+  ASSERT_TRUE(assumed.finished) << assumed.state;
+  ASSERT_TRUE(real.finished) << real.state;
+  EXPECT_LE(assumed.max_gpu, 2 * 612 * kMiB);
+  EXPECT_EQ(real.max_gpu, 3 * 580 * kMiB);
+  EXPECT_EQ(real.stats.measured, 4);
+  EXPECT_EQ(assumed.stats.measured, 0);
+  EXPECT_GT(real.stats.swaps_out, 0u);
+  // In this lockstep job: 2 swaps out per round instead of 4.
+  EXPECT_LE(2 * real.stats.swaps_out, assumed.stats.swaps_out)
+      << "swaps out: measured " << real.stats.swaps_out << ", assumed " << assumed.stats.swaps_out;
 }
 
 TEST(SwapSimulation, OneRankPerGpuAtATime) {

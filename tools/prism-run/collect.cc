@@ -45,14 +45,25 @@ void SwapSummary(const fs::path& out) {
   const int failures = s.value("failures", 0);
   const std::string failed =
       failures ? "; " + std::to_string(failures) + " swap(s) FAILED (see the lines above)" : std::string();
+  // Where the footprints came from (coordinator SwapMeasure): measured per process, or the tracked peak + context.
+  std::string from = s.value("footprint_source", std::string());
+  const int measured = s.value("footprints_measured", 0), ranks = s.value("ranks", 0);
+  if (!from.empty() && measured > 0) {
+    from += measured >= ranks ? " for all " + std::to_string(ranks) + " rank(s)"
+                              : " for " + std::to_string(measured) + " of " + std::to_string(ranks) +
+                                    " rank(s), the others tracked peak + " + b("context_bytes") + " context";
+  } else if (from.rfind("measured", 0) == 0) {
+    from += ", but no rank's process was in its answer: tracked peak + " + b("context_bytes") + " context";
+  }
+  if (!from.empty()) from = "; footprints: " + from;
   std::printf("prism collect: context switching: %d/%d rank(s) finished; %llu swap(s) out (%s, %.1f s) and %llu in "
-              "(%s, %.1f s); peak on one GPU %s of its cap %s; peak in host RAM %s of %s%s\n",
+              "(%s, %.1f s); peak on one GPU %s of its cap %s; peak in host RAM %s of %s%s%s\n",
               s.value("finished", 0), s.value("ranks", 0),
               static_cast<unsigned long long>(s.value("swaps_out", uint64_t{0})), b("bytes_out").c_str(),
               s.value("seconds_out", 0.0), static_cast<unsigned long long>(s.value("swaps_in", uint64_t{0})),
               b("bytes_in").c_str(), s.value("seconds_in", 0.0), b("peak_gpu_bytes").c_str(),
               b("gpu_cap_bytes").c_str(), b("peak_host_bytes").c_str(),
-              s.value("host_cap_bytes", uint64_t{0}) ? b("host_cap_bytes").c_str() : "no budget",
+              s.value("host_cap_bytes", uint64_t{0}) ? b("host_cap_bytes").c_str() : "no budget", from.c_str(),
               failed.c_str());
   std::ifstream rin(out / "report.json");
   json rep = rin ? json::parse(rin, nullptr, false) : json();
