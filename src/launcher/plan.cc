@@ -516,6 +516,7 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
   if (!p.coord_socket.empty()) Set(&env, "PRISM_COORD_SOCKET", p.coord_socket);
   if (!join_bus.empty()) Set(&env, "PRISM_COORD_ADDR", join_bus);
   Set(&env, "PRISM_PAYLOAD", req.payload);
+  if (!req.payload_max_bytes.empty()) Set(&env, "PRISM_PAYLOAD_MAX_BYTES", req.payload_max_bytes);
   if (!req.topology.empty()) Set(&env, "PRISM_TOPOLOGY", req.topology);
   if (!req.graph.empty()) Set(&env, "PRISM_GRAPH", req.graph);
   if (!req.passthrough) Set(&env, "PRISM_PASSTHROUGH", "0");

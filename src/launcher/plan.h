@@ -61,6 +61,7 @@ struct PlanRequest {
   std::string payload_dir;
   bool one_replica = false;      // collect: the real ranks are data-parallel replica 0 (every rank with dp == 0)
   bool record_payloads = false;  // collect: PRISM_RECORD_PAYLOADS=<out>/payloads/rank<R>.bin per real rank
+  std::string payload_max_bytes;  // --payload-max-bytes: PRISM_PAYLOAD_MAX_BYTES ("": libprism's default, 4 MiB)
   bool all_real = false;         // record: every rank of the world real, each on its own GPU, every communicator
                                  // on the real NCCL (passthrough, one-member communicators too)
   std::string topology;

@@ -42,6 +42,12 @@ TEST(CollectCli, RunsDataParallelReplicaZeroAndRecordsPayloads) {
   // --iterations K (the "one, or --iterations K, iterations"): accepted, and not negative.
   EXPECT_EQ(PrismRun("collect --iterations 3 --dry-run --out " + out.string() + " " + kJob).rc, 0);
   EXPECT_NE(PrismRun("collect --iterations -1 --dry-run --out " + out.string() + " " + kJob).rc, 0);
+  // --payload-max-bytes: libprism's PRISM_PAYLOAD_MAX_BYTES in bytes; unset without it (libprism's 4 MiB default).
+  Result lim = PrismRun("collect --payload-max-bytes 1M --dry-run --json --out " + out.string() + " " + kJob);
+  ASSERT_EQ(lim.rc, 0) << lim.out;
+  EXPECT_NE(lim.out.find("\"PRISM_PAYLOAD_MAX_BYTES\": \"1048576\""), std::string::npos) << lim.out;
+  EXPECT_EQ(r.out.find("PRISM_PAYLOAD_MAX_BYTES"), std::string::npos);
+  EXPECT_EQ(PrismRun("--payload-max-bytes lots --dry-run " + std::string(kJob)).rc, 2);
 }
 
 TEST(CollectCli, RecordedPayloadsGoToEachRankByClass) {

@@ -56,6 +56,57 @@ TEST(Recorded, WriteThenFindByCommAndSequence) {
   std::remove(path.c_str());
 }
 
+// PRISM_PAYLOAD_MAX_BYTES (default 4 MiB): a larger payload is not recorded, and one recorded without the limit is
+// not replayed (mirror), so an emulated collective never copies megabytes from the file inside the operation; 0 lifts
+// the limit.
+TEST(Recorded, PayloadsOverTheLimitAreNeitherRecordedNorReplayed) {
+  const std::string path = TmpPath("limit.bin");
+  std::vector<uint8_t> small(64, 7), big(4096, 9);
+  Config c;
+  c.record_payloads = path;
+  c.payload_max_bytes = 1024;
+  SetConfigForTest(c);
+  ResetRecordedForTest();
+  RecordPayload(1, 0, static_cast<uint16_t>(payload::OpKind::kBroadcast), 4, small.data(), small.size());
+  RecordPayload(1, 1, static_cast<uint16_t>(payload::OpKind::kAllReduce), 4, big.data(), big.size());
+  EXPECT_EQ(GetRecordedStats().written, 1u);
+  EXPECT_EQ(GetRecordedStats().over_limit, 1u);
+  // Without a limit the big one is recorded too ...
+  c.payload_max_bytes = 0;
+  SetConfigForTest(c);
+  ResetRecordedForTest();
+  RecordPayload(1, 0, static_cast<uint16_t>(payload::OpKind::kBroadcast), 4, small.data(), small.size());
+  RecordPayload(1, 1, static_cast<uint16_t>(payload::OpKind::kAllReduce), 4, big.data(), big.size());
+  EXPECT_EQ(GetRecordedStats().written, 2u);
+  // ... and replayed only where the replaying rank's limit allows it.
+  Config r;
+  r.payload = "recorded";
+  r.payload_file = path;
+  r.payload_max_bytes = 1024;
+  SetConfigForTest(r);
+  ResetRecordedForTest();
+  EXPECT_NE(FindRecorded(1, 0, static_cast<uint16_t>(payload::OpKind::kBroadcast), 4, small.size()), nullptr);
+  EXPECT_EQ(FindRecorded(1, 1, static_cast<uint16_t>(payload::OpKind::kAllReduce), 4, big.size()), nullptr);
+  EXPECT_EQ(GetRecordedStats().over_limit, 1u);
+  r.payload_max_bytes = 0;
+  SetConfigForTest(r);
+  ResetRecordedForTest();
+  const void* p = FindRecorded(1, 1, static_cast<uint16_t>(payload::OpKind::kAllReduce), 4, big.size());
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(std::memcmp(p, big.data(), big.size()), 0);
+  // The environment variable sets it.
+  Config e;
+  LoadConfig([](const char* k) -> const char* {
+    return std::string(k) == "PRISM_PAYLOAD_MAX_BYTES" ? "65536" : nullptr;
+  }, &e);
+  EXPECT_EQ(e.payload_max_bytes, 65536u);
+  Config d;
+  LoadConfig([](const char*) -> const char* { return nullptr; }, &d);
+  EXPECT_EQ(d.payload_max_bytes, 4u << 20);
+  ResetRecordedForTest();
+  std::remove(path.c_str());
+}
+
 TEST(Recorded, EngineReplaysABroadcastFromAVirtualRoot) {
   const std::string path = TmpPath("b.bin");
   testing::FakeGpu gpu;

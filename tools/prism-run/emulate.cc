@@ -77,6 +77,10 @@ EmulateOptions* AddEmulateOptions(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber)
       ->envname("PRISM_HANG_TIMEOUT");
+  app.add_option("--payload-max-bytes", opts.payload_max_bytes,
+                 "with --payload recorded: replay only recorded payloads up to this size, e.g. 4M (default 4M; 0: "
+                 "all); larger ones (activations, gradient buckets) follow mirror, so no collective copies megabytes "
+                 "from the file (docs/payload.md)");
   app.add_option("--iterations", opts.iterations,
                  "stop the job once every real rank has completed K iterations (its iteration marks), as if it "
                  "had ended there: the report, trace and graph cover iterations 0..K-1 (0: run the job to its end)")
@@ -240,6 +244,15 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
       return kExitBadInput;
     }
     stragglers = wi.stragglers;
+  }
+  if (!opts.payload_max_bytes.empty()) {
+    uint64_t n = 0;
+    if (!coord::ParseBytes(opts.payload_max_bytes, &n)) {
+      std::fprintf(stderr, "prism-run: --payload-max-bytes %s: expected bytes such as 4M, 65536 or 0\n",
+                   opts.payload_max_bytes.c_str());
+      return kExitBadInput;
+    }
+    req.payload_max_bytes = std::to_string(n);
   }
   if (!opts.payload_dir.empty()) {
     if (opts.payload != "recorded") {

@@ -21,6 +21,7 @@ struct EmulateOptions {
   std::vector<std::string> what_if;  // --what-if straggler=R:F (with --graph; docs/fill.md)
   std::string payload = "mirror";
   std::string payload_dir;       // --payload-dir (recorded payloads of a collect run)
+  std::string payload_max_bytes;  // --payload-max-bytes: recorded payloads larger than this are not recorded/replayed
   bool one_replica = false;      // collect: run one data-parallel replica for real
   bool record_payloads = false;  // collect: every real rank records what real data gave it
   bool all_real = false;         // record: every rank real on its own GPU, everything on the real NCCL
@@ -54,6 +55,7 @@ struct LaunchSubcommandOptions {
   bool json = false;
   double hang_timeout = 60;
   int iterations = 0;
+  std::string payload_max_bytes;
 };
 // Registers them on `sub` (`default_out`: the directory name used when --out is not given).
 void AddLaunchSubcommandOptions(CLI::App* sub, LaunchSubcommandOptions* o, const std::string& default_out,

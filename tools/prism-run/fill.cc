@@ -43,6 +43,7 @@ struct FillOptions {
   int gpus = 0;
   double hang_timeout = 120;
   bool quiet = true;
+  std::string payload_max_bytes;
 };
 
 json LoadJson(const fs::path& p) {
@@ -198,6 +199,7 @@ int RunFill(const FillOptions& o, const std::vector<std::string>& command) {
       e.gpus = o.gpus;
       e.quiet = o.quiet;
       e.hang_timeout = o.hang_timeout;
+      e.payload_max_bytes = o.payload_max_bytes;
       if (recorded) {
         e.payload = "recorded";
         e.payload_dir = from.string();
@@ -268,6 +270,7 @@ void AddFill(CLI::App& app, int* rc) {
                   "GPU, their communicator on the real NCCL); one slice runs at a time")
       ->check(CLI::PositiveNumber);
   sub->add_option("--hang-timeout", o.hang_timeout, "per slice, as for emulate")->capture_default_str();
+  sub->add_option("--payload-max-bytes", o.payload_max_bytes, "per slice, as for emulate (default 4M)");
   sub->callback([sub, rc] {
     std::vector<std::string> command = sub->remaining();
     if (command.empty()) {

@@ -45,6 +45,8 @@ const Setting kSettings[] = {
      "virtual ranks from that graph."},
     {"PRISM_PAYLOAD_FILE", "", "Recorded payloads this rank replays under PRISM_PAYLOAD=recorded (written by collect)."},
     {"PRISM_RECORD_PAYLOADS", "", "File this rank appends every received payload to (collect --record-payloads)."},
+    {"PRISM_PAYLOAD_MAX_BYTES", "4194304",
+     "Recorded payloads larger than this many bytes are neither recorded nor replayed (mirror instead); 0: no limit."},
     {"PRISM_KERNELS", "0",
      "1: record the rank's kernels, memcpys and memsets with CUPTI into rank<R>.kernels.jsonl (prism-run --kernels); "
      "nvtx: also the job's NVTX ranges; 0: off (docs/kernels.md)."},
@@ -196,6 +198,16 @@ void LoadConfig(EnvLookup lookup, Config* c) {
     else c->errors.push_back(std::string("PRISM_SEND_RENDEZVOUS='") + v + "' is not 0 or 1");
   }
   if (const char* v = lookup("PRISM_RECORD_PAYLOADS")) c->record_payloads = v;
+  if (const char* v = lookup("PRISM_PAYLOAD_MAX_BYTES"); v && *v) {
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long n = std::strtoull(v, &end, 0);
+    if (errno != 0 || end == v || *end != '\0' || *v == '-') {
+      c->errors.push_back(std::string("PRISM_PAYLOAD_MAX_BYTES='") + v + "' is not a number of bytes");
+    } else {
+      c->payload_max_bytes = n;
+    }
+  }
   if (const char* v = lookup("PRISM_PASSTHROUGH"); v && *v) {
     if (std::string(v) == "0") c->passthrough = false;
     else if (std::string(v) == "1") c->passthrough = true;

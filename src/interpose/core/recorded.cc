@@ -34,7 +34,7 @@ struct State {
   const uint8_t* map = nullptr;
   size_t map_len = 0;
   std::unordered_map<uint64_t, Entry> index;  // key: comm_id << 40 | seq
-  std::atomic<uint64_t> written{0}, hits{0}, misses{0}, mismatches{0};
+  std::atomic<uint64_t> written{0}, hits{0}, misses{0}, mismatches{0}, over_limit{0};
 };
 State& S() {
   static State* s = new State();  // Why leaked: used until exit from any thread
@@ -90,8 +90,17 @@ void LoadLocked(State& s) {
 
 }  // namespace
 
+static bool OverLimit(uint64_t bytes) {
+  const uint64_t max = Cfg().payload_max_bytes;
+  return max != 0 && bytes > max;
+}
+
 void RecordPayload(uint32_t comm_id, uint64_t seq, uint16_t op, uint8_t dtype, const void* data, uint64_t bytes) {
   State& s = S();
+  if (OverLimit(bytes)) {
+    s.over_limit.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.writer_tried) {
     s.writer_tried = true;
@@ -119,6 +128,10 @@ void RecordPayload(uint32_t comm_id, uint64_t seq, uint16_t op, uint8_t dtype, c
 }
 
 const void* FindRecorded(uint32_t comm_id, uint64_t seq, uint16_t op, uint8_t dtype, uint64_t bytes) {
+  if (OverLimit(bytes)) {
+    S().over_limit.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.reader_tried) LoadLocked(s);
@@ -138,7 +151,7 @@ const void* FindRecorded(uint32_t comm_id, uint64_t seq, uint16_t op, uint8_t dt
 
 RecordedStats GetRecordedStats() {
   State& s = S();
-  return RecordedStats{s.written.load(), s.hits.load(), s.misses.load(), s.mismatches.load()};
+  return RecordedStats{s.written.load(), s.hits.load(), s.misses.load(), s.mismatches.load(), s.over_limit.load()};
 }
 
 void ResetRecordedForTest() {
@@ -152,7 +165,7 @@ void ResetRecordedForTest() {
   s.map_len = 0;
   s.reader_tried = false;
   s.index.clear();
-  s.written = s.hits = s.misses = s.mismatches = 0;
+  s.written = s.hits = s.misses = s.mismatches = s.over_limit = 0;
 }
 
 }  // namespace prism::interpose

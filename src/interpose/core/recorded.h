@@ -26,16 +26,23 @@ struct RecordHeader {
 #pragma pack(pop)
 static_assert(sizeof(RecordHeader) == 24);
 
-// Appends one record to PRISM_RECORD_PAYLOADS (no-op when unset). Thread-safe; never throws.
+// Payloads larger than PRISM_PAYLOAD_MAX_BYTES (default 4 MiB, 0: no limit) are neither recorded nor replayed: the
+// control data a program branches on (Megatron's batch broadcast, loss and found-inf flags, grad norms) is small, while
+// activations and gradient buckets are large, and copying them from the file to the GPU inside the operation would
+// stretch every emulated collective by milliseconds (the medium model's recorded payloads: 18 GB over 10 iterations).
+
+// Appends one record to PRISM_RECORD_PAYLOADS (no-op when unset or over the limit). Thread-safe; never throws.
 void RecordPayload(uint32_t comm_id, uint64_t seq, uint16_t op, uint8_t dtype, const void* data, uint64_t bytes);
 
 // The recorded output of (comm_id, seq) from PRISM_PAYLOAD_FILE, if it exists with this op, dtype and size:
-// a host pointer valid for the life of the process; nullptr otherwise (the caller applies mirror).
+// a host pointer valid for the life of the process; nullptr otherwise, or when over the limit (the caller applies
+// mirror).
 const void* FindRecorded(uint32_t comm_id, uint64_t seq, uint16_t op, uint8_t dtype, uint64_t bytes);
 
-// Counters for the log and tests: records written, lookups answered, lookups missed.
+// Counters for the log and tests: records written, lookups answered, lookups missed, and payloads left out for the
+// size limit (not recorded, or not replayed).
 struct RecordedStats {
-  uint64_t written = 0, hits = 0, misses = 0, mismatches = 0;
+  uint64_t written = 0, hits = 0, misses = 0, mismatches = 0, over_limit = 0;
 };
 RecordedStats GetRecordedStats();
 // Test hook: forgets the loaded file and the writer (next call re-reads the configuration).
