@@ -10,7 +10,9 @@
 #                      communication nodes in order, the communicators, rank -> class; compute nodes are only counted:
 #                      their gaps hold the swaps), and `prism-run simulate` runs on both.
 # Run: tests/gpu/run.sh OUT swap      (SWAP_CASES="resident capped same_graph" by default, "big" on request; SWAP_STALL: --swap-stall
-#   of the capped case, default 10 s: each torch store barrier a swapped-out rank must join costs that long)
+#   of the capped case, default 10 s: each torch store barrier a swapped-out rank must join costs that long;
+#   SWAP_ITERS: the job's --train-iters for the w64 cases, default 10: the capped run takes ~32 s per iteration, so
+#   SWAP_ITERS=5 fits one device call with the resident run)
 #  or, without run.sh knowing the suite: bash tests/gpu/swap_suite.sh OUT   (from the repo root; same table)
 if ! declare -F check > /dev/null; then
   out=$(realpath -m "${1:?usage: bash tests/gpu/swap_suite.sh OUT_DIR}"); mkdir -p "$out"
@@ -36,12 +38,13 @@ swap_collect() {  # NAME [collect options...]
   local dir=$out/$name
   (cd "$MEGATRON" && timeout -s INT -k 20 "${SWAP_TIMEOUT:-900}" "$PRISM_RUN" collect --out "$dir" --no-payloads "$@" \
      torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_TINY_ARGS[@]}" \
-     --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --global-batch-size 64 --train-iters 10) \
+     --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --global-batch-size 64 --train-iters "${SWAP_ITERS:-10}") \
      > "$out/$name.out" 2>&1 || { echo "collect exit $?"; tail -30 "$out/$name.out"; return 1; }
   local rep=$dir/report.json
   [ -f "$rep" ] || { echo "no report.json"; return 1; }
   swap_json "$rep" '"iterations=%s iter_s=%.4f wall_s=%.1f peak_MiB=%s" % (r["iterations"], r["iteration_time_s"] or 0, r["wall_s"], [round((x.get("peak_memory_bytes") or 0)/2**20) for x in r["ranks"]])' > "$out/$name.detail"
-  [ "$(swap_json "$rep" 'r["iterations"]')" -ge 9 ] || { echo "fewer than 9 iterations"; return 1; }
+  local want=$((${SWAP_ITERS:-10} - 1))
+  [ "$(swap_json "$rep" 'r["iterations"]')" -ge "$want" ] || { echo "fewer than $want iterations"; return 1; }
   [ -f "$dir/observed.prism" ] || { echo "no observed.prism"; grep -i "observed\|class" "$out/$name.out" | tail -5; return 1; }
 }
 swap_resident() { swap_collect swap_w64_resident; }
