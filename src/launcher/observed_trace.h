@@ -78,7 +78,9 @@ struct ObservedWait {
 
 struct ObservedMark {
   int64_t iteration = 0;
-  int64_t t_ns = 0;  // end of the iteration
+  int64_t t_ns = 0;    // end of the iteration
+  int32_t stream = 0;  // stream the mark was stamped on (-1: none of the op lines' streams; files before the field
+                       // was written: 0, the stream of the job's first collective, torch's current stream)
 };
 
 // What one rank's event file says, as far as the graph needs it.

@@ -51,6 +51,7 @@ struct JobOptions {
   bool waits = false;         // op lines carry "sseq"; stage 1's compute stream waits for its activation receive
   bool passthrough = false;   // op lines carry "passthrough":1 (prism-run record)
   int64_t skew_us = 0;        // odd tensor-parallel ranks run this much later
+  bool recv_first = false;    // stage 1 receives its activations before the iteration's broadcast (which waits for it)
 };
 
 // Measured durations of the synthetic timeline (microseconds).
@@ -116,10 +117,15 @@ RankWriter MakeRank(int rank, const JobOptions& o) {
   for (int j = 0; j < d_size; ++j) dp_members.push_back(tp + 2 * j + 2 * d_size * pp);
   w.Comm(2, "DATA_PARALLEL_GROUP", dp_members, dp);
   for (int it = 0; it < o.iterations; ++it) {
+    if (pp == 1 && o.recv_first) {
+      json r = w.Op(1, "recv", "bf16", o.act_bytes, 0, 1, kSendUs);
+      w.Emit(r);
+      if (o.waits) w.Emit(json{{"type", "wait"}, {"stream", 0}, {"next", w.next_sseq(0)}, {"on", 1}, {"after", r["sseq"]}});
+    }
     json b = w.Op(0, "broadcast", "i64", 64, -1, 0, kBcastUs);
     if (o.root_field) b["root"] = 0;
     w.Emit(b);
-    if (pp == 1) {
+    if (pp == 1 && !o.recv_first) {
       if (o.waits && it > 0) {  // torch's NCCL stream waits for the compute stream's point before the receive
         w.Emit(json{{"type", "wait"}, {"stream", 1}, {"next", w.next_sseq(1)}, {"on", 0}, {"after", b["sseq"]}});
       }
@@ -413,6 +419,40 @@ TEST(ObservedTrace, AWaitEmptiesEveryPieceOfAGapThatCrossesAnIterationMark) {
     std::vector<std::string> problems = prism::replay::ValidateTrace(g->trace);
     EXPECT_TRUE(problems.empty()) << problems.front();
   }
+}
+
+// The stream the iteration mark is stamped on (the iter line's "stream"; 0 in these files, which do not say) did the
+// work before its mark in order: a wait that ended after the mark (stage 1's broadcast waits for the activation
+// receive that now opens the iteration) empties only the piece after the mark. The piece before it (the end of the
+// backward pass, the send, the data-parallel all-reduce and the optimizer step as this stream saw them) stays.
+TEST(ObservedTrace, AWaitAfterTheStreamsOwnMarkKeepsTheWorkBeforeIt) {
+  JobOptions o;
+  o.waits = true;
+  o.recv_first = true;
+  std::string err;
+  auto g = Build(o, ReplicaZero(8), &err);
+  ASSERT_TRUE(g) << err;
+  const auto& cls = g->trace.classes[g->trace.ranks[4].cls];
+  const prism::trace::Stream* main = StreamNamed(cls, "stream0");
+  ASSERT_NE(main, nullptr);
+  // The compute nodes between iteration 0's last tensor-parallel all-reduce and iteration 1's broadcast.
+  std::vector<const prism::trace::Node*> gap;
+  int allreduces = 0;
+  for (const auto& n : main->nodes) {
+    if (n.kind == NodeKind::kColl && n.op == prism::trace::CollOp::kAllReduce) ++allreduces;
+    if (allreduces < 2) continue;
+    if (n.kind == NodeKind::kColl && n.op == prism::trace::CollOp::kBroadcast) {
+      // The broadcast itself waits for the receive (its gap after the mark is empty).
+      EXPECT_FALSE(n.after.empty());
+      break;
+    }
+    if (n.kind == NodeKind::kCompute) gap.push_back(&n);
+  }
+  ASSERT_EQ(gap.size(), 2u);
+  EXPECT_DOUBLE_EQ(gap[0]->dur_us, double(kSendUs + kDpUs + kOptUs)) << "the work before the stream's own mark";
+  EXPECT_DOUBLE_EQ(gap[1]->dur_us, 0.0) << "the wait for the receive after the mark";
+  std::vector<std::string> problems = prism::replay::ValidateTrace(g->trace);
+  EXPECT_TRUE(problems.empty()) << problems.front();
 }
 
 // prism-run record: every member of a collective ran for real and logged its GPU stamps; the node's duration is from

@@ -1022,7 +1022,7 @@ int IterationMark(cudaStream_t stream, uint64_t torch_max_allocated) {
     *word = 0;
     if (gpu.StampIteration(reinterpret_cast<CUstream>(stream), it) != CUDA_SUCCESS) word = nullptr;
   }
-  LogIteration(it, word, HostNowNs(), torch_max_allocated);
+  LogIteration(it, word, HostNowNs(), torch_max_allocated, KnownStreamIndex(reinterpret_cast<CUstream>(stream)));
   KernelTraceAtIteration(it);
   return static_cast<int>(it);
 }

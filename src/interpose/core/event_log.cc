@@ -28,6 +28,7 @@ struct PendingIter {
   volatile uint64_t* stamp;
   uint64_t host_ns;
   uint64_t torch_max;
+  int stream;  // index of the stream the mark was stamped on (-1: a stream that carried no unit)
 };
 
 struct Writer {
@@ -165,10 +166,10 @@ void DrainIters(Writer& w, std::deque<PendingIter>* iters, bool final) {
     CoordSendIteration(it.iteration, t, dur, memory::PeakBytes(), it.torch_max);
     std::fprintf(w.file,
                  "{\"type\":\"iter\",\"iteration\":%u,\"t_ns\":%llu,\"dur_ns\":%llu,\"peak_bytes\":%llu,"
-                 "\"torch_max_allocated\":%llu,\"clock\":\"%s\"}\n",
+                 "\"torch_max_allocated\":%llu,\"clock\":\"%s\",\"stream\":%d}\n",
                  it.iteration, static_cast<unsigned long long>(t), static_cast<unsigned long long>(dur),
                  static_cast<unsigned long long>(memory::PeakBytes()), static_cast<unsigned long long>(it.torch_max),
-                 it.stamp != nullptr && *it.stamp != 0 ? "gpu" : "host");
+                 it.stamp != nullptr && *it.stamp != 0 ? "gpu" : "host", it.stream);
     iters->pop_front();
   }
 }
@@ -320,12 +321,13 @@ void SetUnitOp(const OpEvent& e, size_t i, const UnitOpEvent& op) {
   w[3].store(uint64_t{op.comm_id} << 32 | uint64_t{op.op} << 8 | op.dtype, std::memory_order_relaxed);
 }
 
-void LogIteration(uint32_t iteration, volatile uint64_t* stamp, uint64_t host_ns, uint64_t torch_max_allocated) {
+void LogIteration(uint32_t iteration, volatile uint64_t* stamp, uint64_t host_ns, uint64_t torch_max_allocated,
+                  int stream) {
   Writer& w = W();
   {
     std::lock_guard<std::mutex> lock(w.mu);
     if (!w.started || w.stop) return;
-    w.iters.push_back(PendingIter{iteration, stamp, host_ns, torch_max_allocated});
+    w.iters.push_back(PendingIter{iteration, stamp, host_ns, torch_max_allocated, stream});
   }
   w.cv.notify_one();
 }

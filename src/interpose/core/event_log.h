@@ -81,8 +81,11 @@ void LogOp(const OpEvent& e);
 // as "ops_truncated" without entries.
 void ReserveUnitOps(OpEvent* e, size_t n);
 void SetUnitOp(const OpEvent& e, size_t i, const UnitOpEvent& op);
-// An iteration mark whose GPU time arrives later in the host-mapped word `stamp` (nullptr: use host time).
-void LogIteration(uint32_t iteration, volatile uint64_t* stamp, uint64_t host_ns, uint64_t torch_max_allocated);
+// An iteration mark whose GPU time arrives later in the host-mapped word `stamp` (nullptr: use host time), stamped
+// on the stream of index `stream` (op lines' "stream"; -1: a stream that carried no unit). The graph builder keeps
+// the work before the mark on that stream (docs/trace-format.md "Event files").
+void LogIteration(uint32_t iteration, volatile uint64_t* stamp, uint64_t host_ns, uint64_t torch_max_allocated,
+                  int stream = -1);
 void LogError(const std::string& what);
 // A cross-stream dependency (docs/trace-format.md, event file "wait"): the unit `next` of stream `stream` and all the
 // work before it on that stream wait for unit `after` of stream `on` (cudaEventRecord on `on`, cudaStreamWaitEvent on
