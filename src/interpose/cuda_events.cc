@@ -1,4 +1,4 @@
-// cudaEventRecord / cudaEventRecordWithFlags / cudaStreamWaitEvent: passed through, and noted for the graph (a
+// cudaEventRecord / cudaEventRecordWithFlags / cudaStreamWaitEvent / cudaEventDestroy: passed through, and noted for the graph (a
 // stream that waits for an event recorded on another stream after one of its units depends on that unit: event file
 // "wait" lines, core/engine.h).
 #include <cuda_runtime_api.h>
@@ -31,4 +31,12 @@ PRISM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event
   cudaError_t e = real(stream, event, flags);
   if (e == cudaSuccess) Guarded(0, [&] { NoteStreamWaitEvent(stream, event); return 0; });
   return e;
+}
+
+PRISM_API cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  const auto real = Cudart().cudaEventDestroy;
+  if (real == nullptr) return cudaErrorNotSupported;
+  // Why before: once destroyed, the driver may hand the same handle to a new event.
+  Guarded(0, [&] { NoteEventDestroy(event); return 0; });
+  return real(event);
 }

@@ -376,8 +376,13 @@ LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptio
     };
     for (int64_t it : report.NewCompleteIterations(done)) {
       print(report.ProgressLine(it));
-      // Iteration marks count from 0: mark K-1 ends the K-th iteration.
-      if (opts.stop_after_iterations > 0 && it + 1 >= opts.stop_after_iterations && !stopping) {
+      // Iteration marks count from 0: mark K-1 ends the K-th iteration. Only while ranks still run (a job that
+      // ended by itself was not stopped) and every rank has started (one waiting for room on its GPU under
+      // collect --swap has not done its K iterations).
+      bool running = false;
+      for (auto& p : procs) running = running || !p->reaped;
+      if (opts.stop_after_iterations > 0 && it + 1 >= opts.stop_after_iterations && !stopping && running &&
+          deferred.empty()) {
         print("prism: " + std::to_string(opts.stop_after_iterations) +
               " iteration(s) complete on every real rank (--iterations): stopping the workers");
         res.stopped_after_iterations = true;

@@ -21,7 +21,7 @@ struct LaunchOptions {
   double report_interval_s = 1;         // report.json rewritten at most this often while running
   int log_tail_lines = 20;              // lines of a failed rank's log printed
   int stop_after_iterations = 0;        // > 0: stop the workers once every real rank completed this many iterations
-  double iterations_grace_s = 10;       // then: SIGTERM, SIGKILL after this
+  double iterations_grace_s = 10;       // then: SIGTERM at once, SIGKILL after twice this
   std::function<void(const std::string&)> print;  // progress and status lines (default: stdout)
 };
 

@@ -299,6 +299,11 @@ TEST(ShimEvents, WaitsPassThroughAStreamWithoutUnits) {
   ASSERT_EQ(waits.size(), 2u);
   EXPECT_EQ(waits[0], nlohmann::json({{"type", "wait"}, {"stream", 0}, {"next", 1}, {"on", 1}, {"after", 1}}));
   EXPECT_EQ(waits[1], nlohmann::json({{"type", "wait"}, {"stream", 0}, {"next", 2}, {"on", 1}, {"after", 2}}));
+  // cudaEventDestroy forgets an event's points (torch creates events without end; the table must not grow).
+  const size_t held = EventPointsForTest();
+  NoteEventDestroy(tp_done);
+  NoteEventDestroy(fwd_done);
+  EXPECT_EQ(EventPointsForTest(), held - 2);
   std::filesystem::remove_all(dir);
 }
 

@@ -83,7 +83,7 @@ EmulateOptions* AddEmulateOptions(CLI::App& app) {
                  "from the file (docs/payload.md)");
   app.add_option("--iterations", opts.iterations,
                  "stop the job once every real rank has completed K iterations (its iteration marks), as if it "
-                 "had ended there: the report, trace and graph cover iterations 0..K-1 (0: run the job to its end)")
+                 "had ended there: the report, trace and graph hold at least those K (0: run the job to its end)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--on-hang", opts.on_hang,
                  "after a hang diagnosis: stop the job (report written, exit 4) or wait (keep running)")

@@ -1,5 +1,6 @@
 #include "interpose/core/config.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -201,8 +202,8 @@ void LoadConfig(EnvLookup lookup, Config* c) {
   if (const char* v = lookup("PRISM_PAYLOAD_MAX_BYTES"); v && *v) {
     char* end = nullptr;
     errno = 0;
-    unsigned long long n = std::strtoull(v, &end, 0);
-    if (errno != 0 || end == v || *end != '\0' || *v == '-') {
+    unsigned long long n = std::strtoull(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || !std::isdigit(static_cast<unsigned char>(*v))) {
       c->errors.push_back(std::string("PRISM_PAYLOAD_MAX_BYTES='") + v + "' is not a number of bytes");
     } else {
       c->payload_max_bytes = n;

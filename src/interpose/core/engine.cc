@@ -1104,6 +1104,19 @@ void NoteEventRecord(cudaEvent_t event, cudaStream_t stream) {
   }
 }
 
+void NoteEventDestroy(cudaEvent_t event) {
+  if (event == nullptr) return;
+  EventPoints& t = EventPointTable();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.at.erase(event);
+}
+
+size_t EventPointsForTest() {
+  EventPoints& t = EventPointTable();
+  std::lock_guard<std::mutex> lock(t.mu);
+  return t.at.size();
+}
+
 void NoteStreamWaitEvent(cudaStream_t stream, cudaEvent_t event) {
   if (event == nullptr) return;
   const auto s = reinterpret_cast<CUstream>(stream);

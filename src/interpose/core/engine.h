@@ -47,6 +47,9 @@ ncclResult_t RedOpDestroy(ncclRedOp_t op, Comm* comm);
 // on that pass's tensor-parallel all-reduces, through the compute stream).
 void NoteEventRecord(cudaEvent_t event, cudaStream_t stream);
 void NoteStreamWaitEvent(cudaStream_t stream, cudaEvent_t event);
+// Forgets a destroyed event's points (the table would otherwise grow with every event torch creates).
+void NoteEventDestroy(cudaEvent_t event);
+size_t EventPointsForTest();  // events with points held
 
 // Iteration mark from the Python hook: stamps the GPU clock on `stream` (iteration time is GPU time).
 // Returns the iteration number.

@@ -67,6 +67,7 @@ bool AddressInObject(const void* addr, const char* part);
   X(cudaEventRecord)                     \
   X(cudaEventRecordWithFlags)            \
   X(cudaStreamWaitEvent)                 \
+  X(cudaEventDestroy)                    \
   X(cudaFreeAsync)                       \
   X(cudaGetLastError)
 
