@@ -227,6 +227,16 @@ TEST_F(LauncherE2E, IterationsStopsTheJobAfterKIterations) {
   EXPECT_LT(rep["iterations"].get<int>(), 100);
   EXPECT_EQ(rep["ranks"][0]["status"], "stopped");
   fs::remove_all(out);
+  // A job that ends by itself before K iterations is not "stopped after K".
+  rc = RunPrism("FAKE_ITERS=3 FAKE_ITER_MS=5",
+                "--out " + out.string() + " --ranks 0,1 --gpus 1 --no-preload --iterations 10 torchrun "
+                "--nproc-per-node 2 " + Worker(),
+                &log);
+  ASSERT_EQ(rc, 0) << log;
+  rep = ReadJson(out / "report.json");
+  EXPECT_FALSE(rep.contains("stopped_after_iterations")) << rep.dump();
+  EXPECT_EQ(rep["ranks"][0]["status"], "exited");
+  fs::remove_all(out);
 }
 
 TEST_F(LauncherE2E, CtrlCStopsCleanlyAndKeepsTheReport) {
