@@ -856,11 +856,15 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
         have_t = true;
       }
     }
+    bool trailing = false;  // after the stream's last unit
     auto close_through = [&](int64_t iter) {  // compute up to the end of iterations cur..iter-1
       while (use_marks_ && cur < iter) {
         auto m = mark_t.find(cur);
         if (m != mark_t.end()) {
-          if (have_t) compute(t, m->second, cur, marks_here(cur));
+          // Why not after the last unit on another stream than the mark's: no wait line can follow to take the
+          // waiting out, and a side stream has no work of its own there (the last iteration replayed the slice's
+          // whole wait: 2.6 s against 0.21 s for the others, GraphCli.RealFillEvents...).
+          if (have_t && (!trailing || marks_here(cur))) compute(t, m->second, cur, marks_here(cur));
           t = have_t ? std::max(t, m->second) : m->second;
           have_t = true;
         }
@@ -921,6 +925,7 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
         unit_at[{key.second, u.op->sseq}] = std::move(un);
       }
     }
+    trailing = true;
     close_through(last_ + 1);
     cls->streams.push_back(std::move(main));
   }

@@ -928,6 +928,10 @@ TEST_F(GraphCli, RealFillEventsReplayAtThePipelinesPaceNotAtTheirWaits) {
   const double it = j[std::string(prism::report::kIterationTime)].get<double>();
   EXPECT_GT(it, 0.145) << "faster than the rank alone under mirror";
   EXPECT_LT(it, 0.145 * 2.0) << "the side streams' waits are back as compute";
+  // The last iteration too: after a side stream's last unit nothing follows to take its wait out.
+  const auto& its = j["iteration_times_s"];
+  ASSERT_EQ(its.size(), 10u);
+  EXPECT_LT(its.back().get<double>(), 1.5 * it) << j.dump();
 }
 
 // Real event files: Megatron-LM world 64 (tp 2, pp 2) under `prism-run collect` on an H200 (ranks 0, 1, 32, 33
