@@ -19,6 +19,7 @@
 #include "interpose/core/event_log.h"
 #include "interpose/core/memory.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/recorded.h"
 #include "shim_fake_gpu.h"
 
 namespace prism::interpose {
@@ -391,6 +392,38 @@ TEST(ShimEvents, GroupedSendAndReceiveListTheirOperations) {
   EXPECT_EQ(big.at("ops")[15].at("op"), "allreduce");
   EXPECT_EQ(big.at("ops")[15].at("bytes"), 2 * (4 + 15));
   EXPECT_EQ(big.at("ops")[15].at("seq"), s + 3 + 15);
+  std::filesystem::remove_all(dir);
+}
+
+// The bye line says what the recorded-payload policy did (here: collect recording one payload and leaving one out
+// for --payload-max-bytes), so a replay that mostly fell back to mirror is visible in the event file.
+TEST(ShimEvents, ByeLineCountsRecordedPayloads) {
+  auto dir = std::filesystem::temp_directory_path() / ("prism_events_bye_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  Config c;
+  c.rank = 0;
+  c.world_size = 2;
+  c.out_dir = dir.string();
+  c.record_payloads = (dir / "rank0.bin").string();
+  c.payload_max_bytes = 64;
+  SetConfigForTest(c);
+  ResetRecordedForTest();
+  EventLogStart();
+  std::vector<uint8_t> small(16, 1), big(128, 2);
+  RecordPayload(0, 0, 1, 4, small.data(), small.size());
+  RecordPayload(0, 1, 1, 4, big.data(), big.size());
+  EventLogStop();
+  std::ifstream in(EventLogPath());
+  nlohmann::json bye;
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") == "bye") bye = j;
+  }
+  ASSERT_FALSE(bye.is_null());
+  EXPECT_EQ(bye.at("recorded"), nlohmann::json({{"written", 1}, {"replayed", 0}, {"missed", 0}, {"mismatched", 0},
+                                                {"over_limit", 1}}));
+  ResetRecordedForTest();
   std::filesystem::remove_all(dir);
 }
 

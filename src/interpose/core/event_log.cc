@@ -17,6 +17,7 @@
 #include "interpose/core/coord_client.h"
 #include "interpose/core/gpu.h"
 #include "interpose/core/memory.h"
+#include "interpose/core/recorded.h"
 #include "nccl_patch/semantics.h"
 #include "prism/events.h"
 
@@ -352,8 +353,20 @@ void EventLogStop() {
   }
   w.cv.notify_one();
   if (w.thread.joinable()) w.thread.join();
-  std::fprintf(w.file, "{\"type\":\"bye\",\"t_ns\":%llu,\"peak_bytes\":%llu}\n",
-               static_cast<unsigned long long>(HostNowNs()), static_cast<unsigned long long>(memory::PeakBytes()));
+  // What the recorded-payload policy did (collect: records written; --payload recorded: replayed, missed, not the
+  // same operation, and left out for --payload-max-bytes), so a user can see a replay that mostly fell back to mirror.
+  const RecordedStats rs = GetRecordedStats();
+  char recorded[192] = "";
+  if (rs.written + rs.hits + rs.misses + rs.mismatches + rs.over_limit > 0)
+    std::snprintf(recorded, sizeof recorded,
+                  ",\"recorded\":{\"written\":%llu,\"replayed\":%llu,\"missed\":%llu,\"mismatched\":%llu,"
+                  "\"over_limit\":%llu}",
+                  static_cast<unsigned long long>(rs.written), static_cast<unsigned long long>(rs.hits),
+                  static_cast<unsigned long long>(rs.misses), static_cast<unsigned long long>(rs.mismatches),
+                  static_cast<unsigned long long>(rs.over_limit));
+  std::fprintf(w.file, "{\"type\":\"bye\",\"t_ns\":%llu,\"peak_bytes\":%llu%s}\n",
+               static_cast<unsigned long long>(HostNowNs()), static_cast<unsigned long long>(memory::PeakBytes()),
+               recorded);
   std::fclose(w.file);
   w.file = nullptr;
 }
