@@ -150,6 +150,7 @@ struct UnitNodes {
   std::vector<uint32_t> ids;
   int64_t arrival = 0, release = 0;
   std::vector<GapPiece> gap;
+  size_t waitable = 0;  // first piece a wait can sit in: after the last one that ends at this stream's own mark
 };
 
 // Lookup tables over world::World's groups: kind -> (rank -> group index).
@@ -864,7 +865,8 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
           // Why not after the last unit on another stream than the mark's: no wait line can follow to take the
           // waiting out, and a side stream has no work of its own there (the last iteration replayed the slice's
           // whole wait: 2.6 s against 0.21 s for the others, GraphCli.RealFillEvents...).
-          if (have_t && (!trailing || marks_here(cur))) compute(t, m->second, cur, marks_here(cur));
+          const bool own = marks_here(cur);
+          if (have_t && (!trailing || own)) compute(t, m->second, cur, own);
           t = have_t ? std::max(t, m->second) : m->second;
           have_t = true;
         }
@@ -879,6 +881,8 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
       if (have_t) compute(t, u.op->arrival_ns, u.iter, false);
       un.gap = std::move(gap);
       gap.clear();
+      for (size_t i = 0; i < un.gap.size(); ++i)
+        if (un.gap[i].own_mark) un.waitable = i + 1;
       const uint32_t first_id = next_id;
       // Fork: helper nodes start when the main stream reaches the unit; join: the next main node waits for them.
       std::vector<uint32_t> fork = pending;
@@ -950,13 +954,6 @@ void Builder::ApplyWaits(const RankEventLog& log, const std::map<std::pair<int64
   std::map<uint32_t, Node*> by_id;
   for (trace::Stream& st : cls->streams)
     for (Node& n : st.nodes) by_id[n.id] = &n;
-  // The pieces a wait can sit in: those after the last piece that ends at this stream's own mark.
-  auto waitable = [](const UnitNodes& u) {
-    size_t first = 0;
-    for (size_t i = 0; i < u.gap.size(); ++i)
-      if (u.gap[i].own_mark) first = i + 1;
-    return first;
-  };
   std::map<const UnitNodes*, int64_t> awaited;  // waiting unit -> latest awaited release
   size_t used = 0, skipped = 0;
   for (const ObservedWait& w : log.waits) {
@@ -971,7 +968,7 @@ void Builder::ApplyWaits(const RankEventLog& log, const std::map<std::pair<int64
     const UnitNodes& u = s->second;
     const int64_t rel = t->second.release;
     uint32_t target = u.ids.front();
-    for (size_t i = waitable(u); i < u.gap.size(); ++i) {
+    for (size_t i = u.waitable; i < u.gap.size(); ++i) {
       if (u.gap[i].to > rel) {
         target = u.gap[i].id;
         break;
@@ -985,7 +982,7 @@ void Builder::ApplyWaits(const RankEventLog& log, const std::map<std::pair<int64
     ++used;
   }
   for (const auto& [unit, rel] : awaited) {
-    for (size_t i = waitable(*unit); i < unit->gap.size(); ++i) {
+    for (size_t i = unit->waitable; i < unit->gap.size(); ++i) {
       const UnitNodes::GapPiece& g = unit->gap[i];
       by_id.at(g.id)->dur_us = static_cast<double>(std::max<int64_t>(0, g.to - std::max(g.from, rel))) / 1000.0;
     }

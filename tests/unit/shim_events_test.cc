@@ -158,46 +158,79 @@ TEST(ShimEvents, GateOpenStampsAreLoggedWithTheirUnit) {
   std::filesystem::remove_all(dir);
 }
 
+// One real rank (`rank` of `nranks`) on the fake GPU, writing its event file into a fresh directory, with one
+// communicator of the whole world.
+struct EventsRun {
+  testing::FakeGpu gpu;
+  std::filesystem::path dir;
+  Comm* comm = nullptr;
+  EventsRun(const std::string& tag, int rank, int nranks) {
+    SetGpuForTest(&gpu);
+    dir = std::filesystem::temp_directory_path() / ("prism_events_" + tag + "_" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    Config c;
+    c.rank = rank;
+    c.world_size = nranks;
+    c.real_ranks = {rank};
+    c.fixed_dur_us = 10;
+    c.out_dir = dir.string();
+    SetConfigForTest(c);
+    ResetCommsForTest();
+    ncclUniqueId id;
+    InitArgs a;
+    a.nranks = nranks;
+    a.rank = rank;
+    a.ids = &id;
+    if (GetUniqueId(&id) != ncclSuccess || CommInit(a, &comm) != ncclSuccess) comm = nullptr;
+  }
+  ~EventsRun() {
+    SetGpuForTest(nullptr);
+    std::filesystem::remove_all(dir);
+  }
+  // Releases every unit and closes the event file; false when units were still held.
+  bool Finish() {
+    const bool drained = ProgressDrain(5000000000ull);
+    usleep(300000);
+    EventLogStop();
+    return drained;
+  }
+  // An all-reduce of `buf` on `stream`.
+  ncclResult_t AllReduce(std::vector<float>* buf, cudaStream_t stream) {
+    OpCall call;
+    call.op = payload::OpKind::kAllReduce;
+    call.comm = comm;
+    call.count = buf->size();
+    call.send = buf->data();
+    call.recv = buf->data();
+    call.stream = stream;
+    return Submit(call);
+  }
+};
+
+// The event file's lines of `type`, in file order.
+std::vector<nlohmann::json> LinesOf(const std::string& type) {
+  std::ifstream in(EventLogPath());
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") == type) out.push_back(std::move(j));
+  }
+  return out;
+}
+
 // Cross-stream dependencies: a stream that waits (cudaStreamWaitEvent) for an event recorded on another stream after
 // one of its units gets a "wait" line naming both units by their position on their stream (op lines' "sseq").
 TEST(ShimEvents, StreamWaitingForAnotherStreamsUnitWritesAWaitLine) {
-  testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
-  auto dir = std::filesystem::temp_directory_path() / ("prism_events_wait_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  Config c;
-  c.rank = 0;
-  c.world_size = 2;
-  c.real_ranks = {0};
-  c.fixed_dur_us = 10;
-  c.out_dir = dir.string();
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  ncclUniqueId id;
-  ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
-  InitArgs a;
-  a.nranks = 2;
-  a.rank = 0;
-  a.ids = &id;
-  Comm* comm = nullptr;
-  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  EventsRun run("wait", 0, 2);
+  ASSERT_NE(run.comm, nullptr);
   std::vector<float> buf(16);
   auto* compute = reinterpret_cast<cudaStream_t>(0x100);
   auto* p2p = reinterpret_cast<cudaStream_t>(0x200);
   auto* ev = reinterpret_cast<cudaEvent_t>(0x300);
-  auto submit = [&](cudaStream_t s) {
-    OpCall call;
-    call.op = payload::OpKind::kAllReduce;
-    call.comm = comm;
-    call.count = buf.size();
-    call.send = buf.data();
-    call.recv = buf.data();
-    call.stream = s;
-    ASSERT_EQ(Submit(call), ncclSuccess);
-  };
-  submit(compute);  // compute: unit 0
-  submit(p2p);      // p2p: unit 0
-  submit(p2p);      // p2p: unit 1
+  ASSERT_EQ(run.AllReduce(&buf, compute), ncclSuccess);  // compute: unit 0
+  ASSERT_EQ(run.AllReduce(&buf, p2p), ncclSuccess);      // p2p: unit 0
+  ASSERT_EQ(run.AllReduce(&buf, p2p), ncclSuccess);      // p2p: unit 1
   NoteEventRecord(ev, p2p);          // after p2p's unit 1
   NoteStreamWaitEvent(compute, ev);  // compute's unit 1 waits for it
   NoteStreamWaitEvent(compute, ev);  // the same point again: no second line
@@ -205,26 +238,15 @@ TEST(ShimEvents, StreamWaitingForAnotherStreamsUnitWritesAWaitLine) {
   auto* unknown = reinterpret_cast<cudaStream_t>(0x400);
   NoteEventRecord(ev, unknown);      // a stream without units: the event is forgotten
   NoteStreamWaitEvent(compute, ev);
-  submit(compute);
-  ASSERT_TRUE(ProgressDrain(5000000000ull));
-  usleep(300000);
-  EventLogStop();
-  SetGpuForTest(nullptr);
-  std::ifstream in(EventLogPath());
-  std::vector<nlohmann::json> waits, ops;
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j.at("type") == "wait") waits.push_back(j);
-    if (j.at("type") == "op") ops.push_back(j);
-  }
+  ASSERT_EQ(run.AllReduce(&buf, compute), ncclSuccess);
+  ASSERT_TRUE(run.Finish());
+  std::vector<nlohmann::json> waits = LinesOf("wait"), ops = LinesOf("op");
   ASSERT_EQ(ops.size(), 4u);
   std::map<std::pair<int, int>, int> sseq;  // (stream, sseq) -> count
   for (const auto& o : ops) ++sseq[{o.at("stream").get<int>(), o.at("sseq").get<int>()}];
   EXPECT_EQ(sseq, (std::map<std::pair<int, int>, int>{{{0, 0}, 1}, {{0, 1}, 1}, {{1, 0}, 1}, {{1, 1}, 1}}));
   ASSERT_EQ(waits.size(), 1u);
   EXPECT_EQ(waits[0], nlohmann::json({{"type", "wait"}, {"stream", 0}, {"next", 1}, {"on", 1}, {"after", 1}}));
-  std::filesystem::remove_all(dir);
 }
 
 // Dependencies through a stream without units (torch's compute stream): the compute stream waits for the
@@ -232,45 +254,17 @@ TEST(ShimEvents, StreamWaitingForAnotherStreamsUnitWritesAWaitLine) {
 // pipeline stream that waits for the event depends on the tensor-parallel unit (a "wait" line on it), so the graph
 // does not take the tensor-parallel wait for the pipeline stream's compute.
 TEST(ShimEvents, WaitsPassThroughAStreamWithoutUnits) {
-  testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
-  auto dir = std::filesystem::temp_directory_path() / ("prism_events_wait2_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  Config c;
-  c.rank = 0;
-  c.world_size = 2;
-  c.real_ranks = {0};
-  c.fixed_dur_us = 10;
-  c.out_dir = dir.string();
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  ncclUniqueId id;
-  ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
-  InitArgs a;
-  a.nranks = 2;
-  a.rank = 0;
-  a.ids = &id;
-  Comm* comm = nullptr;
-  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  EventsRun run("wait2", 0, 2);
+  ASSERT_NE(run.comm, nullptr);
   std::vector<float> buf(16);
   auto* tp = reinterpret_cast<cudaStream_t>(0x1100);
   auto* pp = reinterpret_cast<cudaStream_t>(0x1200);
   auto* compute = reinterpret_cast<cudaStream_t>(0x1300);
   auto* tp_done = reinterpret_cast<cudaEvent_t>(0x1400);
   auto* fwd_done = reinterpret_cast<cudaEvent_t>(0x1500);
-  auto submit = [&](cudaStream_t s) {
-    OpCall call;
-    call.op = payload::OpKind::kAllReduce;
-    call.comm = comm;
-    call.count = buf.size();
-    call.send = buf.data();
-    call.recv = buf.data();
-    call.stream = s;
-    ASSERT_EQ(Submit(call), ncclSuccess);
-  };
-  submit(pp);  // pp: unit 0 (stream index 0)
-  submit(tp);  // tp: unit 0 (stream index 1)
-  submit(tp);  // tp: unit 1
+  ASSERT_EQ(run.AllReduce(&buf, pp), ncclSuccess);  // pp: unit 0 (stream index 0)
+  ASSERT_EQ(run.AllReduce(&buf, tp), ncclSuccess);  // tp: unit 0 (stream index 1)
+  ASSERT_EQ(run.AllReduce(&buf, tp), ncclSuccess);  // tp: unit 1
   NoteEventRecord(tp_done, tp);             // after tp's unit 1
   NoteStreamWaitEvent(compute, tp_done);    // compute waits for it: no line (compute has no units)
   NoteEventRecord(fwd_done, compute);       // carries tp:1
@@ -279,24 +273,15 @@ TEST(ShimEvents, WaitsPassThroughAStreamWithoutUnits) {
   NoteEventRecord(fwd_done, compute);       // still tp:1: pp waiting again logs nothing
   NoteStreamWaitEvent(pp, fwd_done);
   NoteStreamWaitEvent(tp, fwd_done);        // tp waiting for its own point: nothing
-  submit(pp);
-  submit(tp);  // tp: unit 2
+  ASSERT_EQ(run.AllReduce(&buf, pp), ncclSuccess);
+  ASSERT_EQ(run.AllReduce(&buf, tp), ncclSuccess);  // tp: unit 2
   NoteEventRecord(tp_done, tp);             // after tp's unit 2
   NoteStreamWaitEvent(compute, tp_done);
   NoteEventRecord(fwd_done, compute);       // carries tp:2 and pp's nothing
   NoteStreamWaitEvent(pp, fwd_done);        // pp's unit 2 depends on tp:2
-  submit(pp);
-  ASSERT_TRUE(ProgressDrain(5000000000ull));
-  usleep(300000);
-  EventLogStop();
-  SetGpuForTest(nullptr);
-  std::ifstream in(EventLogPath());
-  std::vector<nlohmann::json> waits;
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j.at("type") == "wait") waits.push_back(j);
-  }
+  ASSERT_EQ(run.AllReduce(&buf, pp), ncclSuccess);
+  ASSERT_TRUE(run.Finish());
+  std::vector<nlohmann::json> waits = LinesOf("wait");
   ASSERT_EQ(waits.size(), 2u);
   EXPECT_EQ(waits[0], nlohmann::json({{"type", "wait"}, {"stream", 0}, {"next", 1}, {"on", 1}, {"after", 1}}));
   EXPECT_EQ(waits[1], nlohmann::json({{"type", "wait"}, {"stream", 0}, {"next", 2}, {"on", 1}, {"after", 2}}));
@@ -305,33 +290,15 @@ TEST(ShimEvents, WaitsPassThroughAStreamWithoutUnits) {
   NoteEventDestroy(tp_done);
   NoteEventDestroy(fwd_done);
   EXPECT_EQ(EventPointsForTest(), held - 2);
-  std::filesystem::remove_all(dir);
 }
 
 // A group's send to the next pipeline stage and receive from the previous one on a 4-rank pipeline communicator
 // (Megatron's batch_isend_irecv) are one unit: its op line lists both operations ("ops") with their peers and sizes,
 // which the unit's own fields cannot give. A group of more than 16 operations lists its first 16 and says so.
 TEST(ShimEvents, GroupedSendAndReceiveListTheirOperations) {
-  testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
-  auto dir = std::filesystem::temp_directory_path() / ("prism_events_ops_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  Config c;
-  c.rank = 1;
-  c.world_size = 4;
-  c.real_ranks = {1};
-  c.fixed_dur_us = 10;
-  c.out_dir = dir.string();
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  ncclUniqueId id;
-  ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
-  InitArgs a;
-  a.nranks = 4;
-  a.rank = 1;
-  a.ids = &id;
-  Comm* comm = nullptr;
-  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  EventsRun run("ops", 1, 4);
+  ASSERT_NE(run.comm, nullptr);
+  Comm* comm = run.comm;
   std::vector<uint16_t> act(1024), grad(512);
   auto call = [&](payload::OpKind op, int peer, std::vector<uint16_t>* buf, size_t count) {
     OpCall x;
@@ -353,17 +320,8 @@ TEST(ShimEvents, GroupedSendAndReceiveListTheirOperations) {
   ASSERT_EQ(GroupStart(), ncclSuccess);
   for (int i = 0; i < 18; ++i) ASSERT_EQ(call(payload::OpKind::kAllReduce, -1, &grad, 4 + i), ncclSuccess);
   ASSERT_EQ(GroupEnd(), ncclSuccess);
-  ASSERT_TRUE(ProgressDrain(5000000000ull));
-  usleep(300000);
-  EventLogStop();
-  SetGpuForTest(nullptr);
-  std::ifstream in(EventLogPath());
-  std::vector<nlohmann::json> ops;
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j.at("type") == "op") ops.push_back(j);
-  }
+  ASSERT_TRUE(run.Finish());
+  std::vector<nlohmann::json> ops = LinesOf("op");
   ASSERT_EQ(ops.size(), 3u);
   // Lines come in release order: by sequence number, the pair, the lone send, the long group.
   std::sort(ops.begin(), ops.end(), [](const nlohmann::json& x, const nlohmann::json& y) {
@@ -392,7 +350,6 @@ TEST(ShimEvents, GroupedSendAndReceiveListTheirOperations) {
   EXPECT_EQ(big.at("ops")[15].at("op"), "allreduce");
   EXPECT_EQ(big.at("ops")[15].at("bytes"), 2 * (4 + 15));
   EXPECT_EQ(big.at("ops")[15].at("seq"), s + 3 + 15);
-  std::filesystem::remove_all(dir);
 }
 
 // The bye line says what the recorded-payload policy did (here: collect recording one payload and leaving one out
@@ -413,14 +370,9 @@ TEST(ShimEvents, ByeLineCountsRecordedPayloads) {
   RecordPayload(0, 0, 1, 4, small.data(), small.size());
   RecordPayload(0, 1, 1, 4, big.data(), big.size());
   EventLogStop();
-  std::ifstream in(EventLogPath());
-  nlohmann::json bye;
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j.at("type") == "bye") bye = j;
-  }
-  ASSERT_FALSE(bye.is_null());
+  std::vector<nlohmann::json> byes = LinesOf("bye");
+  ASSERT_FALSE(byes.empty());
+  const nlohmann::json& bye = byes.back();
   EXPECT_EQ(bye.at("recorded"), nlohmann::json({{"written", 1}, {"replayed", 0}, {"missed", 0}, {"mismatched", 0},
                                                 {"over_limit", 1}}));
   ResetRecordedForTest();

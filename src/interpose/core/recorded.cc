@@ -88,12 +88,12 @@ void LoadLocked(State& s) {
   Log("nccl")->info("recorded payloads: {} operations from {}", s.index.size(), path);
 }
 
-}  // namespace
-
-static bool OverLimit(uint64_t bytes) {
+bool OverLimit(uint64_t bytes) {
   const uint64_t max = Cfg().payload_max_bytes;
   return max != 0 && bytes > max;
 }
+
+}  // namespace
 
 void RecordPayload(uint32_t comm_id, uint64_t seq, uint16_t op, uint8_t dtype, const void* data, uint64_t bytes) {
   State& s = S();
