@@ -4,6 +4,8 @@ Each iteration: an eager matmul, one replay of a captured graph (matmul, relu, s
 libprism's Python hook marks as the end of the iteration). The kernels of the replays must carry their graph id in
 rank0.kernels.jsonl, show as "graph G" launches in trace.json, and as [g] rows in `prism-run report kernels`.
 Runs under prism-run as a world of 1 (torchrun --nproc-per-node 1); no process group is needed.
+GRAPH_NVTX=1 wraps each iteration in an NVTX range "iteration" and the replay in "replay" (case kernels_nvtx, run
+with --kernels-nvtx: the ranges must reach rank0.kernels.jsonl and trace.json).
 """
 import os
 import sys
@@ -11,6 +13,7 @@ import sys
 import torch
 
 iters = int(os.environ.get("GRAPH_ITERS", "20"))
+nvtx = os.environ.get("GRAPH_NVTX") == "1"
 n = 1024
 dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 torch.cuda.set_device(dev)
@@ -30,8 +33,15 @@ with torch.cuda.graph(g):
     y = (x @ w).relu().sum()
 
 for it in range(iters):
+    if nvtx:
+        torch.cuda.nvtx.range_push("iteration")
     z = x @ x  # eager
+    if nvtx:
+        torch.cuda.nvtx.range_push("replay")
     g.replay()
+    if nvtx:
+        torch.cuda.nvtx.range_pop()
+        torch.cuda.nvtx.range_pop()
     w.grad = z[:1].expand(n, n).contiguous() * 0  # something to step on
     opt.step()
 torch.cuda.synchronize()

@@ -23,6 +23,8 @@
 #              KERNELS_MODEL=medium runs `overhead` and `toggle` on the fidelity suite's GPU-bound model.
 #   graph      tests/gpu/kernels_graph.py (a CUDA graph replayed every iteration) under --kernels: kernel records
 #              carry graph ids, trace.json has the graph launches, the report marks them [g].
+#   nvtx       the same job with GRAPH_NVTX=1 under --kernels-nvtx: its NVTX ranges ("iteration", "replay", 20
+#              each) are in rank0.kernels.jsonl and in trace.json (cat "nvtx"), each "replay" inside an "iteration".
 # Tables (report kernels) in OUT/kernels/*.txt and *.json.
 #
 # usage: tests/gpu/run.sh OUT kernels            (sourced: uses its check, $out, $PRISM_RUN)
@@ -197,6 +199,25 @@ kernels_graph() {
   [ "${in_graphs:-0}" -gt 0 ] && [ "${launches:-0}" -ge 10 ] && grep -q '\[g\]' "$kdir/graph.txt"
 }
 
+kernels_nvtx() {
+  local d=$kdir/nvtx
+  (GRAPH_ITERS=20 GRAPH_NVTX=1 timeout -s INT -k 20 "$KERNELS_T" "$PRISM_RUN" --kernels-nvtx --ranks 0 --gpus 1 \
+     --out "$d" --quiet torchrun --nproc-per-node 1 tests/gpu/kernels_graph.py) > "$d.out" 2>&1 || { tail -20 "$d.out"; return 1; }
+  grep -q "GRAPH_CHECK done" "$d"/logs/rank0.log || { echo "the job did not finish"; return 1; }
+  "$PYTHON" - "$d/trace.json" "$d/rank0.kernels.jsonl" > "$out/kernels_nvtx.detail" <<'PY'
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("cat") == "nvtx"]
+lines = sum(1 for l in open(sys.argv[2]) if '"type":"nvtx"' in l)
+it = [e for e in ev if e.get("name") == "iteration"]
+rp = [e for e in ev if e.get("name") == "replay"]
+inside = sum(1 for r in rp if any(i["ts"] <= r["ts"] and r["ts"] + r.get("dur", 0) <= i["ts"] + i.get("dur", 0) + 1e-3
+                                  for i in it))
+print("nvtx lines %d; trace.json nvtx ranges %d: iteration %d, replay %d (%d inside an iteration)" % (
+    lines, len(ev), len(it), len(rp), inside))
+sys.exit(0 if len(it) >= 20 and len(rp) >= 20 and inside == len(rp) else 1)
+PY
+}
+
 kernels_toggle() {
   local name=kernels_toggle_w64 d=$kdir/toggle n=${KERNELS_TOGGLE:-5}
   PRISM_KERNELS_TOGGLE=$n KERNELS_ITERS=${KERNELS_TOGGLE_ITERS:-60} kernels_w64 "$d" --kernels || { echo "run failed"; return 1; }
@@ -239,6 +260,7 @@ for c in $KERNELS_CASES; do
     w64_runs) check kernels_w64_run_to_run kernels_w64_runs ;;
     w1) check kernels_w1 kernels_w1 ;;
     graph) check kernels_cuda_graph kernels_graph ;;
+    nvtx) check kernels_nvtx kernels_nvtx ;;
     toggle) check kernels_toggle_w64 kernels_toggle ;;
     *) echo "kernels suite: unknown case $c" | tee -a "${table:-/dev/null}" ;;
   esac
