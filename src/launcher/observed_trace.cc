@@ -104,6 +104,22 @@ std::string KeyText(const world::World& w, const ClassKey& k) {
   return s.empty() ? std::string("replica") : s;
 }
 
+// The class that stands in for expert-parallel class `k` when it has no events: among `have` (classes with events
+// of their own), the one equal to `k` but for ep, the lowest ep first. -1 when there is none.
+int EpStandIn(const ClassKey& k, const std::map<ClassKey, int>& have) {
+  ClassKey probe = k;
+  int best_ep = -1, best = -1;
+  for (const auto& [key, index] : have) {
+    probe[5] = key[5];
+    if (key != probe || key[5] == k[5]) continue;
+    if (best_ep < 0 || key[5] < best_ep) {
+      best_ep = key[5];
+      best = index;
+    }
+  }
+  return best;
+}
+
 std::string ClassName(const world::World& w, const ClassKey& k) {
   std::string s = KeyText(w, k);
   std::replace(s.begin(), s.end(), ' ', '-');
@@ -239,6 +255,7 @@ class Builder {
   struct ClassInfo {
     ClassKey key;
     int rep = -1;                 // rank whose nodes the class holds
+    int mirror_of = -1;           // class whose nodes it repeats (an expert-parallel class without events), or -1
     const RankEventLog* log = nullptr;
     std::vector<Family> families;  // per slot
     std::vector<uint8_t> p2p_slot;
@@ -323,15 +340,24 @@ bool Builder::Run(std::string* error) {
     t.layout.order = l.order;
     t.topology = o_.topology;
     IndexRealOps();
-    for (ClassInfo& ci : classes_) {
-      trace::RoleClass cls;
-      if (!BuildClass(ci, &cls)) {
-        ok = false;
-        break;
-      }
-      for (const trace::Stream& s : cls.streams) out_->nodes += s.nodes.size();
-      t.classes.push_back(std::move(cls));
-      out_->class_ranks.push_back(ci.rep);
+    // Why two passes: a class that repeats another's nodes copies them (and their slots) once that one is built.
+    std::vector<trace::RoleClass> built(classes_.size());
+    for (size_t c = 0; ok && c < classes_.size(); ++c)
+      if (classes_[c].mirror_of < 0) ok = BuildClass(classes_[c], &built[c]);
+    for (size_t c = 0; ok && c < classes_.size(); ++c) {
+      ClassInfo& ci = classes_[c];
+      if (ci.mirror_of < 0) continue;
+      const ClassInfo& from = classes_[static_cast<size_t>(ci.mirror_of)];
+      built[c] = built[static_cast<size_t>(ci.mirror_of)];
+      built[c].name = ClassName(w_, ci.key);
+      ci.families = from.families;
+      ci.p2p_slot = from.p2p_slot;
+      out_->mirrored_classes.push_back(static_cast<uint32_t>(c));
+    }
+    for (size_t c = 0; ok && c < classes_.size(); ++c) {
+      for (const trace::Stream& s : built[c].streams) out_->nodes += s.nodes.size();
+      t.classes.push_back(std::move(built[c]));
+      out_->class_ranks.push_back(classes_[c].rep);
     }
   }
   ok = ok && Bind();
@@ -379,6 +405,30 @@ bool Builder::PickRepresentatives() {
     if (better) {
       ci.rep = log.rank;
       ci.log = &log;
+    }
+  }
+  if (o_.mirror_expert_classes && w_.layout().ep > 1) {
+    std::map<ClassKey, int> have;
+    for (size_t c = 0; c < classes_.size(); ++c)
+      if (classes_[c].log) have[classes_[c].key] = static_cast<int>(c);
+    std::vector<std::string> mirrored;
+    for (ClassInfo& ci : classes_) {
+      if (ci.log) continue;
+      const int from = EpStandIn(ci.key, have);
+      if (from < 0) continue;
+      ci.mirror_of = from;
+      ci.rep = classes_[static_cast<size_t>(from)].rep;
+      ci.log = classes_[static_cast<size_t>(from)].log;
+      mirrored.push_back(KeyText(w_, ci.key) + " from rank " + std::to_string(ci.rep));
+    }
+    if (!mirrored.empty()) {
+      std::string m = std::to_string(mirrored.size()) + " expert-parallel class(es) have no real rank and repeat the "
+                      "nodes of the real rank that differs from them only in ep (EP symmetry assumed: mirrored MoE "
+                      "routing, every expert-parallel rank routes tokens like that one): ";
+      for (size_t i = 0; i < mirrored.size() && i < 6; ++i) m += (i ? "; " : "") + mirrored[i];
+      if (mirrored.size() > 6) m += "; ... (" + std::to_string(mirrored.size() - 6) + " more)";
+      m += ". Run `prism-run collect --real-routing` to record them from real routing";
+      Warn(m);
     }
   }
   std::vector<std::string> missing;
@@ -1250,9 +1300,33 @@ bool CoversEveryClass(const world::World& world, const std::vector<int>& ranks, 
   return have.size() == all.size();
 }
 
+bool CoversEveryClassOrEpStandIn(const world::World& world, const std::vector<int>& ranks, size_t* mirrored) {
+  std::set<ClassKey> all;
+  std::map<ClassKey, int> have;
+  for (int r = 0; r < world.size(); ++r) all.insert(KeyOf(world.CoordsOf(r)));
+  for (int r : ranks)
+    if (r >= 0 && r < world.size()) have.emplace(KeyOf(world.CoordsOf(r)), r);
+  size_t stand_ins = 0;
+  bool ok = true;
+  for (const ClassKey& k : all) {
+    if (have.count(k)) continue;
+    if (world.layout().ep > 1 && EpStandIn(k, have) >= 0) {
+      ++stand_ins;
+    } else {
+      ok = false;
+    }
+  }
+  if (mirrored) *mirrored = stand_ins;
+  return ok;
+}
+
+bool SameClass(const world::World& world, int a, int b) {
+  return KeyOf(world.CoordsOf(a)) == KeyOf(world.CoordsOf(b));
+}
+
 std::string WriteObservedTrace(const std::string& dir, const world::World& world, const std::vector<int>& real_ranks) {
   size_t covered = 0, classes = 0;
-  if (!CoversEveryClass(world, real_ranks, &covered, &classes))
+  if (!CoversEveryClass(world, real_ranks, &covered, &classes) && !CoversEveryClassOrEpStandIn(world, real_ranks))
     return "observed.prism not written: the real ranks cover " + std::to_string(covered) + " of " +
            std::to_string(classes) + " classes (one data-parallel replica covers all; docs/collect.md)";
   ObservedTraceOptions o;
@@ -1270,9 +1344,14 @@ std::string WriteObservedTrace(const std::string& dir, const world::World& world
   std::string iters = g->first_iteration < 0 ? std::string("one unmarked iteration")
                                              : "iterations " + std::to_string(g->first_iteration) + ".." +
                                                    std::to_string(g->last_iteration);
+  std::string mirrored;
+  if (!g->mirrored_classes.empty())
+    mirrored = "; " + std::to_string(g->mirrored_classes.size()) + " expert-parallel class(es) without a real rank "
+               "repeat the nodes of a real rank that differs only in ep (EP symmetry assumed; `prism-run collect "
+               "--real-routing` records them)";
   return "observed graph " + path + ": " + std::to_string(g->trace.classes.size()) + " classes, " +
          std::to_string(g->nodes) + " nodes, " + iters +
-         (g->warnings.empty() ? "" : ", " + std::to_string(g->warnings.size()) + " warning(s)");
+         (g->warnings.empty() ? "" : ", " + std::to_string(g->warnings.size()) + " warning(s)") + mirrored;
 }
 
 std::string ClassCoordinates(const world::World& world, int rank) {

@@ -11,7 +11,10 @@
 // NCCL; in sequence a send/recv exchange between two ranks would deadlock).
 //
 // Classes: ranks with the same coordinates except the data-parallel ones (tp, cp, pp, gtp, etp, ep, egtp of
-// world::Coords) are one class, whose nodes come from a real rank with those coordinates. Every rank of the world
+// world::Coords) are one class, whose nodes come from a real rank with those coordinates. An expert-parallel class
+// with no real rank (collect without --real-routing: Megatron carves ep out of dp, so replica 0 holds ep 0 only)
+// takes the nodes of the real rank that differs from it only in ep (EP symmetry assumed, a warning says so; see
+// ObservedTraceOptions::mirror_expert_classes); its ranks still bind their own communicators. Every rank of the world
 // gets its class and its communicators: a Megatron group's members from the layout (world::World), the world
 // communicator, or, for any other communicator, the real one's members moved to the rank's data-parallel
 // replica. Not recorded yet: cross-stream dependencies (event record/wait between streams), per-kernel compute.
@@ -112,12 +115,20 @@ struct ObservedTraceOptions {
   StreamFallback stream_fallback = StreamFallback::kOne;  // for op lines without "stream"
   std::string topology;            // written into the trace (preset name or topology JSON); "" none
   bool validate = true;            // run replay::ValidateTrace and fail on its errors
+  // An expert-parallel class without events takes the nodes of the class with events that differs from it only in
+  // ep (the lowest such ep, ep 0 for collect's replica 0): mirrored MoE routing, every expert-parallel rank assumed
+  // to route like that one. Its ranks bind their own groups (their own EP, expert-DP, ... communicators). false: such
+  // a class is missing, an error as for any other.
+  bool mirror_expert_classes = true;
 };
 
 struct ObservedTrace {
   trace::Trace trace;
   std::vector<std::string> warnings;
   std::vector<int> class_ranks;    // per class: the real rank its nodes come from
+  // Classes whose nodes are another ep coordinate's (mirror_expert_classes): class_ranks names the rank they come
+  // from, which is not of their class. Ascending.
+  std::vector<uint32_t> mirrored_classes;
   std::vector<int> unused_ranks;   // real ranks whose events were not needed (another rank of their class was used)
   int64_t first_iteration = -1;    // iterations kept (marks' numbers); -1 when the files had no marks
   int64_t last_iteration = -1;
@@ -141,9 +152,17 @@ std::optional<ObservedTrace> BuildObservedTrace(const std::string& dir, const wo
 bool CoversEveryClass(const world::World& world, const std::vector<int>& ranks, size_t* covered = nullptr,
                       size_t* classes = nullptr);
 
+// Whether `ranks` cover every class once an expert-parallel class may take the nodes of a rank that differs from it
+// only in ep (ObservedTraceOptions::mirror_expert_classes); *mirrored (optional) counts the classes that would.
+bool CoversEveryClassOrEpStandIn(const world::World& world, const std::vector<int>& ranks, size_t* mirrored = nullptr);
+
+// Whether ranks `a` and `b` are of one class (the same coordinates but the data-parallel ones).
+bool SameClass(const world::World& world, int a, int b);
+
 // What emulate does when a run ends: builds the observed trace of `real_ranks` from `dir` and writes
-// dir/observed.prism. Returns one line for the terminal: where it went, or why it was not written (the real ranks
-// do not cover every class, or the build failed; `prism-run graph build DIR` then gives the whole message).
+// dir/observed.prism. Returns one line for the terminal: where it went (naming the expert-parallel classes that
+// repeat another ep coordinate's nodes, when some do), or why it was not written (the real ranks do not cover every
+// class, or the build failed; `prism-run graph build DIR` then gives the whole message).
 std::string WriteObservedTrace(const std::string& dir, const world::World& world, const std::vector<int>& real_ranks);
 
 // Ranks with an event file in `dir`, sorted.

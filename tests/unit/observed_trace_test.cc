@@ -968,3 +968,213 @@ TEST_F(GraphCli, RealMegatronCollectBuildsAndSimulates) {
   EXPECT_GT(it, 0.2396 * 0.5);
   EXPECT_LT(it, 0.2396 * 2.0);
 }
+
+// ---- expert parallelism: classes of ep coordinates without a real rank (collect without --real-routing) ----
+
+namespace {
+
+prism::world::World MakeEpWorld(const std::string& spec, int world) {
+  std::string err;
+  auto l = prism::world::ParseLayout(spec, &err);
+  EXPECT_TRUE(l) << err;
+  EXPECT_TRUE(prism::world::ResolveLayout(&*l, world, "test", &err)) << err;
+  auto w = prism::world::World::Make(*l, 8, &err);
+  EXPECT_TRUE(w) << err;
+  return *w;
+}
+
+// One MoE all-to-all per iteration on the rank's EXPERT_MODEL_PARALLEL_GROUP, just after the iteration's first
+// operation, its size telling the ep coordinates apart (1000 x (ep + 1) bytes).
+void AddEpAllToAll(std::vector<RankEventLog>* logs, const prism::world::World& w) {
+  for (auto& log : *logs) {
+    const std::vector<int> members = w.GroupOf("ep", log.rank);
+    const int me = static_cast<int>(std::find(members.begin(), members.end(), log.rank) - members.begin());
+    log.comms[7] = prism::launcher::ObservedComm{
+        7, "ep", "EXPERT_MODEL_PARALLEL_GROUP", "", static_cast<int>(members.size()), me, members};
+    std::vector<prism::launcher::ObservedOp> first;
+    for (const auto& op : log.ops)
+      if (op.comm_id == 0 && op.op == "broadcast") first.push_back(op);
+    int64_t seq = 0;
+    for (const auto& b : first) {
+      prism::launcher::ObservedOp op;
+      op.comm_id = 7;
+      op.seq = seq++;
+      op.op = "alltoall";
+      op.dtype = "bf16";
+      op.bytes = 1000u * static_cast<uint64_t>(w.CoordsOf(log.rank).ep + 1);
+      op.arrival_ns = b.release_ns + 1;
+      op.release_ns = op.arrival_ns + 5;
+      op.stream = 6;
+      log.ops.push_back(op);
+    }
+  }
+}
+
+uint64_t FirstAllToAllBytes(const prism::trace::RoleClass& c) {
+  for (const auto& s : c.streams)
+    for (const auto& n : s.nodes)
+      if (n.kind == NodeKind::kColl && n.op == prism::trace::CollOp::kAllToAll) return n.bytes;
+  return 0;
+}
+
+}  // namespace
+
+// World 64, tp 2 pp 2 ep 2: replica 0 (ranks 0, 1, 32, 33) holds ep 0 only. The four ep-1 classes repeat the nodes of
+// the ep-0 rank with their other coordinates, with a warning; each of their ranks binds its own communicators.
+TEST(ObservedTrace, ExpertClassesWithoutARealRankMirrorTheirEpZeroRank) {
+  JobOptions o;
+  o.world = 64;
+  const prism::world::World w = MakeEpWorld("tp=2,pp=2,ep=2", 64);
+  auto logs = Logs(o, ReplicaZero(64));
+  AddEpAllToAll(&logs, w);
+  std::string err;
+  auto g = BuildObservedTrace(logs, w, {}, &err);
+  ASSERT_TRUE(g) << err;
+  const prism::trace::Trace& t = g->trace;
+  EXPECT_TRUE(prism::replay::ValidateTrace(t).empty());
+  ASSERT_EQ(t.classes.size(), 8u);
+  EXPECT_EQ(g->mirrored_classes.size(), 4u);
+  EXPECT_TRUE(HasWarning(*g, "EP symmetry assumed")) << (g->warnings.empty() ? "" : g->warnings.front());
+  EXPECT_TRUE(HasWarning(*g, "--real-routing"));
+  // Rank 2 (tp 0, pp 0, ep 1, dense dp 1) and rank 6 (ep 1, expert dp 1): one class, its own, from rank 0.
+  const uint32_t c2 = t.ranks[2].cls;
+  EXPECT_EQ(t.ranks[6].cls, c2);
+  EXPECT_NE(c2, t.ranks[0].cls);
+  EXPECT_EQ(t.classes[c2].name, "tp0-pp0-ep1");
+  EXPECT_EQ(g->class_ranks[c2], 0);
+  EXPECT_TRUE(std::find(g->mirrored_classes.begin(), g->mirrored_classes.end(), c2) != g->mirrored_classes.end());
+  EXPECT_EQ(t.classes[c2].comm_slots, t.classes[t.ranks[0].cls].comm_slots);
+  EXPECT_EQ(FirstAllToAllBytes(t.classes[c2]), 1000u);  // rank 0's routing, mirrored
+  // Their own groups, not rank 0's: expert-parallel, tensor-, pipeline- and data-parallel.
+  EXPECT_EQ(BoundComm(t, 2, "ep").ranks, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(BoundComm(t, 6, "ep").ranks, (std::vector<int32_t>{4, 6}));
+  EXPECT_EQ(BoundComm(t, 6, "ep").desc, "EXPERT_MODEL_PARALLEL_GROUP");
+  EXPECT_EQ(BoundComm(t, 6, "tp").ranks, (std::vector<int32_t>{6, 7}));
+  EXPECT_EQ(BoundComm(t, 34, "pp").ranks, (std::vector<int32_t>{2, 34}));
+  EXPECT_EQ(BoundComm(t, 34, "ep").ranks, (std::vector<int32_t>{32, 34}));
+  EXPECT_EQ(BoundComm(t, 2, "dp").ranks.front(), 0);
+  for (int r = 0; r < 64; ++r) {
+    std::vector<int32_t> want;
+    for (int m : w.GroupOf("ep", r)) want.push_back(m);
+    EXPECT_EQ(BoundComm(t, r, "ep").ranks, want) << "rank " << r;
+  }
+
+  // Off: a class with no rank of its own is missing, as before.
+  ObservedTraceOptions strict;
+  strict.mirror_expert_classes = false;
+  EXPECT_FALSE(BuildObservedTrace(logs, w, strict, &err));
+  EXPECT_NE(err.find("do not cover every class"), std::string::npos) << err;
+  EXPECT_NE(err.find("ep=1"), std::string::npos) << err;
+  // Another coordinate missing (pipeline stage 1): no stand-in, the same error with mirroring on.
+  std::vector<RankEventLog> stage0(logs.begin(), logs.begin() + 2);
+  EXPECT_FALSE(BuildObservedTrace(stage0, w, {}, &err));
+  EXPECT_NE(err.find("tp=0 pp=1 ep=0"), std::string::npos) << err;
+  size_t mirrored = 0;
+  EXPECT_FALSE(prism::launcher::CoversEveryClass(w, ReplicaZero(64)));
+  EXPECT_TRUE(prism::launcher::CoversEveryClassOrEpStandIn(w, ReplicaZero(64), &mirrored));
+  EXPECT_EQ(mirrored, 4u);
+  EXPECT_FALSE(prism::launcher::CoversEveryClassOrEpStandIn(w, {0, 1}));
+}
+
+// With the expert-parallel peers' events too (collect --real-routing: ranks 0-3 and 32-35) every class is its own.
+TEST(ObservedTrace, ExpertParallelPeersGiveEveryClassItsOwnNodes) {
+  JobOptions o;
+  o.world = 64;
+  const prism::world::World w = MakeEpWorld("tp=2,pp=2,ep=2", 64);
+  auto logs = Logs(o, {0, 1, 2, 3, 32, 33, 34, 35});
+  AddEpAllToAll(&logs, w);
+  std::string err;
+  auto g = BuildObservedTrace(logs, w, {}, &err);
+  ASSERT_TRUE(g) << err;
+  const prism::trace::Trace& t = g->trace;
+  EXPECT_TRUE(prism::replay::ValidateTrace(t).empty());
+  ASSERT_EQ(t.classes.size(), 8u);
+  EXPECT_TRUE(g->mirrored_classes.empty());
+  EXPECT_FALSE(HasWarning(*g, "EP symmetry"));
+  EXPECT_EQ(g->class_ranks, (std::vector<int>{0, 1, 2, 3, 32, 33, 34, 35}));
+  EXPECT_TRUE(g->unused_ranks.empty());
+  const uint32_t c2 = t.ranks[6].cls;
+  EXPECT_EQ(g->class_ranks[c2], 2);
+  EXPECT_EQ(FirstAllToAllBytes(t.classes[c2]), 2000u);  // rank 2's own routing
+  EXPECT_EQ(FirstAllToAllBytes(t.classes[t.ranks[4].cls]), 1000u);
+  EXPECT_EQ(BoundComm(t, 6, "ep").ranks, (std::vector<int32_t>{4, 6}));
+  EXPECT_EQ(BoundComm(t, 63, "ep").ranks, (std::vector<int32_t>{61, 63}));
+}
+
+// World 8, tp 1, ep 4: replica 0 is rank 0 alone; ranks 1-3 stand for the other expert-parallel classes.
+TEST(ObservedTrace, World8Ep4FromRankZeroOrFromItsExpertGroup) {
+  // The tp 2 pp 2 writer is not this layout: each rank's log written here.
+  const prism::world::World w = MakeEpWorld("ep=4", 8);
+  auto rank_log = [&](int r) {
+    RankEventLog log;
+    log.rank = r;
+    const int ep = r % 4, edp = r / 4;
+    std::vector<int> ep_members = {4 * edp, 4 * edp + 1, 4 * edp + 2, 4 * edp + 3};
+    log.comms[0] = prism::launcher::ObservedComm{0, "e", "EXPERT_MODEL_PARALLEL_GROUP", "", 4, ep, ep_members};
+    log.comms[1] = prism::launcher::ObservedComm{1, "x", "EXPERT_DATA_PARALLEL_GROUP", "", 2, edp, {ep, ep + 4}};
+    log.comms[2] = prism::launcher::ObservedComm{2, "d", "DATA_PARALLEL_GROUP", "", 8, r, {0, 1, 2, 3, 4, 5, 6, 7}};
+    int64_t t = kBase;
+    for (int it = 0; it < 2; ++it) {
+      int64_t seq = it;
+      for (int c : {0, 1, 2}) {
+        prism::launcher::ObservedOp op;
+        op.comm_id = c;
+        op.seq = seq;
+        op.op = c == 0 ? "alltoall" : "allreduce";
+        op.dtype = "bf16";
+        op.bytes = c == 0 ? 1000u * static_cast<uint64_t>(ep + 1) : 4096u;
+        op.arrival_ns = t += 100 * kUs;
+        op.release_ns = t += 10 * kUs;
+        op.stream = 0;
+        log.ops.push_back(op);
+      }
+      log.marks.push_back({it, t += 50 * kUs, 0});
+    }
+    return log;
+  };
+  std::string err;
+  auto g = BuildObservedTrace(std::vector<RankEventLog>{rank_log(0)}, w, {}, &err);
+  ASSERT_TRUE(g) << err;
+  EXPECT_TRUE(prism::replay::ValidateTrace(g->trace).empty());
+  ASSERT_EQ(g->trace.classes.size(), 4u);
+  EXPECT_EQ(g->class_ranks, (std::vector<int>{0, 0, 0, 0}));
+  EXPECT_EQ(g->mirrored_classes, (std::vector<uint32_t>{1, 2, 3}));
+  EXPECT_EQ(g->trace.classes[3].name, "ep3");
+  EXPECT_EQ(BoundComm(g->trace, 7, "ep").ranks, (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(BoundComm(g->trace, 7, "edp").ranks, (std::vector<int32_t>{3, 7}));
+  EXPECT_EQ(BoundComm(g->trace, 1, "edp").ranks, (std::vector<int32_t>{1, 5}));
+  EXPECT_EQ(FirstAllToAllBytes(g->trace.classes[3]), 1000u);
+
+  std::vector<RankEventLog> peers;
+  for (int r : {0, 1, 2, 3}) peers.push_back(rank_log(r));
+  g = BuildObservedTrace(peers, w, {}, &err);
+  ASSERT_TRUE(g) << err;
+  EXPECT_TRUE(g->mirrored_classes.empty());
+  EXPECT_EQ(g->class_ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(FirstAllToAllBytes(g->trace.classes[3]), 4000u);
+  EXPECT_EQ(BoundComm(g->trace, 7, "ep").ranks, (std::vector<int32_t>{4, 5, 6, 7}));
+}
+
+// What collect writes when the run ends (launch.cc calls it), and `prism-run graph build` on the same files: replica
+// 0 of an ep 2 job gives a graph, and the line and the warning say what was assumed.
+TEST_F(GraphCli, ReplicaZeroOfAnExpertParallelJobWritesTheGraphAndSaysSo) {
+  JobOptions o;
+  o.world = 64;
+  WriteRun(o, /*report=*/false);
+  const prism::world::World w = MakeEpWorld("tp=2,pp=2,ep=2", 64);
+  std::string line = prism::launcher::WriteObservedTrace(P(""), w, ReplicaZero(64));
+  EXPECT_EQ(line.rfind("observed graph " + P("observed.prism") + ": 8 classes", 0), 0u) << line;
+  EXPECT_NE(line.find("4 expert-parallel class(es)"), std::string::npos) << line;
+  EXPECT_NE(line.find("--real-routing"), std::string::npos) << line;
+  prism::trace::Trace t;
+  std::string err;
+  ASSERT_TRUE(prism::replay::ReadTrace(P("observed.prism"), &t, &err)) << err;
+  EXPECT_EQ(t.classes.size(), 8u);
+  EXPECT_EQ(t.layout.ep, 2);
+  CliResult b = RunCli("graph build " + P("") + " --layout tp=2,pp=2,ep=2 --out " + P("g.prism"));
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_NE(b.out.find("EP symmetry assumed"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("class tp0-pp0-ep1"), std::string::npos) << b.out;
+  CliResult s = RunCli("simulate " + P("g.prism") + " --out " + P("sim") + " --quiet");
+  EXPECT_EQ(s.rc, 0) << s.out;
+}
