@@ -7,8 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
+
+#include "launcher/observed_trace.h"
 
 namespace prism::launcher {
 namespace {
@@ -284,6 +287,12 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
 
   // Real ranks.
   std::vector<int> ranks;
+  std::map<int, std::string> why;  // collect: why a rank is real (RealRank::why)
+  if (req.real_routing && !req.one_replica) {
+    *error = "--real-routing belongs to collect (data-parallel replica 0 and its expert-parallel peers)";
+    return std::nullopt;
+  }
+  p.real_routing = req.real_routing;
   if (req.node_rank >= 0 && !req.ranks.empty() && !req.coordinator.empty()) {
     // Joining a coordinator: --node-rank names this host among the hosts (as torchrun's does); --ranks picks.
     p.host_index = req.node_rank;
@@ -322,6 +331,27 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
     }
     for (int r = 0; r < p.world_size; ++r)
       if (w->CoordsOf(r).dp == 0) ranks.push_back(r);
+    for (int r : ranks) why[r] = "replica 0";
+    if (req.real_routing && p.layout.ep > 1) {
+      // Why the expert-parallel groups: Megatron carves ep out of dp, so replica 0 holds ep 0 only (with the default
+      // orders); the members of each of its ranks' EXPERT_MODEL_PARALLEL_GROUP are the ranks that exchange tokens
+      // with it in the MoE all-to-all, one of each ep coordinate.
+      for (int r : std::vector<int>(ranks)) {
+        for (int m : w->GroupOf("ep", r))
+          if (!why.count(m)) why[m] = "real_routing: expert-parallel peer of rank " + std::to_string(r);
+      }
+      ranks.clear();
+      for (const auto& [r, reason] : why) ranks.push_back(r);  // sorted, each once
+    } else if (req.real_routing) {
+      p.notes.push_back("--real-routing: the job has no expert parallelism (ep 1): data-parallel replica 0 is every "
+                        "class already");
+    } else if (p.layout.ep > 1 && !CoversEveryClass(*w, ranks)) {
+      p.warnings.push_back(
+          "the job is expert-parallel (ep " + std::to_string(p.layout.ep) + ") and data-parallel replica 0 holds "
+          "only some of its expert-parallel coordinates: the other ranks run virtual with mirrored data, and the "
+          "graph gives their classes the nodes of the real rank that differs from them only in ep (EP symmetry "
+          "assumed: every expert-parallel rank routes tokens like it); add --real-routing to run them for real");
+    }
   } else {
     auto r = ParseRankList(req.ranks.empty() ? "0" : req.ranks, p.world_size, error);
     if (!r) return std::nullopt;
@@ -336,6 +366,7 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
     rr.local_rank = w->LocalRankOf(rr.rank);
     rr.device = devices[rr.gpu];
     rr.coords = w->CoordsOf(rr.rank);
+    if (auto it = why.find(rr.rank); it != why.end()) rr.why = it->second;
     by_gpu[rr.gpu].push_back(rr.rank);
     p.real.push_back(rr);
   }
@@ -557,6 +588,20 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
     }
   }
 
+  std::vector<int> recorded;  // --payload-dir: ranks with payloads/rank<R>.bin, ascending
+  if (!req.payload_dir.empty()) {
+    std::error_code ec;
+    static const std::regex kName(R"(rank(\d{1,9})\.bin)");
+    for (const auto& e : fs::directory_iterator(fs::path(req.payload_dir) / "payloads", ec)) {
+      std::smatch m;
+      std::string name = e.path().filename().string();
+      if (std::regex_match(name, m, kName) && e.is_regular_file(ec)) {
+        const int q = std::stoi(m[1].str());  // Why safe: at most 9 digits
+        if (q < p.world_size) recorded.push_back(q);
+      }
+    }
+    std::sort(recorded.begin(), recorded.end());
+  }
   for (const RealRank& r : p.real) {
     Worker wk;
     wk.rank = r.rank;
@@ -570,8 +615,14 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
     Set(&wk.env, "CUDA_VISIBLE_DEVICES", r.device);
     Set(&wk.env, "PRISM_RANK", std::to_string(r.rank));
     if (!req.payload_dir.empty()) {
+      // Which collected rank's payloads: the rank's own (it ran in the collect), else the lowest collected rank of
+      // its class (collect --real-routing recorded the expert-parallel peers), else the rank of replica 0 with its
+      // dense coordinates (for a rank whose ep coordinate ran virtual: the ep-0 rank, as the graph's class does).
       const world::Coords& c = r.coords;
-      const int cls = w->RankOf(c.tp, c.cp, 0, c.pp, c.gtp);
+      int cls = -1;
+      for (int q : recorded)
+        if (q == r.rank || (cls < 0 && SameClass(*w, q, r.rank))) cls = q;
+      if (cls < 0) cls = w->RankOf(c.tp, c.cp, 0, c.pp, c.gtp);
       std::string file = req.payload_dir + "/payloads/rank" + std::to_string(cls) + ".bin";
       std::error_code ec;
       if (!std::filesystem::is_regular_file(file, ec)) {
@@ -643,8 +694,11 @@ nlohmann::ordered_json PlanToJson(const Plan& p) {
                      {"coords",
                       {{"tp", r.coords.tp}, {"cp", r.coords.cp}, {"dp", r.coords.dp}, {"pp", r.coords.pp},
                        {"ep", r.coords.ep}, {"etp", r.coords.etp}, {"edp", r.coords.edp}}}});
+    if (!r.why.empty()) reals.back()["why"] = r.why;
   }
   j["real_ranks"] = reals;
+  if (std::any_of(p.real.begin(), p.real.end(), [](const RealRank& r) { return !r.why.empty(); }))
+    j["real_routing"] = p.real_routing;
   j["command"] = p.workers.empty() ? json::array() : json(p.workers.front().argv);
   json env = json::object();
   for (const auto& [k, v] : p.env) env[k] = v;
@@ -694,7 +748,14 @@ std::string PlanToText(const Plan& p) {
       << " local rank " << r.local_rank << ", tp " << r.coords.tp << " pp " << r.coords.pp << " dp " << r.coords.dp;
     if (l.cp > 1) o << " cp " << r.coords.cp;
     if (l.ep > 1) o << " ep " << r.coords.ep;
+    if (!r.why.empty()) o << "  (" << r.why << ")";
     o << "\n";
+  }
+  if (p.real_routing) {
+    o << "  real routing   "
+      << (l.ep > 1 ? "on: replica 0 and its expert-parallel peers run for real (MoE routing from real data)"
+                   : "asked for, but the job has no expert parallelism")
+      << "\n";
   }
   o << "  coordinator    " << (p.start_coordinator ? "started here, store " : "joined at ") << p.store_addr << ":"
     << p.store_port;

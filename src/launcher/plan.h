@@ -60,6 +60,9 @@ struct PlanRequest {
   // rank of data-parallel replica 0 with its other coordinates) as PRISM_PAYLOAD_FILE.
   std::string payload_dir;
   bool one_replica = false;      // collect: the real ranks are data-parallel replica 0 (every rank with dp == 0)
+  // collect --real-routing: also every member of each replica-0 rank's EXPERT_MODEL_PARALLEL_GROUP (sorted, without
+  // repeats), so that MoE routing comes from real data on every expert-parallel rank instead of mirrored data.
+  bool real_routing = false;
   bool record_payloads = false;  // collect: PRISM_RECORD_PAYLOADS=<out>/payloads/rank<R>.bin per real rank
   std::string payload_max_bytes;  // --payload-max-bytes: PRISM_PAYLOAD_MAX_BYTES ("": libprism's default, 4 MiB)
   bool all_real = false;         // record: every rank of the world real, each on its own GPU, every communicator
@@ -97,6 +100,9 @@ struct RealRank {
   int local_rank = 0;  // within that virtual node (rank % gpus_per_node)
   std::string device;  // what CUDA_VISIBLE_DEVICES gets (the user's entry, e.g. "3" or a GPU UUID)
   world::Coords coords;
+  // collect: why this rank is real: "replica 0", or "real_routing: expert-parallel peer of rank R" (--real-routing).
+  // Empty for other modes (the ranks the user asked for).
+  std::string why;
 };
 
 struct Worker {
@@ -132,6 +138,7 @@ struct Plan {
   std::vector<int> remote_ranks;   // real ranks run by prism-runs on other hosts (coordinator started here)
   int host_index = -1;             // --node-rank together with --ranks when joining: this host among the hosts
   coord::SwapConfig swap;          // from PlanRequest (collect --swap)
+  bool real_routing = false;       // from PlanRequest (collect --real-routing)
 };
 
 std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std::string* error);
@@ -143,7 +150,8 @@ void SetStorePort(Plan* plan, int port, const std::string& socket = "");
 std::optional<std::vector<int>> ParseRankList(const std::string& spec, int world_size, std::string* error);
 
 // The --dry-run --json document: world_size, layout {tp,pp,dp,cp,ep,etp,vpp,order}, real_ranks
-// [{rank,gpu,node,local_rank}], gpus_per_node, nnodes, gpus, command, env, workers, warnings.
+// [{rank,gpu,node,local_rank,device,coords[,why]}], real_routing (collect), gpus_per_node, nnodes, gpus, command,
+// env, workers, warnings.
 nlohmann::ordered_json PlanToJson(const Plan& plan);
 // The same for people.
 std::string PlanToText(const Plan& plan);

@@ -71,4 +71,39 @@ TEST(CollectCli, RecordedPayloadsGoToEachRankByClass) {
   fs::remove_all(dir);
 }
 
+// A MoE job (world 64, tp 2, pp 2, ep 2): collect runs replica 0 and warns that the ep-1 classes will assume EP
+// symmetry; --real-routing adds each replica-0 rank's expert-parallel peers and says why each rank runs.
+TEST(CollectCli, RealRoutingRunsTheExpertParallelPeers) {
+  const std::string moe = std::string(kJob) + " --expert-model-parallel-size 2 --num-experts 4 "
+                          "--disable-gloo-process-groups";
+  fs::path out = fs::temp_directory_path() / ("prism_collect_ep_" + std::to_string(getpid()));
+  auto ranks_of = [](const nlohmann::json& j) {
+    std::vector<int> ranks;
+    for (const auto& x : j.at("real_ranks")) ranks.push_back(x.at("rank").get<int>());
+    return ranks;
+  };
+  Result r = PrismRun("collect --dry-run --json --real-routing --out " + out.string() + " " + moe);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j.at("layout").at("ep"), 2);
+  EXPECT_TRUE(j.at("real_routing").get<bool>());
+  EXPECT_EQ(ranks_of(j), (std::vector<int>{0, 1, 2, 3, 32, 33, 34, 35}));
+  EXPECT_EQ(j.at("real_ranks").at(0).at("why"), "replica 0");
+  EXPECT_EQ(j.at("real_ranks").at(3).at("why"), "real_routing: expert-parallel peer of rank 1");
+  EXPECT_EQ(j.at("env").at("PRISM_REAL_RANKS"), "0,1,2,3,32,33,34,35");
+  for (const auto& w : j.at("warnings")) EXPECT_EQ(w.get<std::string>().find("EP symmetry"), std::string::npos) << w;
+
+  Result plain = PrismRun("collect --dry-run --json --out " + out.string() + " " + moe);
+  ASSERT_EQ(plain.rc, 0) << plain.out;
+  auto jp = nlohmann::json::parse(plain.out.substr(plain.out.find('{')));
+  EXPECT_FALSE(jp.at("real_routing").get<bool>());
+  EXPECT_EQ(ranks_of(jp), (std::vector<int>{0, 1, 32, 33}));
+  EXPECT_NE(jp.at("warnings").dump().find("EP symmetry assumed"), std::string::npos) << jp.at("warnings").dump();
+
+  Result text = PrismRun("collect --dry-run --real-routing --out " + out.string() + " " + moe);
+  ASSERT_EQ(text.rc, 0) << text.out;
+  EXPECT_NE(text.out.find("real routing   on"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("rank 34: "), std::string::npos) << text.out;
+}
+
 }  // namespace

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "launcher/megatron_membership.h"
+#include "launcher/observed_trace.h"
 
 namespace prism::launcher {
 namespace {
@@ -445,6 +446,145 @@ TEST(Plan, PrismRunDryRunJson1024) {
   rc = pclose(f);
   EXPECT_EQ(WEXITSTATUS(rc), 2);
   EXPECT_NE(out.find("--bogus-flag"), std::string::npos) << out;
+}
+
+// ---- collect's real ranks for expert-parallel (MoE) jobs: replica 0, and its ep peers with --real-routing ----
+
+const char* kMoe64 =
+    "torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py --num-layers 2 --tensor-model-parallel-size 2 "
+    "--pipeline-model-parallel-size 2 --expert-model-parallel-size 2 --num-experts 4 --disable-gloo-process-groups";
+const char* kMoe8 =
+    "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 2 --expert-model-parallel-size 4 "
+    "--num-experts 8 --disable-gloo-process-groups";
+
+std::vector<int> RealRanks(const Plan& p) {
+  std::vector<int> out;
+  for (const RealRank& r : p.real) out.push_back(r.rank);
+  return out;
+}
+
+world::World WorldOf(const Plan& p) {
+  std::string err;
+  auto w = world::World::Make(p.layout, p.nproc_per_node, &err);
+  EXPECT_TRUE(w) << err;
+  return *w;
+}
+
+bool AnyContains(const std::vector<std::string>& lines, const std::string& part) {
+  for (const std::string& l : lines)
+    if (l.find(part) != std::string::npos) return true;
+  return false;
+}
+
+// Megatron carves ep out of dp: replica 0 of world 64 tp 2 pp 2 ep 2 holds ep 0 only, so it does not cover the
+// ep-1 classes; the plan says the graph will assume EP symmetry for them and names --real-routing.
+TEST(Plan, CollectOfAnExpertParallelJobRunsReplicaZeroAndWarnsOfEpSymmetry) {
+  PlanRequest req = Request(kMoe64);
+  req.one_replica = true;
+  Plan p = Build(req, FakeHost());
+  EXPECT_EQ(p.layout.ep, 2);
+  EXPECT_EQ(p.layout.dp, 16);
+  EXPECT_EQ(RealRanks(p), (std::vector<int>{0, 1, 32, 33}));
+  for (const RealRank& r : p.real) {
+    EXPECT_EQ(r.coords.dp, 0);
+    EXPECT_EQ(r.coords.ep, 0);
+    EXPECT_EQ(r.why, "replica 0");
+  }
+  const world::World w = WorldOf(p);
+  size_t covered = 0, classes = 0, mirrored = 0;
+  EXPECT_FALSE(CoversEveryClass(w, RealRanks(p), &covered, &classes));
+  EXPECT_EQ(covered, 4u);
+  EXPECT_EQ(classes, 8u);
+  EXPECT_TRUE(CoversEveryClassOrEpStandIn(w, RealRanks(p), &mirrored));
+  EXPECT_EQ(mirrored, 4u);
+  EXPECT_TRUE(AnyContains(p.warnings, "EP symmetry assumed")) << PlanToText(p);
+  EXPECT_TRUE(AnyContains(p.warnings, "--real-routing")) << PlanToText(p);
+  EXPECT_FALSE(PlanToJson(p).at("real_routing").get<bool>());
+
+  // world 8, tp 1, ep 4: replica 0 is rank 0 alone.
+  PlanRequest req8 = Request(kMoe8);
+  req8.one_replica = true;
+  Plan p8 = Build(req8, FakeHost());
+  EXPECT_EQ(p8.layout.ep, 4);
+  EXPECT_EQ(RealRanks(p8), std::vector<int>{0});
+  EXPECT_TRUE(AnyContains(p8.warnings, "EP symmetry assumed"));
+}
+
+// --real-routing: each replica-0 rank's EXPERT_MODEL_PARALLEL_GROUP joins, sorted, each rank once; every class is
+// then covered by a real rank, and the plan says why each rank runs.
+TEST(Plan, CollectRealRoutingAddsTheExpertParallelPeers) {
+  PlanRequest req = Request(kMoe64);
+  req.one_replica = true;
+  req.real_routing = true;
+  Plan p = Build(req, FakeHost());
+  EXPECT_EQ(RealRanks(p), (std::vector<int>{0, 1, 2, 3, 32, 33, 34, 35}));
+  const world::World w = WorldOf(p);
+  for (const RealRank& r : p.real) {
+    if (r.coords.dp == 0) {
+      EXPECT_EQ(r.why, "replica 0") << r.rank;
+    } else {
+      EXPECT_EQ(r.coords.ep, 1) << r.rank;
+      EXPECT_EQ(r.why, "real_routing: expert-parallel peer of rank " + std::to_string(r.rank - 2)) << r.rank;
+      EXPECT_EQ(w.GroupOf("ep", r.rank), (std::vector<int>{r.rank - 2, r.rank}));
+    }
+  }
+  EXPECT_TRUE(CoversEveryClass(w, RealRanks(p)));
+  EXPECT_FALSE(AnyContains(p.warnings, "EP symmetry"));
+  EXPECT_EQ(p.workers.size(), 8u);
+  EXPECT_EQ(EnvMap(p.env)["PRISM_REAL_RANKS"], "0,1,2,3,32,33,34,35");
+  auto j = PlanToJson(p);
+  EXPECT_TRUE(j.at("real_routing").get<bool>());
+  EXPECT_EQ(j.at("real_ranks").at(2).at("why"), "real_routing: expert-parallel peer of rank 0");
+  EXPECT_EQ(j.at("real_ranks").at(2).at("coords").at("ep"), 1);
+  std::string text = PlanToText(p);
+  EXPECT_NE(text.find("real routing   on"), std::string::npos) << text;
+  EXPECT_NE(text.find("(real_routing: expert-parallel peer of rank 33)"), std::string::npos) << text;
+
+  // world 8, tp 1, ep 4: rank 0 and its expert-parallel group, ranks 0-3.
+  PlanRequest req8 = Request(kMoe8);
+  req8.one_replica = true;
+  req8.real_routing = true;
+  Plan p8 = Build(req8, FakeHost());
+  EXPECT_EQ(RealRanks(p8), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_TRUE(CoversEveryClass(WorldOf(p8), RealRanks(p8)));
+
+  // A job without expert parallelism: replica 0 as before, and a note.
+  PlanRequest dense = Request(kMegatron64);
+  dense.one_replica = true;
+  dense.real_routing = true;
+  Plan pd = Build(dense, FakeHost());
+  EXPECT_EQ(RealRanks(pd), (std::vector<int>{0, 1, 32, 33}));
+  EXPECT_TRUE(AnyContains(pd.notes, "no expert parallelism"));
+  EXPECT_TRUE(pd.warnings.empty()) << pd.warnings.front();
+
+  // Not collect: refused.
+  PlanRequest emulate = Request(kMoe64);
+  emulate.real_routing = true;
+  EXPECT_NE(BuildError(emulate, FakeHost()).find("--real-routing belongs to collect"), std::string::npos);
+}
+
+// --payload recorded after a collect of an ep 2 job: a rank replays its own payloads when it ran, else those of a
+// collected rank of its class (--real-routing ran the ep-1 ranks), else its replica-0 rank (ep 0, as the graph).
+TEST(Plan, RecordedPayloadsOfExpertParallelRanks) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("prism_plan_ep_payloads_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "payloads");
+  for (int r : {0, 2}) std::ofstream(dir / "payloads" / ("rank" + std::to_string(r) + ".bin")) << "PRSMPAY1";
+  auto file_of = [&](const std::string& ranks) {
+    PlanRequest req = Request(kMoe64, ranks);
+    req.payload = "recorded";
+    req.payload_dir = dir.string();
+    Plan p = Build(req, FakeHost());
+    return p.workers.empty() ? std::string() : EnvMap(p.workers[0].env)["PRISM_PAYLOAD_FILE"];
+  };
+  const std::string p0 = (dir / "payloads" / "rank0.bin").string(), p2 = (dir / "payloads" / "rank2.bin").string();
+  EXPECT_EQ(file_of("2"), p2);  // its own
+  EXPECT_EQ(file_of("6"), p2);  // tp 0 pp 0 ep 1, like rank 2
+  EXPECT_EQ(file_of("4"), p0);  // ep 0, like rank 0
+  fs::remove(dir / "payloads" / "rank2.bin");
+  EXPECT_EQ(file_of("6"), p0);  // no ep-1 rank collected: the ep-0 rank, as the graph's class
+  fs::remove_all(dir);
 }
 
 }  // namespace

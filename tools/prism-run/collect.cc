@@ -3,10 +3,15 @@
 // each received from real data (payloads/rank<R>.bin, for `--payload recorded`), and writes the bare graph of all
 // ranks (observed.prism) from their event files. The same launcher path as emulate (emulate_options.h).
 //
+// Expert parallelism: --real-routing adds every member of each replica-0 rank's expert-parallel group, so MoE
+// routing comes from real data on every ep coordinate. Without it the ranks of other ep coordinates run virtual
+// (mirrored data) and their classes repeat the nodes of the real rank that differs only in ep (EP symmetry
+// assumed; the plan, the graph line and the summary say so).
+//
 // Context switching (--swap, docs/collect.md "Context switching"): when the replica's ranks do not all fit in GPU
 // memory, ranks start as their GPU has room and ranks blocked in an exchange are swapped out to host RAM with the
-// CUDA checkpoint API (coordinator/swap_scheduler.h, swap_driver.h). Not built yet: --real-routing (expert-parallel
-// ranks) and stopping after K iterations (the job's own --train-iters decides).
+// CUDA checkpoint API (coordinator/swap_scheduler.h, swap_driver.h).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/swap_scheduler.h"
+#include "coordinator/world.h"
+#include "launcher/observed_trace.h"
 
 #include "emulate_options.h"
 #include "subcommands.h"
@@ -24,6 +31,7 @@ namespace fs = std::filesystem;
 namespace {
 struct CollectOptions : LaunchSubcommandOptions {
   bool no_payloads = false;
+  bool real_routing = false;
   std::string swap;  // on | off | "" (on when --gpu-mem-cap is given)
   std::string gpu_mem_cap, host_mem_cap, rank_mem, context_mem = "512M";
   std::string swap_driver = "libcuda.so.1";
@@ -76,6 +84,32 @@ void SwapSummary(const fs::path& out) {
   std::error_code ec;
   fs::rename(out / "report.json.tmp", out / "report.json", ec);
 }
+// When some expert-parallel classes had no real rank: the graph repeats another ep coordinate's nodes for them
+// (observed_trace.h, mirror_expert_classes). Says so, from the run's report.json (layout) and its event files.
+void EpSymmetryNote(const fs::path& out, bool real_routing) {
+  using nlohmann::json;
+  std::ifstream in(out / "report.json");
+  json rep = in ? json::parse(in, nullptr, false) : json();
+  if (rep.is_discarded() || !rep.is_object() || !rep.contains("layout") || !rep["layout"].is_object()) return;
+  std::string error;
+  auto layout = world::ParseLayout(rep["layout"].value("spec", ""), &error);
+  const int world_size = rep.value("world_size", 0);
+  if (!layout || layout->ep <= 1 || world_size <= 0 ||
+      !world::ResolveLayout(&*layout, world_size, std::to_string(world_size) + " ranks", &error))
+    return;
+  auto w = world::World::Make(*layout, std::max(1, rep.value("gpus_per_node", 8)), &error);
+  if (!w) return;
+  const std::vector<int> real = launcher::EventFileRanks(out.string());
+  size_t mirrored = 0;
+  if (launcher::CoversEveryClass(*w, real) || !launcher::CoversEveryClassOrEpStandIn(*w, real, &mirrored) ||
+      mirrored == 0)
+    return;
+  std::printf("prism collect: note: expert parallelism (ep %d)%s: %zu expert-parallel class(es) had no real rank; "
+              "the graph repeats for them the nodes of the real rank that differs only in ep (EP symmetry assumed: "
+              "mirrored MoE routing)%s\n",
+              layout->ep, real_routing ? "" : " without --real-routing", mirrored,
+              real_routing ? "" : ". Add --real-routing to run them for real");
+}
 }  // namespace
 
 void AddCollect(CLI::App& app, int* rc) {
@@ -86,6 +120,10 @@ void AddCollect(CLI::App& app, int* rc) {
   sub->prefix_command();
   AddLaunchSubcommandOptions(sub, &o, "prism-collect", "GPUs of this host to use (default: all visible)");
   sub->add_flag("--no-payloads", o.no_payloads, "do not record payloads (no `--payload recorded` later)");
+  sub->add_flag("--real-routing", o.real_routing,
+                "MoE jobs: also run the expert-parallel peers of replica 0 for real (every member of each of its "
+                "ranks' expert-parallel group), so routing comes from real data; without it those ranks run "
+                "virtual and their classes repeat the ep-0 rank's nodes (EP symmetry assumed)");
   sub->add_option("--swap", o.swap,
                   "context switching: on = ranks start as their GPU has room and ranks blocked in an exchange are "
                   "swapped out to host RAM (CUDA checkpoint API); off (default, unless --gpu-mem-cap is given)")
@@ -116,6 +154,7 @@ void AddCollect(CLI::App& app, int* rc) {
     }
     EmulateOptions e = ToEmulateOptions(o, "prism-collect");
     e.one_replica = true;
+    e.real_routing = o.real_routing;
     e.record_payloads = !o.no_payloads;
     e.no_preload = o.no_preload;
     e.swap.enabled = o.swap == "on" || (o.swap.empty() && !o.gpu_mem_cap.empty());
@@ -172,6 +211,7 @@ void AddCollect(CLI::App& app, int* rc) {
     }
     std::printf("prism collect: bare graph %s%s\n", (out / "observed.prism").string().c_str(),
                 fs::exists(out / "observed.prism", ec) ? "" : " (NOT written: see the lines above)");
+    if (fs::exists(out / "observed.prism", ec)) EpSymmetryNote(out, o.real_routing);
     if (e.swap.enabled) SwapSummary(out);
     if (!o.no_payloads) {
       std::printf("prism collect: payloads of %d rank(s), %.1f MiB, in %s (use: prism-run --payload recorded "

@@ -192,6 +192,7 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   req.coordinator = opts.coordinator;
   req.payload = opts.payload;
   req.one_replica = opts.one_replica;
+  req.real_routing = opts.real_routing;
   req.record_payloads = opts.record_payloads;
   req.all_real = opts.all_real;
   req.preload = !opts.no_preload;

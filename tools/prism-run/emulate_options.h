@@ -23,6 +23,7 @@ struct EmulateOptions {
   std::string payload_dir;       // --payload-dir (recorded payloads of a collect run)
   std::string payload_max_bytes;  // --payload-max-bytes: recorded payloads larger than this are not recorded/replayed
   bool one_replica = false;      // collect: run one data-parallel replica for real
+  bool real_routing = false;     // collect --real-routing: also the expert-parallel peers of replica 0
   bool record_payloads = false;  // collect: every real rank records what real data gave it
   bool all_real = false;         // record: every rank real on its own GPU, everything on the real NCCL
   std::string out;
