@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -64,6 +65,38 @@ TEST(FillCli, RefusesADirectoryWithoutEventFiles) {
   Result none = PrismRun("fill torchrun --nproc-per-node 1 x.py");
   EXPECT_EQ(none.rc, 2) << none.out;
   fs::remove_all(empty);
+}
+
+// The same collect as an ep 2 job (its report's layout says ep=2): replica 0 holds ep 0 only, so the graph's four
+// ep-1 classes repeat the nodes of ranks 0, 1, 32, 33. Fill runs each of those ranks once per round (not once per
+// class: a slice "0,1,0,1" would be refused) and says that their slices time the mirrored classes too.
+TEST(FillCli, ExpertClassesWithoutARealRankShareTheirSourceRanksSlice) {
+  const fs::path data = fs::path(PRISM_SOURCE_DIR) / "tests/data/graph/megatron_w64_collect";
+  const fs::path from = fs::temp_directory_path() / ("prism_fill_ep_from_" + std::to_string(getpid()));
+  const fs::path out = fs::temp_directory_path() / ("prism_fill_ep_" + std::to_string(getpid()));
+  fs::remove_all(from);
+  fs::remove_all(out);
+  fs::create_directories(from);
+  for (const auto& f : fs::directory_iterator(data)) fs::copy_file(f.path(), from / f.path().filename());
+  std::string rep;
+  {
+    std::ifstream in(from / "report.json");
+    rep.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const size_t at = rep.find("ep=1,etp=2");
+  ASSERT_NE(at, std::string::npos) << "the test data's layout spec changed";
+  rep.replace(at, 4, "ep=2");
+  std::ofstream(from / "report.json", std::ios::trunc) << rep;
+  Result r = PrismRun("fill --from " + from.string() + " --out " + out.string() + " --rounds 1 --gpus 2 " +
+                      "--hang-timeout 5 torchrun --nnodes 8 --nproc-per-node 8 /nonexistent/pretrain_gpt.py " +
+                      "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("8 classes (ranks 0 1 32 33)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("4 expert-parallel class(es) repeat the nodes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 GPUs: 2 slice(s) per round: [0,1] [32,33]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the slice of ranks 0,1 failed"), std::string::npos) << r.out;
+  fs::remove_all(out);
+  fs::remove_all(from);
 }
 
 }  // namespace

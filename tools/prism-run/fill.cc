@@ -171,12 +171,20 @@ int RunFill(const FillOptions& o, const std::vector<std::string>& command) {
   auto g0 = rebuild(&error);
   if (!g0) return Fail("the collect run's graph: " + error, kExitBadInput);
   fs::copy_file(current, out / "bare.prism", fs::copy_options::overwrite_existing, ec);
-  const std::vector<int> reps = g0->class_ranks;
+  // Why each rank once: an expert-parallel class that had no real rank in the collect repeats the nodes of the rank
+  // of another ep coordinate (observed_trace.h, mirror_expert_classes); that rank's slice refreshes both classes.
+  std::vector<int> reps;
+  for (int r : g0->class_ranks)
+    if (std::find(reps.begin(), reps.end(), r) == reps.end()) reps.push_back(r);
   const double bare = SimulateIteration(current.string(), (out / "sim-bare").string(), o.topology, &error);
   if (bare < 0) return Fail(error, 1);
-  std::printf("prism fill: %zu classes (ranks", reps.size());
+  std::printf("prism fill: %zu classes (ranks", g0->class_ranks.size());
   for (int r : reps) std::printf(" %d", r);
   std::printf("), bare graph from %s: simulated iteration %.3f ms\n", from.string().c_str(), bare * 1e3);
+  if (!g0->mirrored_classes.empty())
+    std::printf("prism fill: %zu expert-parallel class(es) repeat the nodes of a rank of another ep coordinate (the "
+                "collect ran without --real-routing: EP symmetry assumed); that rank's slice times them too\n",
+                g0->mirrored_classes.size());
   const std::vector<std::vector<int>> slices = Slices(reps, *world, o.gpus);
   if (o.gpus > 1) {
     std::printf("prism fill: %d GPUs: %zu slice(s) per round:", o.gpus, slices.size());
@@ -236,7 +244,7 @@ int RunFill(const FillOptions& o, const std::vector<std::string>& command) {
   }
   json summary = {{"from", from.string()},
                   {"graph", current.string()},
-                  {"classes", reps},
+                  {"classes", g0->class_ranks},
                   {"bare_iteration_time_s", bare},
                   {"uncalibrated_iteration_time_s", first_round},
                   {"calibrated_iteration_time_s", last},
