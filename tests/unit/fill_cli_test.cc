@@ -69,7 +69,7 @@ TEST(FillCli, RefusesADirectoryWithoutEventFiles) {
 
 // The same collect as an ep 2 job (its report's layout says ep=2): replica 0 holds ep 0 only, so the graph's four
 // ep-1 classes repeat the nodes of ranks 0, 1, 32, 33. Fill runs each of those ranks once per round (not once per
-// class: a slice "0,1,0,1" would be refused) and says that their slices time the mirrored classes too.
+// class, which ran every slice twice: [0,1] [0,1] [32,33] [32,33]) and says their slices time the mirrored classes.
 TEST(FillCli, ExpertClassesWithoutARealRankShareTheirSourceRanksSlice) {
   const fs::path data = fs::path(PRISM_SOURCE_DIR) / "tests/data/graph/megatron_w64_collect";
   const fs::path from = fs::temp_directory_path() / ("prism_fill_ep_from_" + std::to_string(getpid()));
