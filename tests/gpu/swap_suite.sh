@@ -47,14 +47,29 @@ swap_collect() {  # NAME [collect options...]
   [ "$(swap_json "$rep" 'r["iterations"]')" -ge "$want" ] || { echo "fewer than $want iterations"; return 1; }
   [ -f "$dir/observed.prism" ] || { echo "no observed.prism"; grep -i "observed\|class" "$out/$name.out" | tail -5; return 1; }
 }
-swap_resident() { swap_collect swap_w64_resident; }
+# The resident run also samples each process's GPU memory as NVML reports it (nvidia-smi, every 0.5 s): the
+# footprint the scheduler measures with --swap (a CUDA context with NCCL and torch is ~1.3 GiB on the H200, far
+# more than the tracked peak of ~100 MiB).
+swap_resident() {
+  local smp=$out/swap_w64_resident.nvml
+  : > "$smp"
+  ( while :; do nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits 2>/dev/null >> "$smp"; sleep 0.5; done ) &
+  local sampler=$!
+  swap_collect swap_w64_resident; local rc=$?
+  kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+  echo "nvml_max_MiB=$(sort -n "$smp" | tail -1)" >> "$out/swap_w64_resident.detail"
+  return $rc
+}
 swap_capped() {
   local base=$out/swap_w64_resident/report.json
   [ -f "$base" ] || { echo "needs swap_w64_resident first"; return 1; }
-  local fp cap
-  # A rank's footprint as the scheduler counts it: its peak tracked device bytes + --context-mem (512 MiB). Given
-  # as --rank-mem so ranks start by it before they report memory (else the first ones start on a guess).
-  fp=$(swap_json "$base" 'max(x.get("peak_memory_bytes") or 0 for x in r["ranks"]) + (512 << 20)')
+  local fp cap nvml
+  # A rank's footprint as the scheduler counts it: measured per process (NVML, as the resident run's sampler saw
+  # it), else its peak tracked device bytes + --context-mem (512 MiB). Given as --rank-mem so ranks start by it
+  # before they report memory (else the first ones start on a guess). The cap holds two such ranks, not three.
+  nvml=$(sort -n "$out/swap_w64_resident.nvml" 2>/dev/null | tail -1)
+  if [ -n "$nvml" ] && [ "$nvml" -gt 0 ] 2>/dev/null; then fp=$((nvml << 20))
+  else fp=$(swap_json "$base" 'max(x.get("peak_memory_bytes") or 0 for x in r["ranks"]) + (512 << 20)'); fi
   cap=$((fp * 5 / 2))
   echo "rank_mem=$((fp >> 20))MiB gpu_mem_cap=$((cap >> 20))MiB" > "$out/swap_w64_capped.cap"
   swap_collect swap_w64_capped --gpu-mem-cap "$cap" --rank-mem "$fp" --swap-stall "${SWAP_STALL:-10}" || return 1
