@@ -1,9 +1,9 @@
 # Sourced by tests/gpu/run.sh (suite "swap"): context switching in `prism-run collect` (issue 7, docs/collect.md
 # "Context switching"). Megatron tiny GPT, world 64, tp 2 pp 2: data-parallel replica 0 (ranks 0, 1, 32, 33)
 #   swap_w64_resident  collected on the one GPU with all four ranks resident (no --swap: the baseline);
-#   swap_w64_capped    again with --gpu-mem-cap at 2.5 x the largest rank's footprint from the first run (rank peak +
-#                      512 MiB context, also given as --rank-mem), so at most two ranks are on the GPU at once and the
-#                      others are swapped out
+#   swap_w64_capped    again with --gpu-mem-cap at 2.5 x the largest rank's footprint from the first run (the
+#                      largest per-process GPU memory nvidia-smi saw, else rank peak + 512 MiB context; also given as
+#                      --rank-mem), so at most two ranks are on the GPU at once and the others are swapped out
 #                      with the CUDA checkpoint API; checks swaps happened, no swap failed, every rank trained 10
 #                      iterations; reports the GPU peak against the cap (peak_within_cap) and over-cap starts;
 #   swap_w64_same_graph  both observed graphs hold the same communication (every class's streams with their
