@@ -550,8 +550,9 @@ void Coordinator::Impl::Stop() {
 
 void Coordinator::Impl::Loop() {
   std::vector<epoll_event> events(128);
+  bool idle_work = false;  // the release policy has work to do ahead (ReleasePolicy::Idle): poll, do not sleep
   while (!stop_) {
-    int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), -1);
+    int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), idle_work ? 0 : -1);
     if (n < 0) {
       if (errno == EINTR) continue;
       Log("coord")->error("epoll_wait: {}; event bus stops", std::strerror(errno));
@@ -593,6 +594,8 @@ void Coordinator::Impl::Loop() {
       for (BusId id : drop) DropClient(id);
       if (swap_) PumpSwap();
     }
+    // Why 200 us: a message that arrives meanwhile waits at most that long (plus one virtual rank's step).
+    if (opts_.release_policy) idle_work = opts_.release_policy->Idle(200'000);
     if (swap_ && (swap_store_dirty_.exchange(false) || tick)) SwapStoreWaits();
     if (swap_ && tick && swap_usage_) SwapMeasure();
     if (tick) {
@@ -1519,13 +1522,17 @@ std::string Coordinator::Impl::SwapProgressLine() {
 void Coordinator::Impl::HandleMemRoom(BusId id, BusClient& c, const json& j) {
   const uint64_t req = j.value("id", uint64_t{0}), bytes = j.value("bytes", uint64_t{0});
   const uint64_t current = j.value("current", uint64_t{0});
-  if (!swap_ || !swap_->RequestRoom(c.rank, req, bytes, current, NowNs())) {
+  // idle (additive in ipc version 3; absent from an older libprism: false): the rank synchronised its device before
+  // asking, so it may be swapped out for another rank's room while it waits.
+  const bool idle = j.value("idle", false);
+  if (!swap_ || !swap_->RequestRoom(c.rank, req, bytes, current, NowNs(), idle)) {
     SendJson(id, ipc::MsgType::kMemRoomAnswer,
              {{"id", req}, {"ok", false}, {"why", swap_ ? "the rank is not scheduled" : "context switching is off"}});
     return;
   }
-  Log("coord")->info("swap: rank {} waits for room: an allocation of {} failed (it holds {}); footprint now {}",
-                     c.rank, FormatBytes(bytes), FormatBytes(current), FormatBytes(swap_->Footprint(c.rank)));
+  Log("coord")->info("swap: rank {} waits for room: an allocation of {} failed (it holds {}); footprint now {}{}",
+                     c.rank, FormatBytes(bytes), FormatBytes(current), FormatBytes(swap_->Footprint(c.rank)),
+                     idle ? "; its GPU is idle" : "");
 }
 
 void Coordinator::Impl::SwapAnswerRooms(uint64_t now) {
@@ -1794,6 +1801,7 @@ json Coordinator::Impl::SwapJsonLocked() {
           {"peak_host_bytes", s.peak_host_bytes},
           {"rooms_granted", s.rooms_granted},
           {"rooms_refused", s.rooms_refused},
+          {"room_swaps_out", s.room_swaps_out},
           {"footprint_source", swap_usage_from_},
           {"footprints_measured", s.measured},
           {"context_bytes", cfg.context_bytes}};

@@ -58,6 +58,13 @@ class ReleasePolicy {
  public:
   virtual ~ReleasePolicy() = default;
   virtual ReleaseDecision Decide(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals) = 0;
+  // Work a policy may do ahead of its next decisions while the event loop has nothing to read, for about
+  // `budget_ns`; true while more remains (the loop then calls again instead of sleeping). Why: a decision a real
+  // rank waits for should not pay for computing the virtual ranks' future (GraphRelease: the next repetition).
+  virtual bool Idle(int64_t budget_ns) {
+    (void)budget_ns;
+    return false;
+  }
 };
 ReleaseDecision DefaultRelease(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals);
 

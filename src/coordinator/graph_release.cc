@@ -1,6 +1,7 @@
 #include "coordinator/graph_release.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <set>
 
@@ -101,6 +102,11 @@ GraphRelease::GraphRelease(trace::Trace trace, std::vector<int> real_ranks)
     std::sort(m.begin(), m.end());
     comm_by_members_[std::move(m)].push_back(static_cast<int>(g));
   }
+  for (size_t g = 0; g < trace_.comms.size(); ++g) comm_index_.emplace(trace_.comms[g].id, static_cast<uint32_t>(g));
+  is_real_.assign(trace_.ranks.size(), 0);
+  for (int r : real_ranks_)
+    if (r >= 0 && static_cast<size_t>(r) < is_real_.size()) is_real_[static_cast<size_t>(r)] = 1;
+  queued_.assign(trace_.ranks.size(), 0);
   cursor_.resize(trace_.ranks.size());
   for (size_t r = 0; r < trace_.ranks.size(); ++r)
     cursor_[r].assign(trace_.classes[trace_.ranks[r].cls].streams.size(), {0u, 0u});
@@ -127,7 +133,9 @@ std::unique_ptr<GraphRelease> GraphRelease::Load(const std::string& path, int wo
 bool GraphRelease::Steady(int rank, uint32_t node) const { return NodeOf(rank, node).iter >= steady_iter_; }
 
 bool GraphRelease::IsReal(int rank) const {
-  return std::binary_search(real_ranks_.begin(), real_ranks_.end(), rank);
+  return rank >= 0 && static_cast<size_t>(rank) < is_real_.size() ? is_real_[static_cast<size_t>(rank)] != 0
+                                                                   : std::binary_search(real_ranks_.begin(),
+                                                                                        real_ranks_.end(), rank);
 }
 
 const trace::Node& GraphRelease::NodeOf(int rank, uint32_t id) const {
@@ -177,19 +185,16 @@ bool GraphRelease::Partners(const Inst& i, std::vector<Inst>* out) const {
   if (n.kind == trace::NodeKind::kCompute) return false;
   const uint32_t cls = trace_.ranks[i.rank].cls;
   const uint32_t comm_id = trace_.ranks[i.rank].comms[n.comm_slot];
-  uint32_t g = 0;
-  while (g < trace_.comms.size() && trace_.comms[g].id != comm_id) ++g;
-  if (g == trace_.comms.size()) return false;
+  auto gi = comm_index_.find(comm_id);
+  if (gi == comm_index_.end()) return false;
+  const uint32_t g = gi->second;
   const trace::Comm& comm = trace_.comms[g];
   const uint32_t k = classes_[cls].ordinal.at(i.node);
   if (n.kind == trace::NodeKind::kColl) {
-    for (int32_t m : comm.ranks) {
-      std::optional<uint32_t> s = SlotOf(m, g);
-      if (!s) return false;
-      const auto& colls = classes_[trace_.ranks[m].cls].slot_colls[*s];
-      if (k >= colls.size()) return false;
-      out->push_back(Inst{m, i.rep, colls[k]});
-    }
+    const auto& parts = CollParts(g, k);
+    if (parts.empty()) return false;
+    out->reserve(parts.size());
+    for (const auto& [m, node] : parts) out->push_back(Inst{m, i.rep, node});
     return true;
   }
   int32_t me = static_cast<int32_t>(std::find(comm.ranks.begin(), comm.ranks.end(), i.rank) - comm.ranks.begin());
@@ -204,6 +209,51 @@ bool GraphRelease::Partners(const Inst& i, std::vector<Inst>* out) const {
   out->push_back(i);
   out->push_back(Inst{peer, i.rep, it->second[k]});
   return true;
+}
+
+const std::vector<std::pair<int, uint32_t>>& GraphRelease::CollParts(uint32_t g, uint32_t k) const {
+  auto [it, fresh] = coll_parts_.try_emplace({g, k});
+  if (!fresh) return it->second;
+  std::vector<std::pair<int, uint32_t>> parts;
+  for (int32_t m : trace_.comms[g].ranks) {
+    std::optional<uint32_t> s = SlotOf(m, g);
+    const auto* colls = s ? &classes_[trace_.ranks[m].cls].slot_colls[*s] : nullptr;
+    if (!colls || k >= colls->size()) {
+      parts.clear();
+      break;
+    }
+    parts.emplace_back(m, (*colls)[k]);
+  }
+  it->second = std::move(parts);
+  return it->second;
+}
+
+std::optional<GraphRelease::CollKey> GraphRelease::CollKeyOf(const Inst& inst) const {
+  const trace::Node& n = NodeOf(inst.rank, inst.node);
+  if (n.kind != trace::NodeKind::kColl) return std::nullopt;
+  const auto& binding = trace_.ranks[inst.rank].comms;
+  if (n.comm_slot >= binding.size()) return std::nullopt;
+  auto gi = comm_index_.find(binding[n.comm_slot]);
+  if (gi == comm_index_.end()) return std::nullopt;
+  return CollKey{gi->second, inst.rep, classes_[trace_.ranks[inst.rank].cls].ordinal.at(inst.node)};
+}
+
+void GraphRelease::NoteArrival(const Inst& inst, int64_t at, bool overwrite) {
+  auto [it, fresh] = arrival_.try_emplace(inst, at);
+  if (!fresh) {
+    if (!overwrite || it->second == at) return;
+    it->second = at;
+  }
+  if (std::optional<CollKey> key = CollKeyOf(inst)) {
+    CollState& st = coll_state_[*key];
+    if (fresh) ++st.arrived;
+    st.have = false;  // recomputed on the next Completion (a real rank's arrival may move it)
+    const auto& parts = CollParts(key->g, key->k);
+    if (!parts.empty() && st.arrived >= parts.size())
+      for (const auto& [m, node] : parts) Queue(m);
+    return;
+  }
+  QueuePartners(inst);
 }
 
 int64_t GraphRelease::DurationNs(const std::vector<Inst>& parts) {
@@ -224,6 +274,18 @@ int64_t GraphRelease::DurationNs(const std::vector<Inst>& parts) {
 }
 
 std::optional<int64_t> GraphRelease::Completion(const Inst& i, int* last_rank) {
+  // A collective: known once its members all arrived (counted as they do), computed once per instance.
+  std::optional<CollKey> key = CollKeyOf(i);
+  CollState* st = nullptr;
+  if (key) {
+    st = &coll_state_[*key];
+    const auto& cparts = CollParts(key->g, key->k);
+    if (cparts.empty() || st->arrived < cparts.size()) return std::nullopt;
+    if (st->have) {
+      if (last_rank) *last_rank = cparts.size() > 1 ? st->last_rank : -1;
+      return st->completion;
+    }
+  }
   std::vector<Inst> parts;
   if (!Partners(i, &parts)) return std::nullopt;
   int64_t latest = 0;
@@ -237,7 +299,13 @@ std::optional<int64_t> GraphRelease::Completion(const Inst& i, int* last_rank) {
     }
   }
   if (last_rank) *last_rank = parts.size() > 1 ? last : -1;
-  return latest + DurationNs(parts);
+  const int64_t done = latest + DurationNs(parts);
+  if (st) {
+    st->have = true;
+    st->completion = done;
+    st->last_rank = last;
+  }
+  return done;
 }
 
 int64_t GraphRelease::ComputeNs(int rank, const trace::Node& n) const {
@@ -300,57 +368,86 @@ int64_t GraphRelease::LocalOffsetNs(int rank, uint32_t target) {
   return 0;
 }
 
-void GraphRelease::Pump() {
-  if (!anchored_) return;
+void GraphRelease::Queue(int rank) {
+  if (rank < 0 || static_cast<size_t>(rank) >= queued_.size() || IsReal(rank) || queued_[rank]) return;
+  queued_[rank] = 1;
+  work_.push_back(rank);
+}
+
+void GraphRelease::QueueAll() {
+  for (int v = 0; v < static_cast<int>(trace_.ranks.size()); ++v) Queue(v);
+}
+
+void GraphRelease::QueuePartners(const Inst& inst) {
+  if (NodeOf(inst.rank, inst.node).kind == trace::NodeKind::kCompute) return;
+  std::vector<Inst> parts;
+  if (!Partners(inst, &parts)) return;
+  for (const Inst& p : parts)
+    if (p.rank != inst.rank) Queue(p.rank);
+}
+
+void GraphRelease::Advance(int v) {
+  const trace::RoleClass& rc = trace_.classes[trace_.ranks[v].cls];
+  // Why until no stream moves: a stream's node may wait (`after`) on another stream of the same rank.
   for (bool progress = true; progress;) {
     progress = false;
-    for (int v = 0; v < static_cast<int>(trace_.ranks.size()); ++v) {
-      if (IsReal(v)) continue;
-      const trace::RoleClass& rc = trace_.classes[trace_.ranks[v].cls];
-      for (uint32_t s = 0; s < rc.streams.size(); ++s) {
-        const auto& nodes = rc.streams[s].nodes;
-        if (nodes.empty()) continue;
-        auto& [rep, idx] = cursor_[v][s];
-        // Why a bound: a virtual rank that waits on no real rank would otherwise run through endless repetitions;
-        // one repetition ahead of the furthest real rank is all a decision can need.
-        while (rep <= rep_limit_ + 1) {
-          const trace::Node& n = nodes[idx];
-          Inst inst{v, rep, n.id};
-          int64_t start = anchor_ns_;
-          bool ready = true;
-          const uint32_t first = rep > 0 ? classes_[trace_.ranks[v].cls].stream_steady[s] : 0;
-          if (idx > first || rep > 0) {
-            Inst prev = idx > first ? Inst{v, rep, nodes[idx - 1].id} : Inst{v, rep - 1, nodes.back().id};
-            auto it = finish_.find(prev);
-            ready = it != finish_.end();
-            if (ready) start = it->second;
-          }
-          for (uint32_t a : n.after) {
-            if (!ready) break;
-            if (rep > 0 && !Steady(v, a)) continue;  // a set-up node: done in the first repetition
-            auto it = finish_.find(Inst{v, rep, a});
-            ready = it != finish_.end();
-            if (ready) start = std::max(start, it->second);
-          }
+    for (uint32_t s = 0; s < rc.streams.size(); ++s) {
+      const auto& nodes = rc.streams[s].nodes;
+      if (nodes.empty()) continue;
+      auto& [rep, idx] = cursor_[v][s];
+      // Why a bound: a virtual rank that waits on no real rank would otherwise run through endless repetitions;
+      // one repetition ahead of the furthest real rank is all a decision can need.
+      while (rep <= bound_) {
+        const trace::Node& n = nodes[idx];
+        Inst inst{v, rep, n.id};
+        int64_t start = anchor_ns_;
+        bool ready = true;
+        const uint32_t first = rep > 0 ? classes_[trace_.ranks[v].cls].stream_steady[s] : 0;
+        if (idx > first || rep > 0) {
+          Inst prev = idx > first ? Inst{v, rep, nodes[idx - 1].id} : Inst{v, rep - 1, nodes.back().id};
+          auto it = finish_.find(prev);
+          ready = it != finish_.end();
+          if (ready) start = it->second;
+        }
+        for (uint32_t a : n.after) {
           if (!ready) break;
-          arrival_.emplace(inst, start);
-          int64_t end = 0;
-          if (n.kind == trace::NodeKind::kCompute) {
-            end = start + ComputeNs(v, n);
-          } else {
-            std::optional<int64_t> c = Completion(inst, nullptr);
-            if (!c) break;  // a participant has not arrived: conservative, wait for it
-            end = *c;
-          }
-          finish_[inst] = end;
-          progress = true;
-          if (++idx == nodes.size()) {
-            idx = classes_[trace_.ranks[v].cls].stream_steady[s];
-            ++rep;
-          }
+          if (rep > 0 && !Steady(v, a)) continue;  // a set-up node: done in the first repetition
+          auto it = finish_.find(Inst{v, rep, a});
+          ready = it != finish_.end();
+          if (ready) start = std::max(start, it->second);
+        }
+        if (!ready) break;
+        NoteArrival(inst, start, /*overwrite=*/false);
+        int64_t end = 0;
+        if (n.kind == trace::NodeKind::kCompute) {
+          end = start + ComputeNs(v, n);
+        } else {
+          std::optional<int64_t> c = Completion(inst, nullptr);
+          if (!c) break;  // a participant has not arrived: conservative, wait for it (its arrival queues this rank)
+          end = *c;
+        }
+        finish_[inst] = end;
+        progress = true;
+        if (++idx == nodes.size()) {
+          idx = classes_[trace_.ranks[v].cls].stream_steady[s];
+          ++rep;
         }
       }
     }
+  }
+}
+
+void GraphRelease::Pump() {
+  if (!anchored_) return;
+  // The same fixed point as advancing every virtual rank until none moves (what this did before the worklist):
+  // a rank's next node needs its own earlier nodes (Advance runs them), its partners' arrivals (each new arrival
+  // queues the partners) and the repetition bound (raising it queues every rank).
+  while (!work_.empty()) {
+    const int v = work_.back();
+    work_.pop_back();
+    queued_[v] = 0;
+    Advance(v);
+    ++stats_.decide_steps;
   }
 }
 
@@ -389,29 +486,47 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
       // Every rank of the graph starts then (all ranks begin together, as the replay engine assumes).
       anchor_ns_ = at - LocalOffsetNs(units[k][0].rank, units[k][0].node);
       anchored_ = true;
+      QueueAll();
     }
     for (const Inst& inst : units[k]) {
-      arrival_[inst] = at;
       shim_dur_[inst] = static_cast<int64_t>(uint64_t{arrivals[k].op.model_dur_ns});
-      rep_limit_ = std::max(rep_limit_, inst.rep);
+      NoteArrival(inst, at, /*overwrite=*/true);
+      if (inst.rep > rep_limit_) {
+        rep_limit_ = inst.rep;
+        if (bound_ < rep_limit_ + 1) {
+          bound_ = rep_limit_ + 1;
+          QueueAll();  // the bound on how far virtual ranks run ahead was lifted (Idle had not done it yet)
+        }
+      }
     }
   }
-  Pump();
   // The unit completes when its last operation does (each with its own partners).
   ReleaseDecision d;
   int64_t release = INT64_MIN;  // units[0] is never empty, so one of the loops below sets it
   bool blocked = false;
-  for (const Inst& inst : units[0]) {
-    int last = -1;
-    std::optional<int64_t> ci = Completion(inst, &last);
-    if (!ci) {
-      blocked = true;
-      break;
+  auto decide = [&] {
+    release = INT64_MIN;
+    blocked = false;
+    for (const Inst& inst : units[0]) {
+      int last = -1;
+      std::optional<int64_t> ci = Completion(inst, &last);
+      if (!ci) {
+        blocked = true;
+        break;
+      }
+      if (*ci > release) {
+        release = *ci;
+        d.last_rank = last;
+      }
     }
-    if (*ci > release) {
-      release = *ci;
-      d.last_rank = last;
-    }
+  };
+  // Why first without advancing the virtual ranks: once every participant has arrived the completion is fixed
+  // (arrivals are set once), so the answer needs no more; the virtual ranks' next steps are left to Idle or to the
+  // next decision that needs them.
+  decide();
+  if (blocked) {
+    Pump();
+    decide();
   }
   if (!blocked) {
     ++stats_.decided;
@@ -442,8 +557,26 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
   d.release_ns = static_cast<uint64_t>(release);
   for (const auto& unit : units)
     for (const Inst& i : unit) finish_[i] = release;
-  Pump();
   return d;
+}
+
+bool GraphRelease::Idle(int64_t budget_ns) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!anchored_) return false;
+  if (work_.empty() && bound_ < rep_limit_ + 2) {
+    bound_ = rep_limit_ + 2;
+    QueueAll();
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(budget_ns);
+  while (!work_.empty()) {
+    const int v = work_.back();
+    work_.pop_back();
+    queued_[v] = 0;
+    Advance(v);
+    ++stats_.idle_steps;
+    if (std::chrono::steady_clock::now() >= until) break;
+  }
+  return !work_.empty();
 }
 
 void GraphRelease::LogBlockedPartners(const std::vector<Inst>& parts) const {

@@ -39,6 +39,9 @@ class GraphRelease : public ReleasePolicy {
                                             std::string* error);
 
   ReleaseDecision Decide(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals) override;
+  // Advances the virtual ranks ahead of the real ones (up to two repetitions past the furthest real rank) for about
+  // `budget_ns`, so that a decision rarely computes more than its own operation. True while work remains.
+  bool Idle(int64_t budget_ns) override;
 
   // What-if straggler in emulation (`--what-if straggler=R:F`): virtual rank R's compute nodes take F times their
   // graph duration, as `prism-run simulate --what-if` scales them. False with *error for a real rank (its compute is
@@ -51,6 +54,8 @@ class GraphRelease : public ReleasePolicy {
     uint64_t unmatched = 0;   // communicator or operation not in the graph: DefaultRelease answered
     uint64_t blocked = 0;     // a virtual member could not reach the operation yet: known arrivals only (see docs)
     uint64_t no_duration = 0; // virtual-only operation with neither a recorded duration nor a shim's: 0 taken
+    uint64_t decide_steps = 0;  // virtual ranks advanced while a decision waited (Pump inside Decide)
+    uint64_t idle_steps = 0;    // ... ahead of time, in Idle
   };
   Stats stats() const;
   // The wall-clock time (ns) graph time 0 stands for; 0 until the first real arrival set it.
@@ -93,7 +98,26 @@ class GraphRelease : public ReleasePolicy {
   int64_t DurationNs(const std::vector<Inst>& parts);
   int64_t LocalOffsetNs(int rank, uint32_t node);
   int64_t ComputeNs(int rank, const trace::Node& n) const;
+  // Runs the virtual ranks queued in work_ as far as their inputs allow (a worklist: a rank is queued again only when
+  // an input of its next node may have appeared: a partner's arrival, or a lifted repetition bound).
   void Pump();
+  void QueueAll();
+  void Queue(int rank);
+  // Queues the virtual ranks that take part with `inst` (their completion waits on its arrival).
+  void QueuePartners(const Inst& inst);
+  // Runs virtual rank `v`'s streams until none moves; queues the partners of every arrival it posts.
+  void Advance(int v);
+  // Records that `inst` was posted at `at` (virtual: the first time only; real: as reported) and queues the virtual
+  // ranks that may move now: a collective's members once its last member arrived, a p2p partner at once.
+  void NoteArrival(const Inst& inst, int64_t at, bool overwrite);
+  // A collective instance: (graph comm, repetition, ordinal among the comm's collectives).
+  struct CollKey {
+    uint32_t g, rep, k;
+    auto operator<=>(const CollKey&) const = default;
+  };
+  std::optional<CollKey> CollKeyOf(const Inst& inst) const;
+  // The members' (rank, node) of the k-th collective on graph comm g; empty when a member has no such node.
+  const std::vector<std::pair<int, uint32_t>>& CollParts(uint32_t g, uint32_t k) const;
   bool IsReal(int rank) const;
 
   trace::Trace trace_;
@@ -106,16 +130,31 @@ class GraphRelease : public ReleasePolicy {
   std::vector<double> compute_scale_;  // per rank (empty: every rank 1)
   // sorted members -> indices in trace_.comms, in graph order (CommView::member_twin picks one)
   std::map<std::vector<int32_t>, std::vector<int>> comm_by_members_;
+  std::map<uint32_t, uint32_t> comm_index_;  // Comm::id -> index in trace_.comms
+  std::vector<char> is_real_;                // per rank
 
   mutable std::mutex mu_;
   int64_t anchor_ns_ = 0;
   bool anchored_ = false;
-  uint32_t rep_limit_ = 0;                 // furthest repetition a real rank reported; virtual ranks go 1 further
+  uint32_t rep_limit_ = 0;                 // furthest repetition a real rank reported
+  // Virtual ranks run up to this repetition: at least rep_limit_ + 1 (a decision can need no more); Idle raises it
+  // to rep_limit_ + 2 so that the work is done before the real rank gets there.
+  uint32_t bound_ = 1;
   std::map<Inst, int64_t> arrival_;        // when a rank posts a comm node (or starts any node)
   std::map<Inst, int64_t> finish_;
   std::map<Inst, int64_t> shim_dur_;       // real arrivals' model_dur_ns
   // Per virtual rank, per stream: the next node to run (repetition, index).
   std::vector<std::vector<std::pair<uint32_t, uint32_t>>> cursor_;
+  struct CollState {
+    uint32_t arrived = 0;          // members whose arrival is known
+    bool have = false;             // completion computed (all arrived)
+    int64_t completion = 0;
+    int last_rank = -1;
+  };
+  std::map<CollKey, CollState> coll_state_;
+  mutable std::map<std::pair<uint32_t, uint32_t>, std::vector<std::pair<int, uint32_t>>> coll_parts_;
+  std::vector<int> work_;       // virtual ranks to advance (Pump)
+  std::vector<char> queued_;    // per rank: in work_
   Stats stats_;
 };
 
