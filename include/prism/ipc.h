@@ -38,9 +38,11 @@ enum class MsgType : uint16_t {
                      // p2p send to a real peer, or (flags kExchangeRecvRequest, no bytes) a p2p receive from one
   kRealNcclId = 9,   // JSON {comm_id, id?}: communicator rank 0 of a passthrough communicator posts the real NCCL
                      // unique id (hex of 128 bytes); without id, a member asks for it. Answered by kRealNcclIdInfo
-  kMemRoom = 10,     // JSON {id, bytes, current, peak}: a device allocation of `bytes` failed for lack of memory;
-                     // the rank waits for room on its GPU (sent only when kHelloAck said "swap": true, so a
-                     // coordinator without it never sees one). Answered by kMemRoomAnswer with the same id
+  kMemRoom = 10,     // JSON {id, bytes, current, peak, idle?}: a device allocation of `bytes` failed for lack of
+                     // memory; the rank waits for room on its GPU (sent only when kHelloAck said "swap": true, so a
+                     // coordinator without it never sees one). Answered by kMemRoomAnswer with the same id. idle
+                     // (added within version 3; absent: false): the rank synchronised its device before asking, no
+                     // GPU work in flight, so the coordinator may swap it out for another rank's room meanwhile
   // coordinator -> shim
   kHelloAck = 64,    // JSON: {run_id, payload, topology, out_dir, ..., swap?}: swap true under context switching
                      // (collect --swap): the rank may send kMemRoom

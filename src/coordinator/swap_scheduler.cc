@@ -98,6 +98,9 @@ void SwapScheduler::SetWaits(int rank, std::vector<int> waiting_for) {
   Rank& r = it->second;
   const bool was = Blocked(r);
   if (r.waiting_for != waiting_for) r.out_failed = false;
+  // Why here: a rank restored for room that blocks in an exchange has moved on since (it allocated and ran); it may
+  // be swapped out for another's room again.
+  if (!waiting_for.empty()) r.room_restored = false;
   r.waiting_for = std::move(waiting_for);
   if (was && !Blocked(r) && r.phase == SwapPhase::kOut) r.ready_since_ns = r.last_activity_ns;
 }
@@ -111,16 +114,17 @@ void SwapScheduler::Done(int rank) {
   auto it = ranks_.find(rank);
   if (it == ranks_.end() || it->second.phase == SwapPhase::kDone) return;
   // Why credited: a rank that ends frees its GPU memory, which is room for a rank that waits for it. (One being
-  // swapped out is credited when its checkpoint finishes.)
-  if (it->second.phase == SwapPhase::kResident) CreditRoom(it->second.gpu, Footprint(rank));
+  // swapped out is credited when its checkpoint finishes.) Its own request ends first: it frees for others.
   it->second.room = false;
+  if (it->second.phase == SwapPhase::kResident) CreditRoom(it->second.gpu, Footprint(rank));
   it->second.phase = SwapPhase::kDone;
   it->second.waiting_for.clear();
   it->second.out_bytes = 0;
   ++stats_.finished;
 }
 
-bool SwapScheduler::RequestRoom(int rank, uint64_t id, uint64_t bytes, uint64_t current, uint64_t now_ns) {
+bool SwapScheduler::RequestRoom(int rank, uint64_t id, uint64_t bytes, uint64_t current, uint64_t now_ns,
+                                bool idle) {
   auto it = ranks_.find(rank);
   if (it == ranks_.end() || it->second.phase == SwapPhase::kDone) return false;
   Rank& r = it->second;
@@ -129,6 +133,8 @@ bool SwapScheduler::RequestRoom(int rank, uint64_t id, uint64_t bytes, uint64_t 
   r.peak = std::max(r.peak, current + bytes);
   r.sampled = true;
   r.room = true;
+  r.room_idle = idle;
+  r.room_back = false;
   r.room_id = id;
   r.room_bytes = std::max<uint64_t>(bytes, 1);
   r.room_freed = 0;
@@ -144,9 +150,13 @@ bool SwapScheduler::WaitsForRoom(int rank) const {
 
 void SwapScheduler::CreditRoom(const std::string& gpu, uint64_t bytes) {
   // Oldest request first: one swap out of a rank smaller than two requests together satisfies only the first.
+  // Why only ranks on the GPU: a rank that waits for room and is being swapped out (the victim whose checkpoint this
+  // credit is) or is out gets no share of the bytes it freed itself; it is granted when it is restored.
   std::vector<Rank*> asking;
   for (auto& [k, r] : ranks_) {
-    if (r.room && r.gpu == gpu && r.room_freed < r.room_bytes) asking.push_back(&r);
+    if (r.room && r.gpu == gpu && r.room_freed < r.room_bytes &&
+        (r.phase == SwapPhase::kResident || r.phase == SwapPhase::kAdmitted))
+      asking.push_back(&r);
   }
   std::sort(asking.begin(), asking.end(), [](const Rank* a, const Rank* b) {
     return std::tie(a->room_since_ns, a->rank) < std::tie(b->room_since_ns, b->rank);
@@ -168,6 +178,9 @@ std::vector<RoomAnswer> SwapScheduler::TakeRoomAnswers(uint64_t now_ns) {
       r.room = false;
       continue;
     }
+    // Why no answer, not even a refusal after room_wait_s: it was swapped out for another's room while it waited;
+    // its request stays pending until it is restored (Finished), and then is granted.
+    if (r.phase == SwapPhase::kSwappingOut || r.phase == SwapPhase::kOut || r.phase == SwapPhase::kSwappingIn) continue;
     bool others = false, swapping = false;
     for (const auto& [k2, o] : ranks_) {
       if (k2 == k || o.gpu != r.gpu) continue;
@@ -180,7 +193,10 @@ std::vector<RoomAnswer> SwapScheduler::TakeRoomAnswers(uint64_t now_ns) {
     a.id = r.room_id;
     a.bytes = r.room_bytes;
     a.freed = r.room_freed;
-    if (r.room_freed >= r.room_bytes) {
+    if (r.room_back) {
+      a.ok = true;
+      a.why = fmt::format("restored on GPU {} with room for {}", r.gpu, FormatBytes(r.room_bytes));
+    } else if (r.room_freed >= r.room_bytes) {
       a.ok = true;
       a.why = fmt::format("{} swapped out on GPU {}", FormatBytes(r.room_freed), r.gpu);
     } else if (!others && !swapping) {
@@ -193,6 +209,7 @@ std::vector<RoomAnswer> SwapScheduler::TakeRoomAnswers(uint64_t now_ns) {
       continue;
     }
     r.room = false;
+    r.room_back = false;
     ++(a.ok ? stats_.rooms_granted : stats_.rooms_refused);
     out.push_back(std::move(a));
   }
@@ -333,6 +350,7 @@ void SwapScheduler::Finished(const SwapAction& a, bool ok, double seconds, uint6
     ++stats_.swaps_out;
     stats_.bytes_out += a.bytes;
     stats_.seconds_out += seconds;
+    if (r.room) ++stats_.room_swaps_out;
     CreditRoom(a.gpu, a.bytes);
   } else if (ok) {
     ++stats_.swaps_in;
@@ -357,6 +375,15 @@ void SwapScheduler::Finished(const SwapAction& a, bool ok, double seconds, uint6
       r.phase = SwapPhase::kResident;
       r.out_bytes = 0;
       r.last_activity_ns = now_ns;
+      if (r.room) {
+        // It was swapped out while it waited for room. Why granted now: its footprint, which the restore fitted
+        // within the cap, already holds the request (RequestRoom raised its peak to what it held plus the bytes).
+        // Why room_restored: not swapped out for another's room again before it blocks in an exchange, so two ranks
+        // that keep failing their allocations cannot swap each other out for ever.
+        r.room_back = true;
+        r.room_restored = true;
+        r.room_freed = std::max(r.room_freed, r.room_bytes);
+      }
     } else {
       // Why not retried: a failed restore leaves the process in an unknown state (the driver may have marked it
       // FAILED); the rank is reported and given up on, and the run continues with the others.
@@ -390,15 +417,24 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
   }
   const uint64_t used = GpuUsed(gpu);
   const uint64_t host_used = HostUsed();
-  auto victim = [&](const Rank* keep) -> Rank* {
-    // Blocked residents, those fewest others wait for first, then the largest (frees most), then the highest rank.
+  // for_room false: blocked residents; true: residents that wait for room with an idle GPU (RequestRoom's `idle`), for
+  // another rank's room request when no blocked one can go. Those fewest others wait for first, then the largest
+  // (frees most), then the highest rank.
+  auto pick = [&](const Rank* keep, bool for_room) -> Rank* {
     Rank* best = nullptr;
     std::tuple<int, uint64_t, int> best_key{};
     for (Rank* r : resident) {
-      // Why never a rank waiting for room: its host thread waits in an allocation, not in an exchange; it may have
-      // GPU work in flight, and it is the one the room is for.
-      if (r == keep || r->phase != SwapPhase::kResident || !Blocked(*r) || r->pid <= 0 || r->out_failed || r->room)
-        continue;
+      if (r == keep || r->phase != SwapPhase::kResident || r->pid <= 0 || r->out_failed) continue;
+      if (!for_room) {
+        // Why never a rank waiting for room here: its host thread waits in an allocation, not in an exchange; it
+        // may have GPU work in flight unless it said idle, and then it is picked only as a last resort (below).
+        if (!Blocked(*r) || r->room) continue;
+      } else {
+        // Why idle only: libprism synchronised its device before asking, so the checkpoint lock finds no work in
+        // flight, as with a rank blocked in an exchange. Why not one already granted (answer not yet taken): it is
+        // about to retry. Why not one restored for room that has not blocked since: no livelock (Finished).
+        if (!r->room || !r->room_idle || r->room_restored || r->room_freed >= r->room_bytes) continue;
+      }
       const uint64_t fp = Footprint(r->rank);
       if (cfg_.host_cap_bytes > 0 && host_used + fp > cfg_.host_cap_bytes) {
         Notice("host:" + std::to_string(r->rank),
@@ -415,6 +451,7 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
     }
     return best;
   };
+  auto victim = [&](const Rank* keep) { return pick(keep, false); };
   auto out_action = [&](Rank* v, const std::string& why) {
     SwapAction a;
     a.kind = SwapAction::kSwapOut;
@@ -430,7 +467,7 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
   // restore nothing here meanwhile (the room is that rank's).
   const Rank* asking = nullptr;
   for (const Rank* r : resident) {
-    if (r->room && r->room_freed < r->room_bytes &&
+    if (r->room && r->room_freed < r->room_bytes && r->phase == SwapPhase::kResident &&
         (!asking || std::tie(r->room_since_ns, r->rank) < std::tie(asking->room_since_ns, asking->rank)))
       asking = r;
   }
@@ -438,6 +475,15 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
     if (Rank* v = victim(nullptr)) {
       return out_action(v, fmt::format("rank {} waits for room for {} ({} freed so far)", asking->rank,
                                        FormatBytes(asking->room_bytes), FormatBytes(asking->room_freed)));
+    }
+    // No rank blocked in an exchange can go (they all wait for room, as at the first optimizer step of the GPU case
+    // swap_big, where 7 ranks' allocations failed at the same moment): swap out another rank that waits for room with
+    // an idle GPU; it comes back with room for its own request once there is room for it.
+    if (Rank* v = pick(asking, true)) {
+      return out_action(v, fmt::format("rank {} waits for room for {} ({} freed so far) and no rank blocked in an "
+                                       "exchange can go; rank {} waits for room too, its GPU idle",
+                                       asking->rank, FormatBytes(asking->room_bytes), FormatBytes(asking->room_freed),
+                                       v->rank));
     }
     return std::nullopt;
   }

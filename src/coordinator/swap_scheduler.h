@@ -24,9 +24,14 @@
 //    does a resident rank make room for a waiting one. A GPU with nothing resident always takes the next rank.
 //  - Allocation admission (RequestRoom, ipc.h kMemRoom): a rank whose device allocation failed for lack of memory
 //    waits for room. Its footprint becomes at least what it holds plus the request; blocked ranks of its GPU are
-//    swapped out (never a rank that waits for room: it is not blocked in an exchange) until they freed the
-//    request's bytes, and nothing is started or restored on that GPU meanwhile; then the answer is yes. It is no
-//    when no other rank is on the GPU, or when nothing could be swapped out for `room_wait_s`.
+//    swapped out until they freed the request's bytes (the oldest request first), and nothing is started or
+//    restored on that GPU meanwhile; then the answer is yes. When no blocked rank can go, another rank that waits
+//    for room and said its GPU is idle (`idle`: libprism synchronised its device before asking) is swapped out,
+//    the largest first, never the oldest asker (the one being served) and never one restored for room that has not
+//    blocked in an exchange since (no two ranks swapping each other out for ever); its request stays pending while
+//    it is out, it comes back like a rank whose exchange completed, and its answer is yes once it is restored
+//    (its footprint already holds the request). The answer is no when no other rank is on the GPU, or when nothing
+//    could be swapped out for `room_wait_s` (never while the asker itself is swapped out).
 #pragma once
 
 #include <algorithm>
@@ -87,6 +92,7 @@ struct RoomAnswer {
 struct SwapStats {
   uint64_t swaps_out = 0, swaps_in = 0, admits = 0, failures = 0;
   uint64_t rooms_granted = 0, rooms_refused = 0;  // room requests answered yes / no
+  uint64_t room_swaps_out = 0;  // swaps out of a rank that waited for room itself (for another's request)
   uint64_t bytes_out = 0, bytes_in = 0;
   double seconds_out = 0, seconds_in = 0;
   uint64_t peak_gpu_bytes = 0;   // the largest GpuHeld of any GPU (the ranks' reported peaks + context)
@@ -127,9 +133,10 @@ class SwapScheduler {
   void Done(int rank);
   // The rank's device allocation of `bytes` failed for lack of memory while it held `current` tracked bytes
   // (kMemRoom); it waits for TakeRoomAnswers to say whether to retry. A second request of the rank replaces its
-  // first.
+  // first. `idle`: the rank synchronised its device before asking (no GPU work in flight), so it may be swapped out
+  // for another rank's request while it waits.
   // False for a rank the scheduler does not know (or that is done): answer no at once.
-  bool RequestRoom(int rank, uint64_t id, uint64_t bytes, uint64_t current, uint64_t now_ns);
+  bool RequestRoom(int rank, uint64_t id, uint64_t bytes, uint64_t current, uint64_t now_ns, bool idle = false);
   // Requests decided since the last call (granted: enough was swapped out; refused: see RoomAnswer::why).
   std::vector<RoomAnswer> TakeRoomAnswers(uint64_t now_ns);
   bool WaitsForRoom(int rank) const;
@@ -170,8 +177,10 @@ class SwapScheduler {
     uint64_t out_bytes = 0;       // what it holds in host RAM while out
     bool out_failed = false;      // a swap out failed in its current waits: not picked again until they change
     bool store_wait = false;      // blocked in a store WAIT (SetStoreWait)
-    // A pending room request (RequestRoom): never a victim while it waits.
-    bool room = false;
+    // A pending room request (RequestRoom). A victim while it waits only when `room_idle` (and no blocked rank can
+    // go); `room_restored`: it was swapped out for another's room and restored, and has not blocked in an exchange
+    // since: not such a victim again until then. `room_back`: restored with its request pending (answered yes).
+    bool room = false, room_idle = false, room_restored = false, room_back = false;
     uint64_t room_id = 0, room_bytes = 0, room_freed = 0, room_since_ns = 0;
   };
   bool OnGpu(const Rank& r) const {
@@ -188,6 +197,7 @@ class SwapScheduler {
   std::optional<SwapAction> DecideGpu(const std::string& gpu, uint64_t now_ns);
   void Notice(const std::string& key, const std::string& text);
   void UpdatePeaks();
+  // Credits `bytes` freed on `gpu` to the resident ranks waiting for room there, oldest request first.
   void CreditRoom(const std::string& gpu, uint64_t bytes);
 
   SwapConfig cfg_;

@@ -318,6 +318,69 @@ TEST(SwapCoordinator, ARankWhoseAllocationFailedGetsRoomFromABlockedRank) {
 // Footprints from each rank's process's GPU memory (CoordinatorOptions::swap_usage, as NVML would answer): two ranks
 // of 1 GiB tracked on a cap of 2.6 GiB. Counted as tracked + the assumed 512 MiB context (1.5 GiB each) only one
 // fits; measured at 1.2 GiB each both do. The source is in the banner and in status.json.
+// The room-waiter deadlock of the GPU case swap_big (s19c): every rank on the GPU waits for room, none is blocked in an
+// exchange. A rank whose request says idle (libprism synchronised its device) is swapped out for the oldest request,
+// and is restored and answered yes once it fits; its request is not refused meanwhile.
+TEST(SwapCoordinator, WhenEveryRankWaitsForRoomOneThatSaidIdleIsSwappedOutAndGrantedWhenBack) {
+  fs::path out = fs::temp_directory_path() / ("prism-swapidle-" + std::to_string(getpid()));
+  fs::remove_all(out);
+  auto driver = std::make_shared<GateDriver>();
+  CoordinatorOptions o;
+  o.world_size = 2;
+  o.real_ranks = {0, 1};
+  o.out_dir = out.string();
+  o.status_interval_ms = 50;
+  o.hang_timeout_s = 0;
+  o.swap.enabled = true;
+  o.swap.gpu_cap_bytes = 4 * kF;
+  o.swap.host_cap_bytes = 8 * kF;
+  o.swap.context_bytes = 0;
+  o.swap.rank_gpu = {{0, "h/0"}, {1, "h/0"}};
+  o.swap_driver = driver;
+  o.swap_print = [](const std::string&) {};
+  std::string error;
+  auto coord = Coordinator::Start(o, &error);
+  ASSERT_TRUE(coord) << error;
+  const std::string sock = coord->endpoints().socket_path;
+  ASSERT_TRUE(WaitFor([&] { return coord->SwapAdmitted(0); }, 2000));
+  Shim s0;
+  s0.Connect(sock);
+  s0.Hello(0, 4242);
+  ASSERT_TRUE(WaitFor([&] { return coord->SwapAdmitted(1); }, 2000));
+  Shim s1;
+  s1.Connect(sock);
+  s1.Hello(1, 4343);
+
+  // Rank 0 asks first (without idle: an older libprism), then rank 1 with idle; each grows to 2F: 4F of 4F.
+  s0.SendJson(ipc::MsgType::kMemRoom, {{"id", 1}, {"bytes", kF}, {"current", kF}, {"peak", kF}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  s1.SendJson(ipc::MsgType::kMemRoom, {{"id", 2}, {"bytes", kF}, {"current", kF}, {"peak", kF}, {"idle", true}});
+  ASSERT_TRUE(driver->WaitCalls(1, 3000)) << "nobody was swapped out for rank 0's allocation";
+  EXPECT_EQ(driver->calls()[0], "out 4343");
+  driver->Release();
+  ipc::Frame f;
+  ASSERT_TRUE(s0.Recv(ipc::MsgType::kMemRoomAnswer, &f, 3000));
+  json a = json::parse(f.payload);
+  EXPECT_EQ(a.value("id", 0), 1);
+  EXPECT_EQ(a.value("ok", false), true) << a.dump();
+  // Rank 1 is restored (2F + 2F fit the cap) and only then answered.
+  ASSERT_TRUE(driver->WaitCalls(2, 3000)) << "rank 1 was not restored";
+  EXPECT_EQ(driver->calls()[1], "in 4343");
+  ASSERT_TRUE(s1.Recv(ipc::MsgType::kMemRoomAnswer, &f, 3000));
+  a = json::parse(f.payload);
+  EXPECT_EQ(a.value("id", 0), 2);
+  EXPECT_EQ(a.value("ok", false), true) << a.dump();
+  EXPECT_NE(a.value("why", std::string()).find("restored"), std::string::npos) << a.dump();
+  ASSERT_TRUE(WaitFor([&] { return coord->SwapSummary().rooms_granted == 2; }, 2000));
+  SwapStats st = coord->SwapSummary();
+  EXPECT_EQ(st.rooms_refused, 0u);
+  EXPECT_EQ(st.room_swaps_out, 1u);
+  json status = json::parse(coord->StatusJson());
+  EXPECT_EQ(status["swap"]["room_swaps_out"], 1);
+  coord->Stop();
+  fs::remove_all(out);
+}
+
 TEST(SwapCoordinator, FootprintsComeFromTheMeasuredGpuMemoryOfEachRanksProcess) {
   constexpr uint64_t kMiB = 1ull << 20;
   char host[256] = {0};

@@ -2,7 +2,8 @@
 // kMemRoom) against a scripted coordinator on a Unix socket: a failed allocation asks for room only when the
 // coordinator's kHelloAck said "swap": true, retries once per room granted, asks at most kMaxRoomAsks times for one
 // allocation, and after a refusal fails at once (torch's caching allocator frees its cache and calls again: that
-// call must not wait a second time, nor loop).
+// call must not wait a second time, nor loop). Before asking it synchronises the device through the real driver
+// (cuCtxSynchronize, faked here) and says idle in the request when that succeeded.
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@
 #include "interpose/core/config.h"
 #include "interpose/core/coord_client.h"
 #include "interpose/core/memory.h"
+#include "interpose/core/real_symbols.h"
 
 namespace prism::interpose {
 namespace {
@@ -171,6 +173,48 @@ TEST(SwapRoom, ARefusalFailsTheAllocationAndTheCacheFreeingRetryAtOnce) {
   memory::ResetRoomForTest();
   EXPECT_EQ(memory::RetryWithRoom(1ull << 30, kOom, again), kOk) << "after the quiet period it asks again";
   EXPECT_EQ(coord.requests().size(), 2u);
+}
+
+std::atomic<int> g_syncs{0};
+CUresult CUDAAPI FakeSyncOk() {
+  ++g_syncs;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI FakeSyncFails() {
+  ++g_syncs;
+  return CUDA_ERROR_LAUNCH_FAILED;
+}
+
+// The room-waiter deadlock of the GPU case swap_big (s19c): every rank waited for room and none could be swapped out.
+// A rank whose device is idle may be swapped out while it waits, so libprism synchronises it and says so.
+TEST(SwapRoom, TheDeviceIsSynchronisedBeforeAskingAndTheRequestSaysIdle) {
+  DriverFns fake;
+  fake.loaded = true;
+  fake.cuCtxSynchronize = &FakeSyncOk;
+  SetDriverForTest(&fake);
+  struct Restore {
+    ~Restore() { SetDriverForTest(nullptr); }
+  } restore;
+  ScriptedCoordinator coord(true, {true, true, true});
+  ASSERT_TRUE(Connect(coord, true));
+  g_syncs = 0;
+  int tries = 0;
+  auto once = [&] { return ++tries == 1 ? kOk : kOom; };
+  EXPECT_EQ(memory::RetryWithRoom(128ull << 20, kOom, once), kOk);
+  EXPECT_EQ(g_syncs.load(), 1) << "synchronised once, before asking";
+  // A synchronisation that fails (a sticky error) asks all the same, without idle; so does a driver without it.
+  fake.cuCtxSynchronize = &FakeSyncFails;
+  tries = 0;
+  EXPECT_EQ(memory::RetryWithRoom(128ull << 20, kOom, once), kOk);
+  EXPECT_EQ(g_syncs.load(), 2);
+  fake.cuCtxSynchronize = nullptr;
+  tries = 0;
+  EXPECT_EQ(memory::RetryWithRoom(128ull << 20, kOom, once), kOk);
+  auto reqs = coord.requests();
+  ASSERT_EQ(reqs.size(), 3u);
+  EXPECT_EQ(reqs[0].value("idle", false), true) << reqs[0].dump();
+  EXPECT_EQ(reqs[1].value("idle", true), false) << reqs[1].dump();
+  EXPECT_EQ(reqs[2].value("idle", true), false) << reqs[2].dump();
 }
 
 TEST(SwapRoom, WithoutSwapNothingIsAsked) {

@@ -399,6 +399,194 @@ TEST(SwapScheduler, ARoomRequestWaitsForASwapOutInFlightAndForARankThatEnds) {
 }
 
 // Footprints from the driver's per-process GPU memory (Measured) instead of the tracked peak + the assumed context.
+// The GPU case swap_big of s19c: 8 Megatron ranks on one H200 (cap 132.8 GiB) grew to ~20 GiB each; one was out, and
+// at the first optimizer step the 7 resident ranks' allocations (Adam's state) failed at the same moment. Every rank
+// waited for room and none was blocked in an exchange, so nothing was swapped out: after room_wait_s all 7 were
+// refused and torch died out of memory. Now libprism synchronises the device before asking (idle), and one idle
+// asker (not the oldest, the largest) is swapped out for the others; it comes back later and is granted then.
+TEST(SwapScheduler, WhenEveryResidentRankWaitsForRoomAnIdleAskerIsSwappedOutForTheOthers) {
+  constexpr uint64_t kGiB = 1ull << 30, kMiB = 1ull << 20;
+  SwapConfig cfg = Config(static_cast<uint64_t>(132.8 * kGiB));
+  cfg.room_wait_s = 60;
+  cfg.stall_s = 1000;  // the ranks that run on are not silent (the test sends no activity)
+  SwapScheduler s(cfg);
+  for (int r = 0; r < 8; ++r) s.AddRank(r, "g");
+  for (int r = 0; r < 8; ++r) StartNext(s, r);
+  // They grew: rank 1 to 24 GiB, rank 5 to 23 GiB, the others to 20 GiB (8 ranks: 167 GiB).
+  auto size = [&](int r) { return r == 1 ? 24 * kGiB : r == 5 ? 23 * kGiB : 20 * kGiB; };
+  for (int r = 0; r < 8; ++r) s.Memory(r, size(r));
+  // Rank 0 blocks: over the cap, it is swapped out; then its exchange completes while it is out.
+  s.SetWaits(0, {1});
+  auto first = s.Next(kSec);
+  ASSERT_TRUE(first && first->kind == SwapAction::kSwapOut && first->rank == 0);
+  s.Finished(*first, true, 10, 2 * kSec);
+  s.SetWaits(0, {});
+  EXPECT_FALSE(s.Next(3 * kSec)) << "rank 0 does not fit, and nobody is blocked";
+
+  // The first optimizer step: the 7 resident ranks ask for 128 MiB at the same moment, each with its GPU idle.
+  const uint64_t t = 10 * kSec;
+  for (int r = 1; r < 8; ++r) ASSERT_TRUE(s.RequestRoom(r, 100 + r, 128 * kMiB, size(r), t, /*idle=*/true));
+  EXPECT_TRUE(s.TakeRoomAnswers(t).empty());
+  auto a = s.Next(t);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->kind, SwapAction::kSwapOut);
+  EXPECT_EQ(a->rank, 5) << "the largest asker that is not the oldest (rank 1, served first)";
+  EXPECT_EQ(a->bytes, 23 * kGiB + 128 * kMiB) << "its footprint holds its own request";
+  EXPECT_NE(a->why.find("rank 1 waits for room"), std::string::npos) << a->why;
+  EXPECT_NE(a->why.find("its GPU idle"), std::string::npos) << a->why;
+  EXPECT_FALSE(s.Next(t)) << "one checkpoint at a time";
+  EXPECT_TRUE(s.TakeRoomAnswers(t + 70 * kSec).empty()) << "a swap out in flight defers every no";
+  s.Finished(*a, true, 12, t + 12 * kSec);
+
+  // Its 23 GiB are credited to the other askers, oldest first; never to rank 5 itself.
+  auto answers = s.TakeRoomAnswers(t + 12 * kSec);
+  ASSERT_EQ(answers.size(), 6u);
+  for (const RoomAnswer& ans : answers) {
+    EXPECT_NE(ans.rank, 5);
+    EXPECT_TRUE(ans.ok) << ans.rank << ": " << ans.why;
+    EXPECT_EQ(ans.id, static_cast<uint64_t>(100 + ans.rank));
+  }
+  EXPECT_TRUE(s.WaitsForRoom(5)) << "its request stays pending while it is out";
+  EXPECT_EQ(s.phase(5), SwapPhase::kOut);
+  EXPECT_TRUE(s.TakeRoomAnswers(t + 200 * kSec).empty()) << "never refused while it is out";
+  EXPECT_EQ(s.Stats().room_swaps_out, 1u);
+
+  // The others run on; rank 5 (and rank 0) do not fit yet (6 ranks hold ~125 GiB). Then every resident rank blocks
+  // in an exchange that needs rank 5: a blocked rank makes room, and rank 5 comes back and is granted.
+  EXPECT_FALSE(s.Next(t + 13 * kSec));
+  for (int r : {1, 2, 3, 4, 6, 7}) s.SetWaits(r, {5});
+  auto b = s.Next(t + 20 * kSec);
+  ASSERT_TRUE(b && b->kind == SwapAction::kSwapOut);
+  EXPECT_NE(b->rank, 5);
+  s.Finished(*b, true, 10, t + 30 * kSec);
+  auto c = s.Next(t + 30 * kSec);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->kind, SwapAction::kSwapIn);
+  EXPECT_EQ(c->rank, 5);
+  EXPECT_EQ(c->bytes, 23 * kGiB + 128 * kMiB) << "what it held plus its request";
+  EXPECT_LE(s.GpuUsed("g"), cfg.gpu_cap_bytes);
+  EXPECT_TRUE(s.TakeRoomAnswers(t + 31 * kSec).empty()) << "granted once it is back, not while it swaps in";
+  s.Finished(*c, true, 4, t + 34 * kSec);
+  auto back = s.TakeRoomAnswers(t + 34 * kSec);
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].rank, 5);
+  EXPECT_EQ(back[0].id, 105u);
+  EXPECT_TRUE(back[0].ok);
+  EXPECT_NE(back[0].why.find("restored on GPU g with room for 128.0 MiB"), std::string::npos) << back[0].why;
+  EXPECT_FALSE(s.WaitsForRoom(5));
+  EXPECT_EQ(s.Stats().rooms_granted, 7u);
+  EXPECT_EQ(s.Stats().rooms_refused, 0u);
+}
+
+TEST(SwapScheduler, AnAskerWithoutIdleIsNeverSwappedOutAndABlockedRankGoesBeforeAnIdleAsker) {
+  SwapConfig cfg = Config(4 * kF);
+  cfg.room_wait_s = 5;
+  SwapScheduler s(cfg);
+  for (int r = 0; r < 4; ++r) s.AddRank(r, "g");
+  for (int r = 0; r < 4; ++r) StartNext(s, r);
+  // Ranks 0-2 ask without idle (an older libprism, or a synchronisation that failed): as before, nobody can go.
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(s.RequestRoom(r, r + 1, kF / 4, kF, kSec));
+  EXPECT_FALSE(s.Next(2 * kSec));
+  // Rank 3 asks with idle: it is the only one that may go, for rank 0 (the oldest).
+  ASSERT_TRUE(s.RequestRoom(3, 9, kF / 4, kF, 2 * kSec, true));
+  // Rank 2 also waits in an exchange (another thread of its process): waiting for room, it is no blocked victim.
+  s.SetWaits(2, {7});
+  auto a = s.Next(3 * kSec);
+  ASSERT_TRUE(a && a->kind == SwapAction::kSwapOut);
+  EXPECT_EQ(a->rank, 3);
+  s.Finished(*a, true, 1, 4 * kSec);
+  // 1.25F freed: ranks 0, 1, 2 (0.25F each) granted in order; rank 3 waits out.
+  auto answers = s.TakeRoomAnswers(4 * kSec);
+  ASSERT_EQ(answers.size(), 3u);
+  for (const RoomAnswer& ans : answers) EXPECT_TRUE(ans.ok) << ans.why;
+
+  // A blocked rank goes before an idle asker.
+  SwapScheduler t(cfg);
+  for (int r = 0; r < 3; ++r) t.AddRank(r, "g");
+  for (int r = 0; r < 3; ++r) StartNext(t, r);
+  ASSERT_TRUE(t.RequestRoom(0, 1, kF / 2, kF, kSec, true));
+  ASSERT_TRUE(t.RequestRoom(1, 2, kF / 2, 2 * kF, kSec, true));  // the larger asker
+  t.SetWaits(2, {5});
+  auto b = t.Next(kSec);
+  ASSERT_TRUE(b && b->kind == SwapAction::kSwapOut);
+  EXPECT_EQ(b->rank, 2) << "blocked in an exchange";
+  EXPECT_EQ(b->why.find("its GPU idle"), std::string::npos) << b->why;
+  t.Finished(*b, true, 1, 2 * kSec);
+  EXPECT_EQ(t.Stats().room_swaps_out, 0u);
+  auto got = t.TakeRoomAnswers(2 * kSec);
+  EXPECT_EQ(got.size(), 2u) << "F freed: both requests of 0.5F";
+
+  // Without idle, nobody: after room_wait_s, no.
+  SwapScheduler u(cfg);
+  for (int r = 0; r < 2; ++r) u.AddRank(r, "g");
+  for (int r = 0; r < 2; ++r) StartNext(u, r);
+  ASSERT_TRUE(u.RequestRoom(0, 1, kF, kF, kSec));
+  ASSERT_TRUE(u.RequestRoom(1, 1, kF, kF, kSec));
+  EXPECT_FALSE(u.Next(2 * kSec));
+  auto no = u.TakeRoomAnswers(6 * kSec);
+  ASSERT_EQ(no.size(), 2u);
+  EXPECT_FALSE(no[0].ok);
+  EXPECT_FALSE(no[1].ok);
+  EXPECT_EQ(u.Stats().swaps_out, 0u);
+}
+
+// Two ranks whose retries keep failing (the GPU holds less than the scheduler counts) must not swap each other out
+// for ever: a rank restored for room is not swapped out for room again before it blocks in an exchange.
+TEST(SwapScheduler, TwoAskersDoNotSwapEachOtherOutForEver) {
+  SwapConfig cfg = Config(4 * kF);
+  cfg.room_wait_s = 5;
+  SwapScheduler s(cfg);
+  for (int r = 0; r < 2; ++r) s.AddRank(r, "g");
+  for (int r = 0; r < 2; ++r) StartNext(s, r);
+  uint64_t now = kSec;
+  auto run = [&](SwapAction::Kind kind, int rank) {
+    auto a = s.Next(now);
+    ASSERT_TRUE(a) << "expected " << SwapActionName(kind) << " rank " << rank;
+    EXPECT_EQ(a->kind, kind);
+    EXPECT_EQ(a->rank, rank);
+    now += kSec;
+    s.Finished(*a, true, 1, now);
+  };
+  // Round 1: rank 0 is the oldest asker: rank 1 goes out for it, and comes back (it fits) with its room.
+  ASSERT_TRUE(s.RequestRoom(0, 1, kF / 2, kF, now, true));
+  ASSERT_TRUE(s.RequestRoom(1, 1, kF / 2, kF, now + 1, true));
+  run(SwapAction::kSwapOut, 1);
+  auto r1 = s.TakeRoomAnswers(now);
+  ASSERT_EQ(r1.size(), 1u);
+  EXPECT_EQ(r1[0].rank, 0);
+  run(SwapAction::kSwapIn, 1);
+  auto r1b = s.TakeRoomAnswers(now);
+  ASSERT_EQ(r1b.size(), 1u);
+  EXPECT_EQ(r1b[0].rank, 1);
+  EXPECT_TRUE(r1b[0].ok);
+  // Round 2: both retries failed; rank 1 asks first now: rank 0 goes out for it, and comes back.
+  now += kSec;
+  ASSERT_TRUE(s.RequestRoom(1, 2, kF / 2, 3 * kF / 2, now, true));
+  ASSERT_TRUE(s.RequestRoom(0, 2, kF / 2, 3 * kF / 2, now + 1, true));
+  run(SwapAction::kSwapOut, 0);
+  ASSERT_EQ(s.TakeRoomAnswers(now).size(), 1u);
+  run(SwapAction::kSwapIn, 0);
+  ASSERT_EQ(s.TakeRoomAnswers(now).size(), 1u);
+  // Round 3: both were restored for room and neither has blocked since: nobody goes, both get no in time.
+  now += kSec;
+  ASSERT_TRUE(s.RequestRoom(0, 3, kF / 2, 2 * kF, now, true));
+  ASSERT_TRUE(s.RequestRoom(1, 3, kF / 2, 2 * kF, now + 1, true));
+  EXPECT_FALSE(s.Next(now + kSec));
+  auto no = s.TakeRoomAnswers(now + 6 * kSec);
+  ASSERT_EQ(no.size(), 2u);
+  EXPECT_FALSE(no[0].ok);
+  EXPECT_FALSE(no[1].ok);
+  EXPECT_EQ(s.Stats().swaps_out, 2u);
+  EXPECT_EQ(s.Stats().swaps_in, 2u);
+  // Once rank 1 blocked in an exchange (it moved on), it may be swapped out for room again.
+  s.SetWaits(1, {0});
+  s.SetWaits(1, {});
+  now += 10 * kSec;
+  ASSERT_TRUE(s.RequestRoom(0, 4, kF / 2, 2 * kF, now, true));
+  ASSERT_TRUE(s.RequestRoom(1, 4, kF / 2, 2 * kF, now + 1, true));
+  run(SwapAction::kSwapOut, 1);
+}
+
 TEST(SwapScheduler, MeasuredFootprintsFitThreeRanksWhereTrackedPeakPlusContextFitTwo) {
   constexpr uint64_t kMiB = 1ull << 20;
   for (bool measure : {false, true}) {

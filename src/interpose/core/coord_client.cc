@@ -264,13 +264,13 @@ bool CoordActive() { return C().active.load(std::memory_order_relaxed); }
 bool CoordSwapOn() { return C().active.load() && C().swap.load(); }
 
 CoordReply CoordAskRoom(uint64_t id, uint64_t bytes, uint64_t current, uint64_t peak, int timeout_ms,
-                        std::string* why) {
+                        std::string* why, bool idle) {
   if (!CoordSwapOn()) {
     *why = "no coordinator with context switching";
     return CoordReply::kNoAnswer;
   }
   try {
-    nlohmann::json j = {{"id", id}, {"bytes", bytes}, {"current", current}, {"peak", peak}};
+    nlohmann::json j = {{"id", id}, {"bytes", bytes}, {"current", current}, {"peak", peak}, {"idle", idle}};
     auto mine = [id](const ipc::Frame& f) {
       if (f.type != ipc::MsgType::kMemRoomAnswer) return false;
       nlohmann::json r = nlohmann::json::parse(f.payload, nullptr, false);

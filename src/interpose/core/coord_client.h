@@ -37,10 +37,11 @@ CoordReply CoordCommInit(const std::string& key, int nranks, int rank, const std
 // Allocation admission under context switching (ipc.h kMemRoom): whether the coordinator said swap is on (its
 // kHelloAck), and the request: a device allocation of `bytes` failed while this rank held `current` tracked bytes;
 // waits up to timeout_ms for kMemRoomAnswer. kOk: retry the allocation; kRefused: nothing could be freed (*why);
-// kNoAnswer: no coordinator, lost, or timed out.
+// kNoAnswer: no coordinator, lost, or timed out. `idle`: this rank's device was synchronised before asking (the
+// coordinator may swap it out meanwhile).
 bool CoordSwapOn();
 CoordReply CoordAskRoom(uint64_t id, uint64_t bytes, uint64_t current, uint64_t peak, int timeout_ms,
-                        std::string* why);
+                        std::string* why, bool idle = false);
 
 // Passthrough (ipc.h kRealNcclId): communicator rank 0 posts the real NCCL unique id (`post_hex` not empty), the
 // others ask for it; both wait up to timeout_ms for kRealNcclIdInfo and get the id (hex) in *id_hex.

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "interpose/core/comm.h"
 #include "interpose/core/coord_client.h"
+#include "interpose/core/real_symbols.h"
 
 namespace prism::interpose::memory {
 namespace {
@@ -111,6 +112,35 @@ Room& R() {
   return *r;
 }
 
+// Makes this rank's GPU idle before it waits for room: the calling thread's context (the device the allocation is
+// for) is synchronised through the real driver (Driver(): cuCtxSynchronize, not an interposed symbol), so when the
+// coordinator checkpoints the process while it waits (another rank's room, no rank blocked in an exchange to swap
+// out), cuCheckpointProcessLock finds no work in flight. True when it synchronised.
+// Why this is safe on this path: torch's caching allocator synchronises the device itself when it frees its cache
+// after a failed allocation, so this wait is one torch makes anyway. The risk is a stream that waits for something
+// only another rank's progress brings: under collect, passthrough (real NCCL) is off with --swap, and collectives
+// among real ranks are host-synchronous exchanges through the coordinator; what a stream may still hold is the
+// gate of a collective whose exchange already completed, which opens once every real member's kOpArrive came (each
+// sends it right after its own exchange returned, or the coordinator releases it for a member swapped out there),
+// so it does not wait for this rank's allocation. A job that gates its streams on its peers otherwise (its own
+// device-side waits) would block here instead of asking; a failed synchronisation asks without idle.
+bool MakeGpuIdle() {
+  const DriverFns& d = Driver();
+  if (d.cuCtxSynchronize == nullptr) return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  const CUresult e = d.cuCtxSynchronize();
+  if (e != CUDA_SUCCESS) {
+    const char* name = nullptr;
+    if (d.cuGetErrorString == nullptr || d.cuGetErrorString(e, &name) != CUDA_SUCCESS) name = nullptr;
+    Log("interpose")->warn("cuCtxSynchronize before asking for room failed ({} {}); asking without idle",
+                           static_cast<int>(e), name != nullptr ? name : "");
+    return false;
+  }
+  Log("interpose")->debug("device synchronised before asking for room in {:.3f} s",
+                          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return true;
+}
+
 }  // namespace
 
 bool WaitForRoom(uint64_t bytes, int attempt) {
@@ -124,9 +154,11 @@ bool WaitForRoom(uint64_t bytes, int attempt) {
                          "make room on the GPU (ask {} of {})",
                          bytes, CurrentBytes(), attempt + 1, kMaxRoomAsks);
   std::string why;
+  const bool idle = MakeGpuIdle();
   // Why an hour: the coordinator answers within its own bound (swap outs of several ranks, then --swap's room wait);
-  // this only ends a wait for a coordinator that stopped answering.
-  const CoordReply reply = CoordAskRoom(id, bytes, CurrentBytes(), PeakBytes(), 3600 * 1000, &why);
+  // this only ends a wait for a coordinator that stopped answering (and a rank swapped out while it waits, for
+  // another rank's room, is answered once restored).
+  const CoordReply reply = CoordAskRoom(id, bytes, CurrentBytes(), PeakBytes(), 3600 * 1000, &why, idle);
   if (reply == CoordReply::kOk) {
     Log("interpose")->info("room made ({}); retrying the allocation", why);
     return true;

@@ -21,10 +21,12 @@ uint64_t PeakBytes();
 void ResetPeakForTest();
 
 // Allocation admission under context switching (docs/collect.md, ipc.h kMemRoom). After a device allocation of
-// `bytes` failed for lack of memory, the caller's `attempt`-th retry (from 0): asks the coordinator for room and
-// waits for its answer; true: retry the allocation. False at once when the coordinator did not say swap is on, after
-// kMaxRoomAsks asks for one allocation, and within kRoomQuietS of a refusal (torch's caching allocator frees its
-// cache and calls again after a failure: that call fails at once instead of waiting again).
+// `bytes` failed for lack of memory, the caller's `attempt`-th retry (from 0): synchronises the device (the real
+// driver's cuCtxSynchronize; the request then says idle: the coordinator may swap this rank out for another rank's
+// room while it waits), asks the coordinator for room and waits for its answer; true: retry the allocation. False
+// at once when the coordinator did not say swap is on, after kMaxRoomAsks asks for one allocation, and within
+// kRoomQuietS of a refusal (torch's caching allocator frees its cache and calls again after a failure: that call
+// fails at once instead of waiting again).
 inline constexpr int kMaxRoomAsks = 3;
 inline constexpr double kRoomQuietS = 10;
 bool WaitForRoom(uint64_t bytes, int attempt);
