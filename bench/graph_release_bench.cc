@@ -1,0 +1,112 @@
+// graph_release_bench: how long a real rank waits for the coordinator's answer when it runs against a graph
+// (`prism-run --graph`, `prism-run fill`): GraphRelease::Decide timed in closed loop (coordinator/graph_closed_loop.h:
+// the real rank's class replayed with its own durations, every other rank virtual), without and with the event
+// loop's idle work (GraphRelease::Idle between decisions, as the coordinator does while the real rank computes).
+// The decision latency lands in the real rank's timeline (the gate opens when the answer comes), so it must stay far
+// below the compute between two operations.
+//
+//   graph_release_bench [--graph FILE.prism] [--rank R] [--reps N] [--runs N]
+//
+// Default: the 4-stage Megatron graph filled on an H200 (tests/data/graph/megatron_w128pp4_fill/filled.prism, world
+// 128, tp 2 pp 4), rank 0, 4 repetitions, 5 runs. Prints, per mode, the median over runs of: mean and max decision
+// time, the slowest repetition's total decision time, and the ratio of the means (without / with idle work).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "coordinator/graph_closed_loop.h"
+#include "replay/trace_io.h"
+
+namespace {
+
+struct RunStats {
+  double mean_us = 0, max_us = 0, worst_rep_ms = 0;
+  int64_t end_ns = 0;
+  size_t decisions = 0;
+};
+
+RunStats Measure(const prism::trace::Trace& t, int rank, uint32_t reps, bool idle) {
+  prism::coord::ClosedLoopOptions o;
+  o.reps = reps;
+  o.idle = idle;
+  prism::coord::LoopResult r = prism::coord::ClosedLoop(t, rank, o);
+  RunStats s;
+  s.end_ns = r.end_ns;
+  s.decisions = r.decide_ns.size();
+  std::vector<double> per_rep(reps, 0.0);
+  double sum = 0;
+  for (size_t i = 0; i < r.decide_ns.size(); ++i) {
+    const double us = r.decide_ns[i] / 1e3;
+    sum += us;
+    s.max_us = std::max(s.max_us, us);
+    if (r.decide_rep[i] < reps) per_rep[r.decide_rep[i]] += us / 1e3;
+  }
+  s.mean_us = r.decide_ns.empty() ? 0 : sum / static_cast<double>(r.decide_ns.size());
+  s.worst_rep_ms = per_rep.empty() ? 0 : *std::max_element(per_rep.begin(), per_rep.end());
+  return s;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string graph = std::string(PRISM_SOURCE_DIR) + "/tests/data/graph/megatron_w128pp4_fill/filled.prism";
+  int rank = 0, runs = 5;
+  uint32_t reps = 4;
+  for (int i = 1; i < argc; ++i) {
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", argv[i]);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (!std::strcmp(argv[i], "--graph")) graph = next();
+    else if (!std::strcmp(argv[i], "--rank")) rank = std::atoi(next());
+    else if (!std::strcmp(argv[i], "--reps")) reps = static_cast<uint32_t>(std::atoi(next()));
+    else if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(next());
+    else {
+      std::fprintf(stderr, "usage: graph_release_bench [--graph FILE.prism] [--rank R] [--reps N] [--runs N]\n");
+      return 2;
+    }
+  }
+  prism::trace::Trace t;
+  std::string err;
+  if (!prism::replay::ReadTrace(graph, &t, &err)) {
+    std::fprintf(stderr, "graph_release_bench: %s\n", err.c_str());
+    return 1;
+  }
+  if (rank < 0 || rank >= t.world_size) {
+    std::fprintf(stderr, "graph_release_bench: rank %d outside the graph's world of %d\n", rank, t.world_size);
+    return 1;
+  }
+  std::printf("graph %s (world %d), real rank %d, %u repetitions, %d runs each, alternating\n", graph.c_str(),
+              t.world_size, rank, reps, runs);
+  std::vector<double> mean[2], mx[2], worst[2];
+  int64_t end[2] = {0, 0};
+  size_t decisions = 0;
+  for (int k = 0; k < runs; ++k)
+    for (int idle = 0; idle < 2; ++idle) {
+      RunStats s = Measure(t, rank, reps, idle != 0);
+      mean[idle].push_back(s.mean_us);
+      mx[idle].push_back(s.max_us);
+      worst[idle].push_back(s.worst_rep_ms);
+      end[idle] = s.end_ns;
+      decisions = s.decisions;
+    }
+  const char* name[2] = {"decisions advance the virtual ranks", "idle work ahead (coordinator)"};
+  for (int idle = 0; idle < 2; ++idle)
+    std::printf("  %-38s mean %8.1f us  max %8.2f ms  slowest repetition %8.2f ms of decisions\n", name[idle],
+                Median(mean[idle]), Median(mx[idle]) / 1e3, Median(worst[idle]));
+  std::printf("  %zu decisions per run; mean ratio (without / with idle work) %.1fx; max ratio %.1fx\n", decisions,
+              Median(mean[0]) / std::max(Median(mean[1]), 1e-9), Median(mx[0]) / std::max(Median(mx[1]), 1e-9));
+  std::printf("  the real rank ends at %.3f ms both ways: %s\n", end[0] / 1e6, end[0] == end[1] ? "same" : "DIFFERENT");
+  return end[0] == end[1] ? 0 : 1;
+}

@@ -1,0 +1,156 @@
+#include "coordinator/graph_closed_loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+
+#include "prism/ipc.h"
+
+namespace prism::coord {
+
+constexpr int64_t kT0 = kClosedLoopT0;
+
+namespace {
+
+uint32_t IpcOp(const trace::Node& n) {
+  if (n.kind == trace::NodeKind::kColl) return static_cast<uint32_t>(n.op);
+  return 100 + static_cast<uint32_t>(n.kind);
+}
+
+
+// The iteration repetitions start from (GraphRelease's rule): the second when the graph starts at iteration 0.
+uint32_t SteadyIter(const trace::Trace& t) {
+  std::set<uint32_t> iters;
+  for (const auto& c : t.classes)
+    for (const auto& s : c.streams)
+      for (const auto& n : s.nodes) iters.insert(n.iter);
+  if (iters.size() >= 2 && *iters.begin() == 0) return *std::next(iters.begin());
+  return iters.empty() ? 0 : *iters.begin();
+}
+
+}  // namespace
+
+// Plays `real` through `reps` repetitions of its class against GraphRelease, as the live rank would: communication
+// nodes take what GraphRelease decides; their per-communicator sequence is their issue order (node id order within
+// the slot), as libprism counts them; repetitions after the first skip the set-up iteration (the job does not
+// repeat it).
+LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& opt) {
+  const uint32_t reps = opt.reps;
+  GraphRelease gr(t, {real});
+  LoopResult out;
+  if (!gr.SetStragglers(opt.stragglers, &out.error)) return out;
+  const trace::RoleClass& rc = t.classes[t.ranks[real].cls];
+  const uint32_t steady = SteadyIter(t);
+  std::map<uint32_t, uint32_t> iter_of;
+  std::map<uint32_t, std::vector<uint32_t>> slot_ids;
+  for (const auto& s : rc.streams)
+    for (const auto& n : s.nodes) {
+      iter_of[n.id] = n.iter;
+      if (n.kind != trace::NodeKind::kCompute) slot_ids[n.comm_slot].push_back(n.id);
+    }
+  std::map<uint32_t, uint64_t> seq_in_slot, slot_start;
+  for (auto& [slot, ids] : slot_ids) {
+    std::sort(ids.begin(), ids.end());
+    uint64_t start = ids.size();
+    for (size_t k = 0; k < ids.size(); ++k) {
+      seq_in_slot[ids[k]] = k;
+      if (start == ids.size() && iter_of[ids[k]] >= steady) start = k;
+    }
+    slot_start[slot] = start == ids.size() ? 0 : start;
+  }
+  // The coordinator's view of each communicator: members, and how many with the same members came before it.
+  std::vector<CommView> views(rc.comm_slots.size());
+  for (uint32_t s = 0; s < rc.comm_slots.size(); ++s) {
+    const uint32_t cid = t.ranks[real].comms[s];
+    for (size_t g = 0; g < t.comms.size(); ++g) {
+      if (t.comms[g].id != cid) continue;
+      views[s] = CommView{s + 1, "slot" + std::to_string(s), {t.comms[g].ranks.begin(), t.comms[g].ranks.end()}, {real}};
+      std::vector<int32_t> mine = t.comms[g].ranks;
+      std::sort(mine.begin(), mine.end());
+      for (size_t o = 0; o < g; ++o) {
+        std::vector<int32_t> other = t.comms[o].ranks;
+        std::sort(other.begin(), other.end());
+        if (other == mine) ++views[s].member_twin;
+      }
+    }
+  }
+  struct Cursor {
+    uint32_t rep = 0, idx = 0, first_steady = 0;
+    int64_t free = kT0;
+  };
+  std::vector<Cursor> cur(rc.streams.size());
+  for (size_t s = 0; s < rc.streams.size(); ++s) {
+    const auto& nodes = rc.streams[s].nodes;
+    uint32_t k = 0;
+    while (k < nodes.size() && nodes[k].iter < steady) ++k;
+    cur[s].first_steady = k < nodes.size() ? k : 0;
+  }
+  std::map<std::pair<uint32_t, uint32_t>, int64_t> finish;  // (rep, node id) -> ns
+  out.rep_end_ns.assign(reps, 0);
+  for (;;) {
+    int best = -1;
+    int64_t best_start = 0;
+    for (size_t s = 0; s < rc.streams.size(); ++s) {
+      const auto& nodes = rc.streams[s].nodes;
+      if (nodes.empty() || cur[s].rep >= reps) continue;
+      const trace::Node& n = nodes[cur[s].idx];
+      int64_t start = cur[s].free;
+      bool ready = true;
+      for (uint32_t a : n.after) {
+        if (cur[s].rep > 0 && iter_of[a] < steady) continue;
+        auto it = finish.find({cur[s].rep, a});
+        if (it == finish.end()) {
+          ready = false;
+          break;
+        }
+        start = std::max(start, it->second);
+      }
+      if (ready && (best < 0 || start < best_start)) {
+        best = static_cast<int>(s);
+        best_start = start;
+      }
+    }
+    if (best < 0) break;
+    Cursor& c = cur[static_cast<size_t>(best)];
+    const auto& nodes = rc.streams[static_cast<size_t>(best)].nodes;
+    const trace::Node& n = nodes[c.idx];
+    int64_t end = best_start;
+    if (n.kind == trace::NodeKind::kCompute) {
+      end += static_cast<int64_t>(n.dur_us * 1000.0);
+    } else {
+      const uint64_t k = slot_ids[n.comm_slot].size(), start = slot_start[n.comm_slot];
+      const uint64_t seq = c.rep == 0 ? seq_in_slot[n.id] : k + (c.rep - 1) * (k - start) + (seq_in_slot[n.id] - start);
+      Arrival a{real, ipc::OpArrive{views[n.comm_slot].comm_id, IpcOp(n), seq, n.bytes,
+                                    static_cast<uint64_t>(best_start), 0, n.peer, 0}};
+      const auto t0 = std::chrono::steady_clock::now();
+      ReleaseDecision d = gr.Decide(views[n.comm_slot], seq, {&a, 1});
+      out.decide_ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                                   t0).count());
+      out.decide_rep.push_back(c.rep);
+      end = std::max(best_start, static_cast<int64_t>(d.release_ns));
+      out.decisions.push_back(d.release_ns);
+      // The coordinator's event loop calls Idle while the real rank computes (here: until nothing is left).
+      if (opt.idle)
+        while (gr.Idle(1'000'000'000)) {
+        }
+    }
+    finish[{c.rep, n.id}] = end;
+    if (std::getenv("CLOSED_LOOP_DEBUG"))
+      std::printf("LOOP %d rep %u node %u %s start %.3f end %.3f\n", best, c.rep, n.id,
+                  std::string(trace::ToString(n.kind)).c_str(), (best_start - kT0) / 1e6, (end - kT0) / 1e6);
+    out.rep_end_ns[c.rep] = std::max(out.rep_end_ns[c.rep], end - kT0);
+    out.end_ns = std::max(out.end_ns, end - kT0);
+    c.free = end;
+    if (++c.idx == nodes.size()) {
+      c.idx = c.first_steady;
+      ++c.rep;
+    }
+  }
+  out.stats = gr.stats();
+  return out;
+}
+
+}  // namespace prism::coord

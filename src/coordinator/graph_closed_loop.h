@@ -1,0 +1,40 @@
+// GraphRelease in closed loop, without a GPU: one rank of a graph plays the real rank (its own compute durations,
+// its streams in time order, every communication released by GraphRelease as the coordinator would), every other
+// rank virtual. With exact durations the real rank finishes where the replay engine says (tests/unit/
+// graph_closed_loop_test.cc); bench/graph_release_bench.cc times the decisions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "coordinator/graph_release.h"
+
+namespace prism::coord {
+
+// Graph time 0 on the loop's "wall clock" (ns).
+constexpr int64_t kClosedLoopT0 = 1'000'000'000'000;
+
+struct ClosedLoopOptions {
+  uint32_t reps = 1;                                    // repetitions of the real rank's class
+  std::vector<std::pair<int32_t, double>> stragglers;  // GraphRelease::SetStragglers
+  bool idle = false;  // call GraphRelease::Idle after each decision until nothing is left (the coordinator's loop)
+};
+
+struct LoopResult {
+  std::string error;                 // SetStragglers refused
+  int64_t end_ns = 0;                // when the real rank's last node finished, relative to kClosedLoopT0
+  std::vector<int64_t> rep_end_ns;   // per repetition: when its last node finished, relative to kClosedLoopT0
+  std::vector<uint64_t> decisions;   // every release GraphRelease decided, in order
+  std::vector<int64_t> decide_ns;    // how long each Decide call took (host time)
+  std::vector<uint32_t> decide_rep;  // the repetition each decision belongs to
+  GraphRelease::Stats stats;
+};
+
+// Plays `real` through opt.reps repetitions of its class against GraphRelease, as the live rank would:
+// communication nodes take what GraphRelease decides; their per-communicator sequence is their issue order (node id
+// order within the slot), as libprism counts them; repetitions after the first skip the set-up iteration.
+LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& opt);
+
+}  // namespace prism::coord
