@@ -136,6 +136,98 @@ TEST(ShimCoord, TwoRealMembersAreReleasedByTheCoordinator) {
   SetGpuForTest(nullptr);
 }
 
+// The coordinator's release time comes back after it has passed (its decision took 5 ms): the gate opens at once,
+// and the op line carries the decided release_ns and, in opened_ns, when the gate actually opened (docs/fill.md,
+// "Coordinator latency").
+TEST(ShimCoord, LateReleaseLogsWhenTheGateOpened) {
+  std::string path = "/tmp/prism_coord_late_" + std::to_string(getpid()) + ".sock";
+  int lfd = ListenUnix(path);
+  ASSERT_GE(lfd, 0) << path;
+  std::thread server([&] {
+    int fd = accept(lfd, nullptr, nullptr);
+    std::string err;
+    for (;;) {
+      ipc::Frame f;
+      if (ipc::RecvFrame(fd, &f, 5000, &err) != ipc::IoStatus::kOk) break;
+      if (f.type == ipc::MsgType::kCommInit) {
+        nlohmann::json j = nlohmann::json::parse(f.payload);
+        nlohmann::json r = {{"key", j.at("key")}, {"comm_id", 4}, {"members", {0, 1}}, {"real", {true, true}}};
+        std::string s = r.dump();
+        ipc::SendFrame(fd, ipc::MsgType::kCommInfo, s.data(), s.size(), &err);
+      } else if (f.type == ipc::MsgType::kOpArrive) {
+        ipc::OpArrive a{};
+        ASSERT_TRUE(ipc::DecodePod(f, &a));
+        usleep(5000);  // the decision's latency
+        ipc::OpRelease rel{};
+        rel.comm_id = a.comm_id;
+        rel.seq = a.seq;
+        rel.release_ns = a.arrival_ns + 1000;  // 1 us after the arrival: long past when it arrives
+        rel.last_rank = 1;
+        ipc::SendFrame(fd, ipc::MsgType::kOpRelease, &rel, sizeof(rel), &err);
+      } else if (f.type == ipc::MsgType::kOpRecord) {
+        break;
+      }
+    }
+    usleep(100000);
+    close(fd);
+  });
+
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  auto dir = std::filesystem::temp_directory_path() / ("prism_coord_late_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  Config c;
+  c.rank = 0;
+  c.world_size = 2;
+  c.real_ranks = {0, 1};
+  c.fixed_dur_us = 1;
+  c.coord_socket = path;
+  c.exchange = false;
+  c.out_dir = dir.string();
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  CoordResetForTest();
+  ncclUniqueId id;
+  GetUniqueId(&id);
+  InitArgs a;
+  a.nranks = 2;
+  a.rank = 0;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  ASSERT_TRUE(comm->use_coordinator);
+  std::vector<float> buf(16);
+  OpCall call;
+  call.op = payload::OpKind::kAllReduce;
+  call.comm = comm;
+  call.count = buf.size();
+  call.send = buf.data();
+  call.recv = buf.data();
+  ASSERT_EQ(Submit(call), ncclSuccess);
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  usleep(300000);  // the writer flushes every 200 ms
+  EventLogStop();
+  server.join();
+  close(lfd);
+  unlink(path.c_str());
+  SetGpuForTest(nullptr);
+
+  std::ifstream in(EventLogPath());
+  std::string line;
+  int ops = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") != "op") continue;
+    ++ops;
+    ASSERT_TRUE(j.contains("opened_ns")) << line;
+    const uint64_t release = j.at("release_ns").get<uint64_t>(), opened = j.at("opened_ns").get<uint64_t>();
+    EXPECT_EQ(release, j.at("arrival_ns").get<uint64_t>() + 1000) << "the logged release is the decided one";
+    EXPECT_GE(opened, release + 5000000) << "the gate opened after the 5 ms decision: " << line;
+  }
+  EXPECT_EQ(ops, 1);
+  std::filesystem::remove_all(dir);
+}
+
 // Real data between real members: the shim sends its input (kOpData), writes the coordinator's result (kOpResult)
 // into the receive buffer instead of the mirror rule; a send to a real peer posts its bytes and waits for the
 // acknowledgement, a receive from it asks. In a group every operation is posted before any waits.

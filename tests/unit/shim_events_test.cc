@@ -95,6 +95,10 @@ TEST(ShimEvents, FileHasEveryKindOfLine) {
   EXPECT_EQ(op.at("model_dur_ns"), 500000);
   EXPECT_EQ(op.at("cost"), "fixed");
   EXPECT_FALSE(op.contains("gate_open_ns")) << "only with PRISM_GATE_OPEN_STAMPS=1";
+  // Always: when the gate opened (GPU clock), at or after the release (on time here: within the thread's jitter).
+  ASSERT_TRUE(op.contains("opened_ns"));
+  EXPECT_GE(op.at("opened_ns").get<uint64_t>(), op.at("release_ns").get<uint64_t>());
+  EXPECT_LT(op.at("opened_ns").get<uint64_t>(), op.at("release_ns").get<uint64_t>() + 100000000u);
   ASSERT_EQ(by_type["iter"].size(), 1u);
   EXPECT_EQ(by_type["iter"][0].at("torch_max_allocated"), 12345);
   EXPECT_EQ(by_type["iter"][0].at("clock"), "gpu");
@@ -153,6 +157,7 @@ TEST(ShimEvents, GateOpenStampsAreLoggedWithTheirUnit) {
     EXPECT_GT(j.at("gate_open_ns").get<uint64_t>(), 0u);
     // The written time is on the GPU clock, at or after the release target less the release latency.
     EXPECT_GE(j.at("gate_written_ns").get<uint64_t>() + 1000000, j.at("release_ns").get<uint64_t>()) << line;
+    EXPECT_GE(j.at("opened_ns").get<uint64_t>(), j.at("gate_written_ns").get<uint64_t>()) << line;
   }
   EXPECT_EQ(ops, 3);
   std::filesystem::remove_all(dir);

@@ -100,9 +100,12 @@ bool ReadUnitOps(const OpEvent& e, UnitOpEvent* out) {
 }
 
 void WriteOp(FILE* f, const OpEvent& e) {
-  char gate[96] = "";
-  if (e.gate_open_ns != 0) {
-    std::snprintf(gate, sizeof gate, ",\"gate_written_ns\":%llu,\"gate_open_ns\":%llu",
+  char gate[128] = "";
+  int at = 0;
+  if (e.opened_ns != 0)
+    at = std::snprintf(gate, sizeof gate, ",\"opened_ns\":%llu", static_cast<unsigned long long>(e.opened_ns));
+  if (e.gate_open_ns != 0 && at >= 0 && static_cast<size_t>(at) < sizeof gate) {
+    std::snprintf(gate + at, sizeof gate - static_cast<size_t>(at), ",\"gate_written_ns\":%llu,\"gate_open_ns\":%llu",
                   static_cast<unsigned long long>(e.gate_written_ns), static_cast<unsigned long long>(e.gate_open_ns));
   }
   std::fprintf(f,

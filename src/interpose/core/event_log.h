@@ -49,6 +49,10 @@ struct OpEvent {
   uint64_t release_ns = 0;
   uint64_t model_dur_ns = 0;
   int32_t wait_on_rank = -1;
+  // A gated unit: when its gate opened, on the GPU clock: the host time the progress thread wrote the gate word
+  // plus the gate's release latency (when the stream is to pass it). Later than release_ns when the release came
+  // late (the coordinator's decision under --graph); 0 for a unit without a gate (not written).
+  uint64_t opened_ns = 0;
   // PRISM_GATE_OPEN_STAMPS=1 (gate diagnosis, docs/libprism.md): when the progress thread wrote the gate word, on
   // the GPU clock, and when the stream passed the gate (a stamp after it); 0 otherwise.
   uint64_t gate_written_ns = 0;

@@ -108,20 +108,30 @@ void SleepNs(int64_t ns) {
   nanosleep(&ts, nullptr);
 }
 
-void Release(State& s, Pending& p) {
+// Opens the unit's gate and logs it (or hands it to PollOpening). Returns the host time it read when it wrote the
+// gate word (the loop's new "now": the one clock read per unit that opened_ns costs).
+uint64_t Release(State& s, Pending& p) {
   if (!p.u.no_gate) __atomic_store_n(TheGpu().GateWord(p.u.slot), p.u.ticket, __ATOMIC_RELEASE);
+  const uint64_t now_host = HostNowNs();
+  if (!p.u.no_gate) {
+    // Why the GPU clock: release_ns and arrival_ns are on it (and the open stamp), so they compare without a
+    // conversion error. opened_ns adds the gate's release latency: the word is written that much before the stream
+    // is to pass it, so a gate opened on time logs opened_ns = release_ns (plus the thread's jitter) and one the
+    // coordinator decided late logs how late.
+    const int64_t written = static_cast<int64_t>(now_host) + TheGpu().Calibration().gpu_minus_host_ns;
+    p.u.event.opened_ns = static_cast<uint64_t>(written + p.u.release_lat_ns);
+    if (p.u.open_slot != UINT32_MAX) p.u.event.gate_written_ns = static_cast<uint64_t>(written);
+  }
   if (p.u.open_slot != UINT32_MAX && !p.u.no_gate) {
-    // Why the GPU clock: the open stamp is on it, so written and open compare without a conversion error.
-    p.u.event.gate_written_ns =
-        static_cast<uint64_t>(static_cast<int64_t>(HostNowNs()) + TheGpu().Calibration().gpu_minus_host_ns);
     try {
       s.opening.push_back(p.u);
-      return;  // logged (and counted released) when the stream passed the gate
+      return now_host;  // logged (and counted released) when the stream passed the gate
     } catch (...) {
     }
   }
   LogOp(p.u.event);
   s.released.fetch_add(1, std::memory_order_release);
+  return now_host;
 }
 
 // Logs the released units whose gate-open stamp landed. Returns whether some are still waiting.
@@ -210,9 +220,8 @@ void Loop() {
         const int64_t target_host = static_cast<int64_t>(p.u.event.release_ns) - cal.gpu_minus_host_ns - lat;
         const int64_t wait = target_host - static_cast<int64_t>(now_host);
         if (wait <= 0) {
-          Release(s, p);
+          now_host = Release(s, p);
           s.pending[i] = s.pending[--s.npending];
-          now_host = HostNowNs();
           continue;
         }
         min_wait = std::min(min_wait, wait);
