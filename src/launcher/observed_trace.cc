@@ -149,6 +149,13 @@ struct Piece {
   int32_t root = -1;
 };
 
+// Where a unit ends on its stream: its release, or when its gate opened if that was later (the release time came
+// late: the coordinator's decision under --graph), never before its arrival. That lateness is the communication
+// node's, not the next compute node's.
+int64_t UnitEnd(const ObservedOp& op) {
+  return std::max({op.release_ns, op.arrival_ns, op.opened_ns});
+}
+
 struct Unit {
   const ObservedOp* op = nullptr;
   int64_t iter = 0;
@@ -927,8 +934,12 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
       close_through(u.iter);
       UnitNodes un;
       un.arrival = u.op->arrival_ns;
-      un.release = std::max(u.op->release_ns, u.op->arrival_ns);
+      un.release = UnitEnd(*u.op);
       if (have_t) compute(t, u.op->arrival_ns, u.iter, false);
+      if (u.op->opened_ns > 0) {
+        const int64_t late = u.op->opened_ns - std::max(u.op->release_ns, u.op->arrival_ns);
+        out_->coordinator_latency_ns[log.rank][u.iter] += std::max<int64_t>(0, late);
+      }
       un.gap = std::move(gap);
       gap.clear();
       for (size_t i = 0; i < un.gap.size(); ++i)
@@ -972,7 +983,7 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
         }
       }
       if (!joined.empty()) pending = std::move(joined);  // includes the old pending through the fork
-      t = std::max(u.op->release_ns, u.op->arrival_ns);
+      t = UnitEnd(*u.op);
       have_t = true;
       if (key.first == 0 && u.op->sseq >= 0) {
         for (uint32_t id = first_id; id < next_id; ++id) un.ids.push_back(id);
@@ -1208,6 +1219,7 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
     o.root = static_cast<int32_t>(Int(j, "root", -1));
     o.arrival_ns = Int(j, "arrival_ns", 0);
     o.release_ns = Int(j, "release_ns", 0);
+    o.opened_ns = Int(j, "opened_ns", 0);
     o.stream = static_cast<int32_t>(Int(j, "stream", -1));
     o.sseq = Int(j, "sseq", -1);
     o.passthrough = Int(j, "passthrough", 0) != 0;

@@ -4,7 +4,8 @@
 //
 // Per real rank and per CUDA stream (the op lines' "stream"; one stream when the shim did not write it): the
 // communication operations in stream order, with one compute node for every gap between two of them (its duration
-// the GPU time from the release of one to the arrival of the next, split at iteration marks), every collective
+// the GPU time from the end of one (its release, or its gate's opening when that came later: ObservedOp::opened_ns)
+// to the arrival of the next, split at iteration marks), every collective
 // and point-to-point operation (comm slot, op, bytes, dtype, root, peer), and iteration tags from the "iter"
 // lines. A fused unit (ncclGroup, "nops" > 1) becomes one node per operation: collectives one after the other,
 // point-to-point operations side by side on helper streams joined by `after` edges (they progress together in
@@ -54,6 +55,10 @@ struct ObservedOp {
   int32_t root = -1;
   int64_t arrival_ns = 0;
   int64_t release_ns = 0;
+  // When the gate opened (GPU clock); 0: not recorded (files before the field, units without a gate). Later than
+  // release_ns when the release time was decided after it had passed (the coordinator's decision latency): the
+  // unit then ends at opened_ns.
+  int64_t opened_ns = 0;
   int32_t stream = -1;  // -1: not recorded
   int64_t sseq = -1;    // position among the stream's units; -1: not recorded
   bool passthrough = false;  // ran on the real NCCL: arrival/release are GPU stamps around the real operation
@@ -137,6 +142,11 @@ struct ObservedTrace {
   size_t wait_edges = 0;           // "wait" lines turned into cross-stream `after` edges
   size_t recorded_comm = 0;        // comm nodes timed from passthrough operations (prism-run record)
   size_t waits_skipped = 0;        // "wait" lines naming a unit outside the kept iterations (or out of time order)
+  // Per rank whose nodes were used (class_ranks), per kept iteration: the time its gates opened after their release
+  // (op lines' opened_ns - max(release_ns, arrival_ns) where positive; mostly the coordinator's decision latency
+  // under --graph), counted in the communication nodes, not in the compute after them. Only ranks and iterations
+  // with op lines carrying opened_ns; empty for files written before the field.
+  std::map<int, std::map<int64_t, int64_t>> coordinator_latency_ns;
 };
 
 // Builds the observed trace from parsed logs (at most one per rank). nullopt with *error when the logs do not

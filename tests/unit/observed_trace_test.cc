@@ -52,6 +52,9 @@ struct JobOptions {
   bool passthrough = false;   // op lines carry "passthrough":1 (prism-run record)
   int64_t skew_us = 0;        // odd tensor-parallel ranks run this much later
   bool recv_first = false;    // stage 1 receives its activations before the iteration's broadcast (which waits for it)
+  int64_t tp_late_us = 0;     // tensor-parallel all-reduces' gates open this much after their release (the stream
+                              // runs on from there: the coordinator's decision came late)
+  bool opened_field = false;  // op lines carry "opened_ns" (libprism from 2026-11-30)
 };
 
 // Measured durations of the synthetic timeline (microseconds).
@@ -81,8 +84,10 @@ class RankWriter {
     if (o_.stream_field) j["stream"] = stream;
     if (o_.waits) j["sseq"] = sseq_[stream]++;
     if (o_.passthrough) j["passthrough"] = 1;
+    const int64_t late = comm == 0 && op == "allreduce" ? o_.tp_late_us * kUs : 0;
+    if (o_.opened_field) j["opened_ns"] = t_ + dur_us * kUs + late;
     seq_[comm] += nops;
-    t_ += dur_us * kUs;
+    t_ += dur_us * kUs + late;
     return j;
   }
   void Emit(const json& j) { lines_.push_back(j.dump()); }
@@ -479,6 +484,46 @@ TEST(ObservedTrace, PassthroughOperationsGiveMeasuredCommunicationTimes) {
   auto h = Build(o, ReplicaZero(8), &err);
   ASSERT_TRUE(h) << err;
   EXPECT_EQ(h->recorded_comm, 0u);
+}
+
+// A gate that opened 5 ms after its decided release (the coordinator's decision latency under --graph): with the op
+// lines' opened_ns the unit ends when its gate opened, so the compute after it stays what the GPU computed and the
+// latency is counted per rank and iteration; files without the field keep the old result (the 5 ms in the compute).
+TEST(ObservedTrace, GateOpenedAfterItsReleaseIsNotCompute) {
+  constexpr int64_t kLateUs = 5000;
+  std::string err;
+  ObservedTraceOptions opts;
+  opts.skip_iterations = 1;
+  for (bool field : {true, false}) {
+    SCOPED_TRACE(field ? "opened_ns" : "no opened_ns");
+    JobOptions o;
+    o.tp_late_us = kLateUs;
+    o.opened_field = field;
+    auto g = Build(o, ReplicaZero(8), &err, opts);
+    ASSERT_TRUE(g) << err;
+    EXPECT_TRUE(prism::replay::ValidateTrace(g->trace).empty());
+    const prism::trace::Stream* s0 = StreamNamed(g->trace.classes[0], "stream0");
+    ASSERT_NE(s0, nullptr);
+    ASSERT_GE(s0->nodes.size(), 7u);
+    const auto& n = s0->nodes;
+    ASSERT_EQ(n[2].op, prism::trace::CollOp::kAllReduce);
+    ASSERT_EQ(n[3].kind, NodeKind::kCompute);
+    ASSERT_EQ(n[4].op, prism::trace::CollOp::kAllReduce);
+    ASSERT_EQ(n[5].kind, NodeKind::kCompute);
+    const double extra = field ? 0 : kLateUs;
+    EXPECT_DOUBLE_EQ(n[1].dur_us, kFwdUs);  // before the first late gate: unchanged either way
+    EXPECT_DOUBLE_EQ(n[3].dur_us, kFwdUs + kSendUs + kRecvGradUs + kBwdUs + extra);
+    EXPECT_DOUBLE_EQ(n[5].dur_us, kDpUs + kOptUs + extra);
+    if (field) {
+      // Two late all-reduces per iteration on every rank whose nodes were used; iterations 1 and 2 kept.
+      ASSERT_EQ(g->coordinator_latency_ns.size(), 4u);
+      for (const auto& [rank, iters] : g->coordinator_latency_ns) {
+        EXPECT_EQ(iters, (std::map<int64_t, int64_t>{{1, 2 * kLateUs * kUs}, {2, 2 * kLateUs * kUs}})) << rank;
+      }
+    } else {
+      EXPECT_TRUE(g->coordinator_latency_ns.empty());
+    }
+  }
 }
 
 TEST(ObservedTrace, FusedSendRecvWithoutDetailIsSplitEvenly) {

@@ -1,4 +1,5 @@
 // prism-run graph build DIR: the observed PrismTrace of a run from its event files (src/launcher/observed_trace.h).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -134,6 +135,21 @@ int RunGraphBuild(const GraphBuildArgs& a) {
     std::printf("  iterations %s, %zu nodes, %zu communicators\n", iters.c_str(), g->nodes, t.comms.size());
     std::printf("  cross-stream waits %zu (from the event files' \"wait\" lines; %zu outside the kept iterations)\n",
                 g->wait_edges, g->waits_skipped);
+    if (!g->coordinator_latency_ns.empty()) {
+      // Why say it: the gates of these ranks opened after their decided release (the coordinator's decision came
+      // late); the graph keeps that time in the communication nodes, where it was spent, not in the compute.
+      std::string per;
+      for (const auto& [rank, iters] : g->coordinator_latency_ns) {
+        int64_t sum = 0;
+        for (const auto& [it, ns] : iters) sum += ns;
+        char b[96];
+        std::snprintf(b, sizeof b, "%srank %d %.3f ms", per.empty() ? "" : ", ", rank,
+                      static_cast<double>(sum) / 1e6 / static_cast<double>(std::max<size_t>(1, iters.size())));
+        per += b;
+      }
+      std::printf("  coordinator latency, mean per iteration (gates opened after their release; in the communication "
+                  "nodes, not the compute): %s\n", per.c_str());
+    }
     for (size_t c = 0; c < t.classes.size(); ++c) {
       const trace::RoleClass& cls = t.classes[c];
       size_t nodes = 0;
