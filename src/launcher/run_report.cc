@@ -50,27 +50,36 @@ double Median(std::vector<double> v) {
 
 namespace {
 
-// Per communicator description, the median over the rank's measured iterations (those with a duration after the
-// first mark, as for iteration_time_s) of the seconds waited in each (RankEvents::waits: an operation belongs to
-// the iteration in which it arrived).
-json WaitPerIteration(const RankEvents& e) {
-  json out = json::object();
-  std::vector<int64_t> measured;  // iterations with a duration, less the first mark's
+// The rank's measured iterations: those with a duration, less the first mark's.
+std::vector<int64_t> MeasuredIterations(const RankEvents& e) {
+  std::vector<int64_t> measured;
   bool first = true;
   for (const auto& [n, s] : e.iterations) {
     // Why the first entry never counts: Build leaves it out of iteration_time_s (warm-up, or no start mark).
     if (!first && s.dur_ns > 0) measured.push_back(n);
     first = false;
   }
-  if (measured.empty()) return out;
-  for (const auto& [desc, by_iter] : e.waits) {
-    std::vector<double> per;
-    for (int64_t n : measured) {
-      auto it = by_iter.find(n);
-      per.push_back(it == by_iter.end() ? 0.0 : it->second);
-    }
-    out[desc] = Median(per);
+  return measured;
+}
+
+// The median over `measured` of `by_iter` (iterations missing from it count 0).
+double MedianOver(const std::vector<int64_t>& measured, const std::map<int64_t, double>& by_iter) {
+  std::vector<double> per;
+  for (int64_t n : measured) {
+    auto it = by_iter.find(n);
+    per.push_back(it == by_iter.end() ? 0.0 : it->second);
   }
+  return Median(per);
+}
+
+// Per communicator description, the median over the rank's measured iterations (those with a duration after the
+// first mark, as for iteration_time_s) of the seconds waited in each (RankEvents::waits: an operation belongs to
+// the iteration in which it arrived).
+json WaitPerIteration(const RankEvents& e) {
+  json out = json::object();
+  const std::vector<int64_t> measured = MeasuredIterations(e);
+  if (measured.empty()) return out;
+  for (const auto& [desc, by_iter] : e.waits) out[desc] = MedianOver(measured, by_iter);
   return out;
 }
 
@@ -190,6 +199,10 @@ void RunReport::Feed(int r, const std::string& line) {
                                  [&](const RankEvents::PendingWait& p) { return p.arrival_ns > s.t_ns; });
       for (auto it = keep; it != e.pending_waits.end(); ++it) e.waits[it->desc][s.iteration] += it->seconds;
       e.pending_waits.erase(keep, e.pending_waits.end());
+      auto late = std::partition(e.pending_latency.begin(), e.pending_latency.end(),
+                                 [&](const RankEvents::PendingWait& p) { return p.arrival_ns > s.t_ns; });
+      for (auto it = late; it != e.pending_latency.end(); ++it) e.coordinator_latency[s.iteration] += it->seconds;
+      e.pending_latency.erase(late, e.pending_latency.end());
     }
   } else if (type == events::kMem || type == events::kBye) {
     e.peak_bytes = std::max(e.peak_bytes, GetInt(j, "peak_bytes"));
@@ -230,6 +243,18 @@ void RunReport::Feed(int r, const std::string& line) {
     }
     int64_t last = GetInt(j, "wait_on_rank");
     if (last >= 0 && wait > 0) e.wait_on_ranks[static_cast<int>(last)] += wait;
+    const int64_t opened = GetInt(j, "opened_ns", 0);
+    if (opened > 0) {
+      e.seen_opened = true;
+      const double late = std::max<int64_t>(0, opened - std::max(release, arrival)) * 1e-9;
+      if (late > 0) {
+        e.coordinator_latency_s += late;
+        auto m = std::lower_bound(e.mark_times.begin(), e.mark_times.end(), arrival,
+                                  [](const std::pair<int64_t, int64_t>& mt, int64_t v) { return mt.first < v; });
+        if (m != e.mark_times.end()) e.coordinator_latency[m->second] += late;
+        else e.pending_latency.push_back({arrival, late, std::string()});
+      }
+    }
     if (e.ops.size() < kMaxTraceOpsPerRank && release > arrival) {
       e.ops.push_back({{"name", GetStr(j, "op").empty() ? std::string("op") : GetStr(j, "op")},
                        {"cat", "comm"},
@@ -338,6 +363,12 @@ json RunReport::Build(double wall_s, const std::vector<std::string>& warnings, c
     }
     jr[std::string(report::kWait)] = wait;
     jr[std::string(report::kWaitPerIteration)] = WaitPerIteration(e);
+    if (e.seen_opened) {
+      const std::vector<int64_t> measured = MeasuredIterations(e);
+      jr[std::string(report::kCoordinatorLatency)] = e.coordinator_latency_s;
+      jr[std::string(report::kCoordinatorLatencyPerIteration)] =
+          measured.empty() ? json(nullptr) : json(MedianOver(measured, e.coordinator_latency));
+    }
     jr["comm_s"] = comm;
     jr["comm_ops"] = ops;
     json on = json::object();

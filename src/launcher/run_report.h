@@ -13,6 +13,9 @@
 //   comm_s[comm]                 time the rank's stream was held by that communicator's operations:
 //                                sum of (release - arrival).
 //   wait_on_ranks[r]             of wait_s, the part where global rank r arrived last.
+//   coordinator_latency_s        time the rank's gates opened after their decided release: sum of
+//                                (opened - max(release, arrival)), clamped at 0 (op lines with opened_ns only);
+//                                coordinator_latency_per_iteration_s: its median over measured iterations.
 //   peak_memory_bytes            the largest device footprint libprism saw (iter/mem/bye lines).
 //   torch_max_allocated_bytes    the largest torch.cuda.max_memory_allocated() the Python hook reported.
 #pragma once
@@ -67,6 +70,13 @@ struct RankEvents {
     std::string desc;
   };
   std::vector<PendingWait> pending_waits;
+  // Gates opened after their release (op lines' opened_ns - max(release_ns, arrival_ns), where positive: mostly the
+  // coordinator's decision latency under --graph): per iteration as `waits` (pending ones under desc ""), and in
+  // all. seen_opened: some op line carried opened_ns (files before the field: none, and the keys are left out).
+  std::map<int64_t, double> coordinator_latency;
+  std::vector<PendingWait> pending_latency;
+  double coordinator_latency_s = 0;
+  bool seen_opened = false;
   std::vector<nlohmann::json> ops;                // for trace.json (capped)
   std::vector<std::string> errors;                // "error" lines
   int malformed = 0;

@@ -141,6 +141,38 @@ TEST(RunReport, WaitPerIterationWithMarksReadLate) {
   EXPECT_NEAR(rep["ranks"][0]["wait_s"]["PP"].get<double>(), 0.005 + 0.010 + 0.020 + 0.010 + 0.030 + 0.090, 1e-9);
 }
 
+// Gates that opened after their decided release (op lines' opened_ns; the coordinator's decision latency under
+// --graph): counted per iteration as the waits are, reported only when the op lines carry the field.
+TEST(RunReport, CoordinatorLatencyFromOpenedStamps) {
+  auto opened = [](int64_t at_ms, int64_t held_ms, double late_ms) {
+    json j = json::parse(HeldOp(at_ms, held_ms));
+    j["opened_ns"] = (at_ms + held_ms) * 1000000 + static_cast<int64_t>(late_ms * 1e6);
+    return j.dump();
+  };
+  RunReport r("/nonexistent", 64, {0, 1});
+  r.Feed(0, R"({"type":"comm","comm_id":2,"desc":"PP","nranks":2,"rank":0})");
+  for (int i = 0; i <= 3; ++i) r.Feed(0, IterMark(i, 100 * i));
+  r.Feed(0, opened(10, 2, 5));     // iteration 1: 5 ms late
+  r.Feed(0, opened(20, 2, 0));     // on time
+  r.Feed(0, opened(150, 2, 1));    // iteration 2: 1 ms
+  r.Feed(0, opened(160, 2, 2));    // iteration 2: +2 ms -> 3 ms
+  r.Feed(0, opened(250, 2, -0.5)); // opened before its release (clock jitter): 0; iteration 3 waited 0
+  // Rank 1: files without the field.
+  r.Feed(1, R"({"type":"comm","comm_id":2,"desc":"PP","nranks":2,"rank":1})");
+  for (int i = 0; i <= 3; ++i) r.Feed(1, IterMark(i, 100 * i));
+  r.Feed(1, HeldOp(10, 2));
+  json rep = r.Build(1.0, {}, json::object());
+  const json& r0 = rep["ranks"][0];
+  ASSERT_TRUE(r0.contains("coordinator_latency_s")) << r0.dump();
+  EXPECT_NEAR(r0["coordinator_latency_s"].get<double>(), 0.008, 1e-9);
+  // Per iteration 5, 3, 0 ms: median 3 ms.
+  EXPECT_NEAR(r0["coordinator_latency_per_iteration_s"].get<double>(), 0.003, 1e-9);
+  EXPECT_NEAR(r0["wait_s"]["PP"].get<double>(), 5 * 0.001, 1e-9) << "wait_s unchanged: release - arrival - model";
+  const json& r1 = rep["ranks"][1];
+  EXPECT_FALSE(r1.contains("coordinator_latency_s")) << r1.dump();
+  EXPECT_FALSE(r1.contains("coordinator_latency_per_iteration_s")) << r1.dump();
+}
+
 // The launcher's aggregation of event lines.
 TEST(RunReport, AggregatesEvents) {
   RunReport r("/nonexistent", 64, {0, 63});
