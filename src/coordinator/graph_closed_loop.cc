@@ -133,9 +133,16 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
       end = std::max(best_start, static_cast<int64_t>(d.release_ns));
       out.decisions.push_back(d.release_ns);
       // The coordinator's event loop calls Idle while the real rank computes (here: until nothing is left).
-      if (opt.idle)
-        while (gr.Idle(1'000'000'000)) {
+      // The coordinator's event loop calls Idle in slices while the real rank computes; a message that arrives
+      // meanwhile waits for the slice to end, so the longest slice is the latency Idle can add.
+      if (opt.idle) {
+        for (bool more = true; more;) {
+          const auto i0 = std::chrono::steady_clock::now();
+          more = gr.Idle(opt.idle_slice_ns);
+          out.idle_slice_ns.push_back(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - i0).count());
         }
+      }
     }
     finish[{c.rep, n.id}] = end;
     if (std::getenv("CLOSED_LOOP_DEBUG"))

@@ -20,6 +20,7 @@ struct ClosedLoopOptions {
   uint32_t reps = 1;                                    // repetitions of the real rank's class
   std::vector<std::pair<int32_t, double>> stragglers;  // GraphRelease::SetStragglers
   bool idle = false;  // call GraphRelease::Idle after each decision until nothing is left (the coordinator's loop)
+  int64_t idle_slice_ns = 200'000;  // the budget of each Idle call (the coordinator's)
 };
 
 struct LoopResult {
@@ -29,6 +30,7 @@ struct LoopResult {
   std::vector<uint64_t> decisions;   // every release GraphRelease decided, in order
   std::vector<int64_t> decide_ns;    // how long each Decide call took (host time)
   std::vector<uint32_t> decide_rep;  // the repetition each decision belongs to
+  std::vector<int64_t> idle_slice_ns;  // how long each Idle call took (with opt.idle)
   GraphRelease::Stats stats;
 };
 

@@ -11,6 +11,9 @@
 namespace prism::coord {
 namespace {
 
+// Nodes a virtual rank advances per step of Idle (~1 us each).
+constexpr uint64_t kIdleSteps = 64;
+
 int64_t UsToNs(double us) { return us > 0 ? static_cast<int64_t>(std::llround(us * 1000.0)) : 0; }
 
 // The kOpArrive `op` a graph node stands for (ipc.h: CollOp, or 100 + NodeKind for p2p).
@@ -386,8 +389,9 @@ void GraphRelease::QueuePartners(const Inst& inst) {
     if (p.rank != inst.rank) Queue(p.rank);
 }
 
-void GraphRelease::Advance(int v) {
+bool GraphRelease::Advance(int v, uint64_t max_steps) {
   const trace::RoleClass& rc = trace_.classes[trace_.ranks[v].cls];
+  uint64_t steps = 0;
   // Why until no stream moves: a stream's node may wait (`after`) on another stream of the same rank.
   for (bool progress = true; progress;) {
     progress = false;
@@ -398,6 +402,7 @@ void GraphRelease::Advance(int v) {
       // Why a bound: a virtual rank that waits on no real rank would otherwise run through endless repetitions;
       // one repetition ahead of the furthest real rank is all a decision can need.
       while (rep <= bound_) {
+        if (steps >= max_steps) return true;
         const trace::Node& n = nodes[idx];
         Inst inst{v, rep, n.id};
         int64_t start = anchor_ns_;
@@ -428,6 +433,7 @@ void GraphRelease::Advance(int v) {
         }
         finish_[inst] = end;
         progress = true;
+        ++steps;
         if (++idx == nodes.size()) {
           idx = classes_[trace_.ranks[v].cls].stream_steady[s];
           ++rep;
@@ -435,6 +441,7 @@ void GraphRelease::Advance(int v) {
       }
     }
   }
+  return false;
 }
 
 void GraphRelease::Pump() {
@@ -572,7 +579,9 @@ bool GraphRelease::Idle(int64_t budget_ns) {
     const int v = work_.back();
     work_.pop_back();
     queued_[v] = 0;
-    Advance(v);
+    // Why a step limit: one rank's whole repetition can take milliseconds, and a message that arrives meanwhile
+    // waits for it (the coordinator's loop is single-threaded).
+    if (Advance(v, kIdleSteps)) Queue(v);
     ++stats_.idle_steps;
     if (std::chrono::steady_clock::now() >= until) break;
   }

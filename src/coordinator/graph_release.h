@@ -105,8 +105,9 @@ class GraphRelease : public ReleasePolicy {
   void Queue(int rank);
   // Queues the virtual ranks that take part with `inst` (their completion waits on its arrival).
   void QueuePartners(const Inst& inst);
-  // Runs virtual rank `v`'s streams until none moves; queues the partners of every arrival it posts.
-  void Advance(int v);
+  // Runs virtual rank `v`'s streams until none moves, or for at most `max_steps` nodes (then true: more may
+  // follow); queues the partners of every arrival it posts.
+  bool Advance(int v, uint64_t max_steps = UINT64_MAX);
   // Records that `inst` was posted at `at` (virtual: the first time only; real: as reported) and queues the virtual
   // ranks that may move now: a collective's members once its last member arrived, a p2p partner at once.
   void NoteArrival(const Inst& inst, int64_t at, bool overwrite);
