@@ -135,6 +135,34 @@ megatron_fill_contrast() {
   fi
   return $ok
 }
+# moe (issue 7, --real-routing): a tiny MoE GPT (4 experts, top-2, all-to-all dispatch), world 16 (2 x 8), tp 1,
+# pp 2, ep 2, collected twice on the one GPU: without --real-routing (replica 0: ranks 0 and 8; the graph's ep-1
+# classes borrow the ep-0 ranks' nodes, EP symmetry assumed) and with it (ranks 0, 1, 8, 9: every class its own). Both
+# must write observed.prism with 4 classes and simulate it; the detail has the real ranks, the borrowed classes and
+# both simulated iteration times.
+megatron_moe_collect() {
+  local name=megatron_w16_moe_collect ok=0 mode
+  local -a job=(torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_TINY_ARGS[@]}"
+    --num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --swiglu
+    --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2
+    --global-batch-size 16 --train-iters "${MOE_ITERS:-5}")
+  : > "$out/$name.detail"
+  for mode in plain routing; do
+    local dir=$out/${name}_$mode
+    local -a extra=(); [ "$mode" = routing ] && extra=(--real-routing)
+    (cd "$MEGATRON" && timeout -s INT -k 20 "${MEGATRON_TIMEOUT:-300}" "$PRISM_RUN" collect --out "$dir" "${extra[@]}" \
+       "${job[@]}") > "$out/$name.$mode.out" 2>&1 || { echo "$mode: collect exit $?" >> "$out/$name.detail"; ok=1; continue; }
+    if [ ! -f "$dir/observed.prism" ]; then
+      echo "$mode: no observed.prism ($(grep -h 'observed' "$out/$name.$mode.out" | tail -1))" >> "$out/$name.detail"; ok=1; continue
+    fi
+    "$PRISM_RUN" simulate "$dir/observed.prism" --out "$dir/simulate" > "$out/$name.$mode.simulate.log" 2>&1 \
+      || { echo "$mode: simulate failed" >> "$out/$name.detail"; ok=1; continue; }
+    echo "$mode: $(json_get "$dir/report.json" '"ranks %s, %s iterations, %.1f ms/iteration" % ([x["rank"] for x in r["ranks"]], r["iterations"], 1e3 * (r["iteration_time_s"] or 0))');" \
+      "$(grep -h 'observed graph\|mirrored\|borrow' "$out/$name.$mode.out" | grep -v '^\[' | tail -2 | tr '\n' ' ')" \
+      "simulate $(json_get "$dir/simulate/report.json" '"%.2f ms" % (1e3 * r["iteration_time_s"])' 2>/dev/null)" >> "$out/$name.detail"
+  done
+  return $ok
+}
 megatron_fill_contrast_case() { megatron_fill_contrast > "$out/megatron_${shape_tag}_fill_contrast.detail"; }
 megatron_cases=${MEGATRON_CASES:-w64r0 w64r63 w64r01 w1024r0 mem}
 for c in $megatron_cases; do
@@ -146,6 +174,7 @@ for c in $megatron_cases; do
     collect) fill_shape && check "megatron_${shape_tag}_collect" megatron_collect ;;
     fill) fill_shape && check "megatron_${shape_tag}_fill" megatron_fill ;;
     contrast) fill_shape && check "megatron_${shape_tag}_fill_contrast" megatron_fill_contrast_case ;;
+    moe) check megatron_w16_moe_collect megatron_moe_collect ;;
     ops1024) check torch_ops_prism_w1024_rank5 ops_prism torch_ops_prism_w1024_rank5 128 ;;
     ops8192) check torch_ops_prism_w8192_rank5 ops_prism torch_ops_prism_w8192_rank5 1024 ;;
     w64r63rec) PRISM_ARGS="--payload recorded --payload-dir $out/megatron_w64_collect" \
