@@ -87,6 +87,8 @@ std::optional<RankGraphComparison> CompareWithGraph(int rank, const std::vector<
     if (!p.steady) continue;
     se.push_back(p.emulated_s);
     ss.push_back(p.simulated_s);
+    c.steady_emulated_total_s += p.emulated_s;
+    c.steady_simulated_total_s += p.simulated_s;
     abs_sum += std::fabs(ErrPct(p.emulated_s, p.simulated_s));
   }
   c.steady_count = static_cast<int>(se.size());
@@ -95,6 +97,7 @@ std::optional<RankGraphComparison> CompareWithGraph(int rank, const std::vector<
     c.steady_emulated_median_s = Median(std::move(se));
     c.steady_simulated_median_s = Median(std::move(ss));
     c.steady_median_error_pct = ErrPct(c.steady_emulated_median_s, c.steady_simulated_median_s);
+    c.steady_total_error_pct = ErrPct(c.steady_emulated_total_s, c.steady_simulated_total_s);
   }
   return c;
 }
@@ -188,16 +191,18 @@ nlohmann::json ToJson(const RankGraphComparison& c) {
           {"steady_iterations", c.steady_count},
           {"steady_mean_abs_error_pct", c.steady_mean_abs_error_pct},
           {"steady_median_error_pct", c.steady_median_error_pct},
+          {"steady_total_error_pct", c.steady_total_error_pct},
           {"iterations", std::move(it)}};
 }
 
 std::string Describe(const RankGraphComparison& c) {
-  char buf[320];
+  char buf[400];
   std::snprintf(buf, sizeof buf,
                 "rank %d: emulated vs simulate(graph): median error %+.2f %% over %zu iterations; steady (%d): mean "
-                "|error| %.2f %%, median %.1f vs %.1f ms (%+.2f %%)",
+                "|error| %.2f %%, median %.1f vs %.1f ms (%+.2f %%), total %.1f vs %.1f ms (%+.2f %%)",
                 c.rank, c.median_error_pct, c.pairs.size(), c.steady_count, c.steady_mean_abs_error_pct,
-                c.steady_emulated_median_s * 1e3, c.steady_simulated_median_s * 1e3, c.steady_median_error_pct);
+                c.steady_emulated_median_s * 1e3, c.steady_simulated_median_s * 1e3, c.steady_median_error_pct,
+                c.steady_emulated_total_s * 1e3, c.steady_simulated_total_s * 1e3, c.steady_total_error_pct);
   return buf;
 }
 

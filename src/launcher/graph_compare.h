@@ -36,6 +36,11 @@ struct RankGraphComparison {
   double steady_mean_abs_error_pct = 0;
   double steady_emulated_median_s = 0, steady_simulated_median_s = 0;  // over the steady pairs
   double steady_median_error_pct = 0;  // the first against the second
+  // The steady iterations' total time, emulated against simulated: what the run took for them. Why besides the
+  // medians: with few iterations of a bimodal spread the medians can land on different modes (the 2026-11-30 GPU
+  // run: +10.6 % between medians, +3.4 % in total, +0.2 % median per-iteration error).
+  double steady_emulated_total_s = 0, steady_simulated_total_s = 0;
+  double steady_total_error_pct = 0;
 };
 
 // emulated: the run's per-iteration times of one rank (index = iteration number; null or <= 0 = not measured).
