@@ -92,7 +92,9 @@ ops_prism() {  # NAME NNODES
 # then rank 0 with the mirror policy and no graph (which cannot see the pipeline bubble), and rank 0 with
 # FILL_WHATIF (default straggler=<rank 0's next-stage peer>:1.14) against `simulate --what-if` of the same graph.
 # The emulated iteration time and the pipeline wait per iteration (report.json wait_per_iteration_s): the bubble.
-pp_wait_expr='"emulated %.2f ms, pipeline wait %.2f ms/iter" % (1e3*(r["iteration_time_s"] or 0), 1e3*(r["ranks"][0].get("wait_per_iteration_s") or {}).get("PIPELINE_MODEL_PARALLEL_GROUP", 0))'
+# Also the coordinator's latency per iteration (gates opened after their decided release; libprism builds with
+# opened_ns, 5191761): "-" where the run's event lines do not carry it.
+pp_wait_expr='"emulated %.2f ms, pipeline wait %.2f ms/iter, coordinator latency %s ms/iter" % (1e3*(r["iteration_time_s"] or 0), 1e3*(r["ranks"][0].get("wait_per_iteration_s") or {}).get("PIPELINE_MODEL_PARALLEL_GROUP", 0), ("%.2f" % (1e3*r["ranks"][0]["coordinator_latency_per_iteration_s"])) if r["ranks"][0].get("coordinator_latency_per_iteration_s") is not None else "-")'
 megatron_fill() {
   fill_shape || return 1
   local name=megatron_${shape_tag}_fill dir=$out/megatron_${shape_tag}_fill col=$out/megatron_${shape_tag}_collect
