@@ -5,7 +5,8 @@
 // this host are not yet used for wider slices) while the coordinator replays every other rank from the graph as
 // filled so far (--graph, GraphRelease). After each slice the class's nodes are rebuilt from that run's event
 // file: compute gaps measured on the GPU between the slice's communication points, so time spent waiting for a
-// virtual peer lies inside the communication window, not in the compute nodes. Rounds repeat while `simulate`'s
+// virtual peer lies inside the communication window, not in the compute nodes; each compute node is then the median
+// over every slice that ran the class so far (launcher/fill_samples.h). Rounds repeat while `simulate`'s
 // iteration time moves by more than --tolerance percent (cross-slice calibration: each slice ran against its
 // neighbours' previous estimates). Output: OUT/filled.prism and OUT/fill.json.
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include "coordinator/world.h"
 #include "emulate_options.h"
+#include "launcher/fill_samples.h"
 #include "launcher/observed_trace.h"
 #include "prism/events.h"
 #include "prism/report.h"
@@ -162,13 +164,22 @@ int RunFill(const FillOptions& o, const std::vector<std::string>& command) {
   launcher::ObservedTraceOptions bo;
   bo.topology = o.topology;
   const fs::path current = out / "filled.prism";
-  auto rebuild = [&](std::string* err) -> std::optional<launcher::ObservedTrace> {
+  // Every slice of a class is a sample of its compute; the graph takes each compute node's median over the samples
+  // (launcher/fill_samples.h: the last slice alone keeps its noise). The collect's bare timings are no sample (its
+  // ranks shared the GPU and the host exchange).
+  launcher::FillSamples samples;
+  auto rebuild = [&](const std::vector<int>* ran, std::string* err) -> std::optional<launcher::ObservedTrace> {
     auto g = launcher::BuildObservedTrace(ev_dir.string(), *world, bo, err);
     if (!g) return std::nullopt;
+    if (ran) {
+      for (uint32_t c = 0; c < g->class_ranks.size(); ++c)
+        if (std::find(ran->begin(), ran->end(), g->class_ranks[c]) != ran->end()) samples.Add(g->trace, c);
+      samples.Apply(&g->trace);
+    }
     if (!replay::WriteTrace(g->trace, current.string(), err)) return std::nullopt;
     return g;
   };
-  auto g0 = rebuild(&error);
+  auto g0 = rebuild(nullptr, &error);
   if (!g0) return Fail("the collect run's graph: " + error, kExitBadInput);
   fs::copy_file(current, out / "bare.prism", fs::copy_options::overwrite_existing, ec);
   // Why each rank once: an expert-parallel class that had no real rank in the collect repeats the nodes of the rank
@@ -227,7 +238,7 @@ int RunFill(const FillOptions& o, const std::vector<std::string>& command) {
                       fs::copy_options::overwrite_existing, ec);
         if (ec) return Fail("rank " + std::to_string(r) + " wrote no event file in " + slice.string(), 1);
       }
-      if (!rebuild(&error)) return Fail("after the slice of " + what + ": " + error, 1);
+      if (!rebuild(&sl, &error)) return Fail("after the slice of " + what + ": " + error, 1);
     }
     last = SimulateIteration(current.string(), (out / ("sim-round" + std::to_string(round))).string(), o.topology, &error);
     if (last < 0) return Fail(error, 1);

@@ -1,0 +1,38 @@
+// The compute durations a fill has measured for each class, one sample per slice that ran a rank of the class, and
+// their per-node median (tools/prism-run/fill.cc; docs/fill.md "Rounds and noise").
+//
+// Why: the graph builder takes the waits on virtual peers out of a slice's compute (the release stamps), so every
+// slice of a class measures the same compute again, with the run-to-run noise of the machine (~5 % per iteration on
+// a launch-bound model); the last slice alone keeps that noise and the rounds never settle within --tolerance. The
+// median over the slices of a class keeps a slow outlier (a busy host) out as well.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "prism/trace.h"
+
+namespace prism::launcher {
+
+class FillSamples {
+ public:
+  // Adds class `cls` of `t` as a new sample. A class whose streams differ in shape from the earlier samples (other
+  // streams, other node counts, kinds or ids) starts over from this one. Out-of-range classes are ignored.
+  void Add(const trace::Trace& t, uint32_t cls);
+  // Sets every compute node's dur_us in `t` to the median of that node's samples (an even count: the mean of the two
+  // middle ones), for every class with a sample of the same shape; other nodes and classes stay as they are.
+  // Returns the number of classes changed.
+  size_t Apply(trace::Trace* t) const;
+  // The samples held for class `cls` (0 when none).
+  size_t Count(uint32_t cls) const;
+
+ private:
+  struct ClassSamples {
+    std::vector<std::vector<uint32_t>> shape;   // per stream: node ids
+    std::vector<std::vector<double>> samples;   // per sample: compute dur_us in stream order (all streams)
+  };
+  std::vector<ClassSamples> classes_;
+};
+
+}  // namespace prism::launcher

@@ -1,0 +1,86 @@
+#include "launcher/fill_samples.h"
+
+#include <gtest/gtest.h>
+
+namespace prism::launcher {
+namespace {
+
+using trace::NodeKind;
+
+// One class, two streams: compute, all-reduce, compute on the first; a compute on the second.
+trace::Trace OneClass(double a, double b, double c, uint32_t classes = 1) {
+  trace::Trace t;
+  t.world_size = 1;
+  for (uint32_t k = 0; k < classes; ++k) {
+    trace::RoleClass rc;
+    rc.comm_slots = {"tp"};
+    trace::Stream s0, s1;
+    trace::Node n;
+    n.id = 0, n.kind = NodeKind::kCompute, n.dur_us = a;
+    s0.nodes.push_back(n);
+    n = {};
+    n.id = 1, n.kind = NodeKind::kColl, n.comm_slot = 0, n.dur_us = 7;
+    s0.nodes.push_back(n);
+    n = {};
+    n.id = 2, n.kind = NodeKind::kCompute, n.dur_us = b;
+    s0.nodes.push_back(n);
+    n = {};
+    n.id = 3, n.kind = NodeKind::kCompute, n.dur_us = c;
+    s1.nodes.push_back(n);
+    rc.streams = {s0, s1};
+    t.classes.push_back(rc);
+  }
+  return t;
+}
+
+double Dur(const trace::Trace& t, uint32_t cls, size_t stream, size_t node) {
+  return t.classes[cls].streams[stream].nodes[node].dur_us;
+}
+
+// As in the 2026-11-30 GPU fill, where slices of the same tiny-model classes measured 1.2-1.7x the compute of a
+// quiet run while the host was busy: the median over three slices keeps a slow one out; of two, their mean.
+TEST(FillSamples, EachComputeNodeIsTheMedianOfTheClassesSlices) {
+  FillSamples s;
+  s.Add(OneClass(100, 200, 50), 0);
+  trace::Trace t = OneClass(999, 999, 999);
+  EXPECT_EQ(s.Apply(&t), 1u);
+  EXPECT_EQ(Dur(t, 0, 0, 0), 100);  // one sample: itself
+  EXPECT_EQ(Dur(t, 0, 0, 1), 7);    // communication nodes keep theirs
+  s.Add(OneClass(140, 180, 70), 0);
+  EXPECT_EQ(s.Count(0), 2u);
+  s.Apply(&t);
+  EXPECT_DOUBLE_EQ(Dur(t, 0, 0, 0), 120);  // two: the mean of both
+  EXPECT_DOUBLE_EQ(Dur(t, 0, 0, 2), 190);
+  EXPECT_DOUBLE_EQ(Dur(t, 0, 1, 0), 60);
+  s.Add(OneClass(400, 210, 55), 0);  // a slow slice (a busy host)
+  s.Apply(&t);
+  EXPECT_DOUBLE_EQ(Dur(t, 0, 0, 0), 140);  // three: the middle one, not 213.3
+  EXPECT_DOUBLE_EQ(Dur(t, 0, 0, 2), 200);
+  EXPECT_DOUBLE_EQ(Dur(t, 0, 1, 0), 55);
+}
+
+TEST(FillSamples, AClassOfAnotherShapeStartsOverAndOtherClassesStayAsTheyAre) {
+  FillSamples s;
+  s.Add(OneClass(100, 200, 50, 2), 0);
+  s.Add(OneClass(300, 400, 90, 2), 0);
+  trace::Trace other = OneClass(1, 2, 3, 2);
+  other.classes[0].streams[1].nodes.push_back(other.classes[0].streams[1].nodes[0]);
+  other.classes[0].streams[1].nodes.back().id = 4;
+  s.Add(other, 0);  // another shape: a new history of one sample
+  EXPECT_EQ(s.Count(0), 1u);
+  EXPECT_EQ(s.Count(1), 0u);
+  trace::Trace t = other;
+  t.classes[0].streams[0].nodes[0].dur_us = 55;
+  t.classes[1].streams[0].nodes[0].dur_us = 66;
+  EXPECT_EQ(s.Apply(&t), 1u);
+  EXPECT_EQ(Dur(t, 0, 0, 0), 1);   // from the one sample
+  EXPECT_EQ(Dur(t, 1, 0, 0), 66);  // class 1 has no sample: unchanged
+  trace::Trace old_shape = OneClass(5, 6, 7, 2);
+  EXPECT_EQ(s.Apply(&old_shape), 0u);  // the held shape differs: nothing applied
+  EXPECT_EQ(Dur(old_shape, 0, 0, 0), 5);
+  s.Add(old_shape, 7);  // no such class: ignored
+  EXPECT_EQ(s.Count(7), 0u);
+}
+
+}  // namespace
+}  // namespace prism::launcher
