@@ -24,9 +24,7 @@ uint32_t IpcOpOf(const trace::Node& n) {
 
 }  // namespace
 
-GraphRelease::GraphRelease(trace::Trace trace, std::vector<int> real_ranks)
-    : trace_(std::move(trace)), real_ranks_(std::move(real_ranks)) {
-  std::sort(real_ranks_.begin(), real_ranks_.end());
+GraphRelease::GraphRelease(trace::Trace trace, std::vector<int> real_ranks) : trace_(std::move(trace)) {
   classes_.resize(trace_.classes.size());
   for (size_t c = 0; c < trace_.classes.size(); ++c) {
     const trace::RoleClass& rc = trace_.classes[c];
@@ -107,7 +105,7 @@ GraphRelease::GraphRelease(trace::Trace trace, std::vector<int> real_ranks)
   }
   for (size_t g = 0; g < trace_.comms.size(); ++g) comm_index_.emplace(trace_.comms[g].id, static_cast<uint32_t>(g));
   is_real_.assign(trace_.ranks.size(), 0);
-  for (int r : real_ranks_)
+  for (int r : real_ranks)
     if (r >= 0 && static_cast<size_t>(r) < is_real_.size()) is_real_[static_cast<size_t>(r)] = 1;
   queued_.assign(trace_.ranks.size(), 0);
   cursor_.resize(trace_.ranks.size());
@@ -136,9 +134,7 @@ std::unique_ptr<GraphRelease> GraphRelease::Load(const std::string& path, int wo
 bool GraphRelease::Steady(int rank, uint32_t node) const { return NodeOf(rank, node).iter >= steady_iter_; }
 
 bool GraphRelease::IsReal(int rank) const {
-  return rank >= 0 && static_cast<size_t>(rank) < is_real_.size() ? is_real_[static_cast<size_t>(rank)] != 0
-                                                                   : std::binary_search(real_ranks_.begin(),
-                                                                                        real_ranks_.end(), rank);
+  return rank >= 0 && static_cast<size_t>(rank) < is_real_.size() && is_real_[static_cast<size_t>(rank)] != 0;
 }
 
 const trace::Node& GraphRelease::NodeOf(int rank, uint32_t id) const {
@@ -444,18 +440,25 @@ bool GraphRelease::Advance(int v, uint64_t max_steps) {
   return false;
 }
 
+bool GraphRelease::Drain(uint64_t steps_per_rank, std::optional<std::chrono::steady_clock::time_point> until,
+                         uint64_t* counter) {
+  while (!work_.empty()) {
+    const int v = work_.back();
+    work_.pop_back();
+    queued_[v] = 0;
+    if (Advance(v, steps_per_rank)) Queue(v);
+    ++*counter;
+    if (until && std::chrono::steady_clock::now() >= *until) break;
+  }
+  return !work_.empty();
+}
+
 void GraphRelease::Pump() {
   if (!anchored_) return;
   // The same fixed point as advancing every virtual rank until none moves (what this did before the worklist):
   // a rank's next node needs its own earlier nodes (Advance runs them), its partners' arrivals (each new arrival
   // queues the partners) and the repetition bound (raising it queues every rank).
-  while (!work_.empty()) {
-    const int v = work_.back();
-    work_.pop_back();
-    queued_[v] = 0;
-    Advance(v);
-    ++stats_.decide_steps;
-  }
+  Drain(UINT64_MAX, std::nullopt, &stats_.decide_steps);
 }
 
 ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals) {
@@ -574,18 +577,10 @@ bool GraphRelease::Idle(int64_t budget_ns) {
     bound_ = rep_limit_ + 2;
     QueueAll();
   }
-  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(budget_ns);
-  while (!work_.empty()) {
-    const int v = work_.back();
-    work_.pop_back();
-    queued_[v] = 0;
-    // Why a step limit: one rank's whole repetition can take milliseconds, and a message that arrives meanwhile
-    // waits for it (the coordinator's loop is single-threaded).
-    if (Advance(v, kIdleSteps)) Queue(v);
-    ++stats_.idle_steps;
-    if (std::chrono::steady_clock::now() >= until) break;
-  }
-  return !work_.empty();
+  // Why a step limit: one rank's whole repetition can take milliseconds, and a message that arrives meanwhile
+  // waits for it (the coordinator's loop is single-threaded).
+  return Drain(kIdleSteps, std::chrono::steady_clock::now() + std::chrono::nanoseconds(budget_ns),
+               &stats_.idle_steps);
 }
 
 void GraphRelease::LogBlockedPartners(const std::vector<Inst>& parts) const {

@@ -14,6 +14,7 @@
 // ranks following a graph", has the model and its assumptions.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -108,6 +109,9 @@ class GraphRelease : public ReleasePolicy {
   // Runs virtual rank `v`'s streams until none moves, or for at most `max_steps` nodes (then true: more may
   // follow); queues the partners of every arrival it posts.
   bool Advance(int v, uint64_t max_steps = UINT64_MAX);
+  // Advances the queued ranks (at most `steps_per_rank` nodes each before it goes back in the queue) until the queue
+  // is empty or `until` passed; counts the ranks advanced in *counter. True while work remains.
+  bool Drain(uint64_t steps_per_rank, std::optional<std::chrono::steady_clock::time_point> until, uint64_t* counter);
   // Records that `inst` was posted at `at` (virtual: the first time only; real: as reported) and queues the virtual
   // ranks that may move now: a collective's members once its last member arrived, a p2p partner at once.
   void NoteArrival(const Inst& inst, int64_t at, bool overwrite);
@@ -122,7 +126,6 @@ class GraphRelease : public ReleasePolicy {
   bool IsReal(int rank) const;
 
   trace::Trace trace_;
-  std::vector<int> real_ranks_;
   // First iteration that repeats: a graph that starts where the job starts (iteration 0, with the job's set-up
   // operations) repeats from its second iteration, any other from its first.
   uint32_t steady_iter_ = 0;
@@ -132,7 +135,7 @@ class GraphRelease : public ReleasePolicy {
   // sorted members -> indices in trace_.comms, in graph order (CommView::member_twin picks one)
   std::map<std::vector<int32_t>, std::vector<int>> comm_by_members_;
   std::map<uint32_t, uint32_t> comm_index_;  // Comm::id -> index in trace_.comms
-  std::vector<char> is_real_;                // per rank
+  std::vector<char> is_real_;                // per rank: runs for real (the constructor's real_ranks)
 
   mutable std::mutex mu_;
   int64_t anchor_ns_ = 0;
