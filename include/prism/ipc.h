@@ -56,6 +56,11 @@ enum class MsgType : uint16_t {
   kRealNcclIdInfo = 69,  // JSON {comm_id, id} once rank 0 posted it, or {comm_id, error}
   kMemRoomAnswer = 70,   // JSON {id, ok, why}: ok: ranks were swapped out to make room, retry the allocation;
                          // not ok: nothing could be freed in time, the allocation fails as it did
+  kOpPrerelease = 71,    // OpPrerelease (added within version 3; sent only to a rank whose kHello said
+                         // "prerelease": true): an operation's release rule, sent before the rank reaches it, when
+                         // every other member is virtual and their arrivals are known (--graph). The rank releases
+                         // the operation itself on arrival, with no round trip, and the coordinator sends no
+                         // kOpRelease for a unit whose every operation it prereleased (it still takes the kOpArrive)
 };
 
 #pragma pack(push, 1)
@@ -84,6 +89,21 @@ struct OpRelease {
   uint64_t seq;
   uint64_t release_ns;  // when the operation completes at target scale (same clock as arrival_ns)
   int32_t last_rank;    // global rank whose arrival decided the release (-1: duration-bound)
+  uint32_t reserved2;
+};
+
+// The release of operation (comm_id, seq) once this rank arrives at `arrival`:
+//   release_ns = max(arrival, floor_ns) + (dur_ns >= 0 ? dur_ns : the unit's own model duration)
+//   last_rank  = floor_rank < 0 ? -1 : (arrival > floor_ns ? this rank : floor_rank)
+// the coordinator's own rule for that operation (GraphRelease: max of the members' arrivals plus the duration), with
+// the virtual members' latest arrival known ahead. A unit of several operations releases at the latest of theirs.
+struct OpPrerelease {
+  uint32_t comm_id;
+  uint32_t reserved;
+  uint64_t seq;
+  uint64_t floor_ns;    // the latest virtual member's arrival (same clock as arrival_ns); 0 when there is none
+  int64_t dur_ns;       // the operation's duration; -1: the rank's own model duration (OpArrive::model_dur_ns)
+  int32_t floor_rank;   // global rank of that member (-1: no other member)
   uint32_t reserved2;
 };
 
@@ -155,6 +175,7 @@ struct IterationMark {
 static_assert(sizeof(FrameHeader) == 12);
 static_assert(std::is_trivially_copyable_v<OpArrive> && sizeof(OpArrive) == 48);
 static_assert(sizeof(OpRelease) == 32);
+static_assert(sizeof(OpPrerelease) == 40);
 static_assert(sizeof(OpRecord) == 60);
 static_assert(sizeof(MemorySample) == 24);
 static_assert(std::is_trivially_copyable_v<ExchangeHeader> && sizeof(ExchangeHeader) == 64);

@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -194,6 +195,7 @@ class Coordinator::Impl {
     int gpu = -1;
     std::string gpu_id;        // physical GPU ("host/CUDA_VISIBLE_DEVICES entry"), kHello
     bool can_passthrough = false;
+    bool prerelease = false;   // kHello "prerelease": takes kOpPrerelease
     int local_rank = -1;
     BusId conn = 0;
     uint64_t connected_ns = 0, last_seen_ns = 0;
@@ -277,6 +279,18 @@ class Coordinator::Impl {
   };
   // Why park: a leader's SET of its id (store, TCP) and its kCommInit (bus) race; the SET has no reply.
   std::vector<Parked> parked_;
+  // Prereleases (ipc::OpPrerelease): per communicator with one real member that takes them, the next sequence
+  // number to predict and the end of the released ones; the prereleased operations until their unit arrives.
+  struct PredictCursor {
+    uint64_t next = 0, released = 0;
+  };
+  std::map<uint32_t, PredictCursor> predict_;
+  std::map<std::pair<uint32_t, uint64_t>, ReleasePolicy::Prerelease> prereleased_;
+  uint64_t predict_epoch_ = UINT64_MAX;  // ReleasePolicy::PredictEpoch at the last pass that left nothing to send
+  bool predict_dirty_ = false;           // a release moved a cursor since
+  uint64_t prereleases_sent_ = 0, prereleases_used_ = 0, prerelease_mismatches_ = 0;
+  void SendPrereleases();
+  bool StopIdle() const;
   uint64_t releases_ = 0;
   uint64_t started_ns_ = 0;
   bool status_dirty_ = true;
@@ -545,7 +559,8 @@ void Coordinator::Impl::Stop() {
   }
   if (!ep_.socket_path.empty()) ::unlink(ep_.socket_path.c_str());
   if (info_written_) WriteInfo("stopped");
-  Log("coord")->info("coordinator stopped ({} operations released)", releases_);
+  Log("coord")->info("coordinator stopped ({} operations released; {} prereleased, {} used, {} disagreed)",
+                     releases_, prereleases_sent_, prereleases_used_, prerelease_mismatches_);
 }
 
 void Coordinator::Impl::Loop() {
@@ -594,8 +609,17 @@ void Coordinator::Impl::Loop() {
       for (BusId id : drop) DropClient(id);
       if (swap_) PumpSwap();
     }
-    // Why 200 us: a message that arrives meanwhile waits at most that long (plus one virtual rank's step).
-    if (opts_.release_policy) idle_work = opts_.release_policy->Idle(200'000);
+    if (opts_.release_policy) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        SendPrereleases();
+      }
+      // Why 200 us: the slice's budget; a message that arrives meanwhile ends it after the current virtual rank's
+      // step (StopIdle), so an arrival waits microseconds, not the slice.
+      idle_work = opts_.release_policy->Idle(200'000, [this] { return StopIdle(); });
+      std::lock_guard<std::mutex> lock(mu_);
+      SendPrereleases();
+    }
     if (swap_ && (swap_store_dirty_.exchange(false) || tick)) SwapStoreWaits();
     if (swap_ && tick && swap_usage_) SwapMeasure();
     if (tick) {
@@ -939,6 +963,7 @@ void Coordinator::Impl::HandleHello(BusId id, BusClient& c, const json& j) {
   s.gpu = j.value("gpu", -1);
   s.gpu_id = j.value("gpu_id", std::string());
   s.can_passthrough = j.value("passthrough", false);
+  s.prerelease = j.value("prerelease", false);
   s.local_rank = j.value("local_rank", -1);
   s.connected_ns = s.last_seen_ns = NowNs();
   c.peer = fmt::format("rank {} (pid {})", rank, s.pid);
@@ -1239,12 +1264,90 @@ std::string Coordinator::Impl::SendRelease(const CommView& comm, uint64_t seq, c
     RankState& rs = ranks_[x.rank];
     if (rs.waiting && rs.waiting_comm == comm.comm_id && rs.waiting_seq == seq) rs.waiting = false;
     hang_.Release(x.rank, comm.comm_id, seq, now_ns);
+    const uint64_t nops = std::max<uint32_t>(x.op.nops, 1);
+    auto pc = predict_.find(comm.comm_id);
+    if (pc != predict_.end()) {
+      pc->second.released = std::max(pc->second.released, seq + nops);
+      pc->second.next = std::max(pc->second.next, pc->second.released);
+      predict_dirty_ = true;
+    } else if (opts_.release_policy && rs.prerelease && comm.real_members.size() == 1) {
+      predict_[comm.comm_id] = PredictCursor{seq + nops, seq + nops};
+      predict_dirty_ = true;
+    }
+    // A unit whose every operation was prereleased: the rank released it itself (the same rule); no frame.
+    bool all = true;
+    uint64_t rule = 0;
+    for (uint64_t k = 0; k < nops; ++k) {
+      auto it = prereleased_.find({comm.comm_id, seq + k});
+      if (it == prereleased_.end()) {
+        all = false;
+        continue;
+      }
+      const uint64_t arrival = x.op.arrival_ns, model = x.op.model_dur_ns;
+      const ReleasePolicy::Prerelease& p = it->second;
+      rule = std::max(rule, std::max(arrival, p.floor_ns) + (p.dur_ns >= 0 ? static_cast<uint64_t>(p.dur_ns) : model));
+      prereleased_.erase(it);
+    }
+    if (all) {
+      ++prereleases_used_;
+      if (rule != d.release_ns && ++prerelease_mismatches_ <= 10) {
+        Log("coord")->warn("comm {} seq {}: rank {} released itself at {} (prerelease) but the decision is {} "
+                           "({:+.3f} us)",
+                           comm.comm_id, seq, x.rank, rule, uint64_t{d.release_ns},
+                           (static_cast<double>(d.release_ns) - static_cast<double>(rule)) * 1e-3);
+      }
+      continue;
+    }
     auto cl = clients_.find(rs.conn);
     if (cl == clients_.end()) continue;
     cl->second.out.append(frame);
     if (flush) Flush(cl->first, cl->second);
   }
   return frame;
+}
+
+bool Coordinator::Impl::StopIdle() const {
+  pollfd p{epoll_fd_, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
+void Coordinator::Impl::SendPrereleases() {
+  if (!opts_.release_policy || predict_.empty()) return;
+  const uint64_t epoch = opts_.release_policy->PredictEpoch();
+  if (!predict_dirty_ && epoch == predict_epoch_) return;
+  predict_dirty_ = false;
+  // Why a window: the rank needs the next few answers before it arrives; further ones cost the virtual ranks'
+  // advance now, which Idle does cheaper in bulk.
+  constexpr uint64_t kAhead = 4;
+  for (auto& [comm_id, pc] : predict_) {
+    if (comm_id < 1 || comm_id > comms_.size()) continue;
+    const CommView& comm = comms_[comm_id - 1];
+    if (comm.real_members.size() != 1) continue;
+    const int rank = comm.real_members[0];
+    RankState& rs = ranks_[rank];
+    auto cl = clients_.find(rs.conn);
+    if (cl == clients_.end()) continue;
+    bool sent = false;
+    while (pc.next < pc.released + kAhead) {
+      // A unit the rank already reported is decided by its arrival (pending_ holds it until all members came).
+      if (pending_.count({comm_id, pc.next})) break;
+      std::optional<ReleasePolicy::Prerelease> p = opts_.release_policy->Predict(comm, pc.next, rank);
+      if (!p) break;
+      ipc::OpPrerelease pr{};
+      pr.comm_id = comm_id;
+      pr.seq = pc.next;
+      pr.floor_ns = p->floor_ns;
+      pr.dur_ns = p->dur_ns;
+      pr.floor_rank = p->floor_rank;
+      cl->second.out.append(ipc::EncodePod(ipc::MsgType::kOpPrerelease, pr));
+      prereleased_[{comm_id, pc.next}] = *p;
+      ++prereleases_sent_;
+      ++pc.next;
+      sent = true;
+    }
+    if (sent) Flush(cl->first, cl->second);
+  }
+  predict_epoch_ = opts_.release_policy->PredictEpoch();
 }
 
 bool Coordinator::Impl::HoldOnDisagreement(const CommView& comm, uint64_t seq, const std::vector<Arrival>& arrivals) {
@@ -1289,6 +1392,7 @@ json Coordinator::Impl::StatusLocked() {
   j["graph"] = opts_.graph;
   j["comms"] = comms_.size();
   j["releases"] = releases_;
+  j["prereleases"] = {{"sent", prereleases_sent_}, {"used", prereleases_used_}, {"disagreed", prerelease_mismatches_}};
   json ranks = json::array();
   for (const auto& [r, s] : ranks_) {
     json x = {{"rank", r},

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -61,10 +62,30 @@ class ReleasePolicy {
   // Work a policy may do ahead of its next decisions while the event loop has nothing to read, for about
   // `budget_ns`; true while more remains (the loop then calls again instead of sleeping). Why: a decision a real
   // rank waits for should not pay for computing the virtual ranks' future (GraphRelease: the next repetition).
-  virtual bool Idle(int64_t budget_ns) {
+  // `stop`: polled between small steps; true ends the work early (the coordinator: a message is waiting), so that
+  // a real rank's arrival waits for at most one step, not the whole budget.
+  virtual bool Idle(int64_t budget_ns, const std::function<bool()>& stop) {
     (void)budget_ns;
+    (void)stop;
     return false;
   }
+  // The release rule of real rank `rank`'s operation `seq` on `comm` before the rank reaches it, when the policy
+  // can fix it already: every other member is virtual and its arrival known (ipc::OpPrerelease has the rule; the
+  // policy's Decide must give the same answer once the arrival comes). nullopt: not (yet) known; ask again later.
+  struct Prerelease {
+    uint64_t floor_ns = 0;
+    int64_t dur_ns = -1;
+    int32_t floor_rank = -1;
+  };
+  virtual std::optional<Prerelease> Predict(const CommView& comm, uint64_t seq, int rank) {
+    (void)comm;
+    (void)seq;
+    (void)rank;
+    return std::nullopt;
+  }
+  // Changes whenever Predict may answer differently (GraphRelease: a virtual arrival was computed); a caller may
+  // skip asking again while it stays the same.
+  virtual uint64_t PredictEpoch() const { return 0; }
 };
 ReleaseDecision DefaultRelease(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals);
 

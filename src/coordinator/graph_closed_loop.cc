@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "prism/ipc.h"
@@ -125,6 +126,8 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
       const uint64_t seq = c.rep == 0 ? seq_in_slot[n.id] : k + (c.rep - 1) * (k - start) + (seq_in_slot[n.id] - start);
       Arrival a{real, ipc::OpArrive{views[n.comm_slot].comm_id, IpcOp(n), seq, n.bytes,
                                     static_cast<uint64_t>(best_start), 0, n.peer, 0}};
+      std::optional<ReleasePolicy::Prerelease> pre;
+      if (opt.predict) pre = gr.Predict(views[n.comm_slot], seq, real);
       const auto t0 = std::chrono::steady_clock::now();
       ReleaseDecision d = gr.Decide(views[n.comm_slot], seq, {&a, 1});
       out.decide_ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
@@ -132,13 +135,25 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
       out.decide_rep.push_back(c.rep);
       end = std::max(best_start, static_cast<int64_t>(d.release_ns));
       out.decisions.push_back(d.release_ns);
+      if (pre) {
+        // ipc::OpPrerelease's rule, as libprism applies it (the arrival's model duration is 0 here).
+        const uint64_t arrival = static_cast<uint64_t>(best_start);
+        const uint64_t rule = std::max(arrival, pre->floor_ns) + static_cast<uint64_t>(std::max<int64_t>(pre->dur_ns, 0));
+        ++out.predicted;
+        if (rule != d.release_ns) {
+          ++out.mispredicted;
+          if (std::getenv("CLOSED_LOOP_DEBUG"))
+            std::printf("MISPREDICT rep %u node %u rule %.3f decided %.3f\n", c.rep, n.id, (static_cast<int64_t>(rule) - kT0) / 1e6,
+                        (static_cast<int64_t>(d.release_ns) - kT0) / 1e6);
+        }
+      }
       // The coordinator's event loop calls Idle while the real rank computes (here: until nothing is left).
       // The coordinator's event loop calls Idle in slices while the real rank computes; a message that arrives
       // meanwhile waits for the slice to end, so the longest slice is the latency Idle can add.
       if (opt.idle) {
         for (bool more = true; more;) {
           const auto i0 = std::chrono::steady_clock::now();
-          more = gr.Idle(opt.idle_slice_ns);
+          more = gr.Idle(opt.idle_slice_ns, {});
           out.idle_slice_ns.push_back(
               std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - i0).count());
         }

@@ -21,6 +21,9 @@ struct ClosedLoopOptions {
   std::vector<std::pair<int32_t, double>> stragglers;  // GraphRelease::SetStragglers
   bool idle = false;  // call GraphRelease::Idle after each decision until nothing is left (the coordinator's loop)
   int64_t idle_slice_ns = 200'000;  // the budget of each Idle call (the coordinator's)
+  // Ask GraphRelease::Predict before each decision, as the coordinator does for a rank that takes prereleases, and
+  // check the rule it gives (ipc::OpPrerelease) against the decision.
+  bool predict = false;
 };
 
 struct LoopResult {
@@ -31,6 +34,8 @@ struct LoopResult {
   std::vector<int64_t> decide_ns;    // how long each Decide call took (host time)
   std::vector<uint32_t> decide_rep;  // the repetition each decision belongs to
   std::vector<int64_t> idle_slice_ns;  // how long each Idle call took (with opt.idle)
+  uint64_t predicted = 0;            // decisions Predict knew ahead (with opt.predict)
+  uint64_t mispredicted = 0;         // ... whose rule gave another release than Decide
   GraphRelease::Stats stats;
 };
 

@@ -11,8 +11,11 @@
 namespace prism::coord {
 namespace {
 
-// Nodes a virtual rank advances per step of Idle (~1 us each).
-constexpr uint64_t kIdleSteps = 64;
+// Nodes a virtual rank advances per step of Idle (~1 us each). Why 16: a message that arrives meanwhile waits for
+// the step (the stop check runs between steps); ~16 us, against the ~40 us round trip of a release.
+constexpr uint64_t kIdleSteps = 16;
+// Nodes Predict may advance each virtual member that has not reached the operation yet.
+constexpr uint64_t kPredictSteps = 256;
 
 int64_t UsToNs(double us) { return us > 0 ? static_cast<int64_t>(std::llround(us * 1000.0)) : 0; }
 
@@ -243,6 +246,7 @@ void GraphRelease::NoteArrival(const Inst& inst, int64_t at, bool overwrite) {
     if (!overwrite || it->second == at) return;
     it->second = at;
   }
+  ++arrivals_noted_;
   if (std::optional<CollKey> key = CollKeyOf(inst)) {
     CollState& st = coll_state_[*key];
     if (fresh) ++st.arrived;
@@ -441,7 +445,7 @@ bool GraphRelease::Advance(int v, uint64_t max_steps) {
 }
 
 bool GraphRelease::Drain(uint64_t steps_per_rank, std::optional<std::chrono::steady_clock::time_point> until,
-                         uint64_t* counter) {
+                         uint64_t* counter, const std::function<bool()>* stop) {
   while (!work_.empty()) {
     const int v = work_.back();
     work_.pop_back();
@@ -449,6 +453,10 @@ bool GraphRelease::Drain(uint64_t steps_per_rank, std::optional<std::chrono::ste
     if (Advance(v, steps_per_rank)) Queue(v);
     ++*counter;
     if (until && std::chrono::steady_clock::now() >= *until) break;
+    if (stop && *stop && (*stop)()) {
+      ++stats_.idle_stopped;
+      break;
+    }
   }
   return !work_.empty();
 }
@@ -570,7 +578,7 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
   return d;
 }
 
-bool GraphRelease::Idle(int64_t budget_ns) {
+bool GraphRelease::Idle(int64_t budget_ns, const std::function<bool()>& stop) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!anchored_) return false;
   if (work_.empty() && bound_ < rep_limit_ + 2) {
@@ -580,7 +588,51 @@ bool GraphRelease::Idle(int64_t budget_ns) {
   // Why a step limit: one rank's whole repetition can take milliseconds, and a message that arrives meanwhile
   // waits for it (the coordinator's loop is single-threaded).
   return Drain(kIdleSteps, std::chrono::steady_clock::now() + std::chrono::nanoseconds(budget_ns),
-               &stats_.idle_steps);
+               &stats_.idle_steps, &stop);
+}
+
+std::optional<ReleasePolicy::Prerelease> GraphRelease::Predict(const CommView& comm, uint64_t seq, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!anchored_ || !IsReal(rank)) return std::nullopt;
+  std::optional<int> g = GraphComm(comm);
+  Inst inst{};
+  if (!g || !MapOp(rank, static_cast<uint32_t>(*g), seq, &inst)) return std::nullopt;
+  if (inst.rep > bound_) return std::nullopt;  // the virtual ranks are not let that far yet
+  std::vector<Inst> parts;
+  if (!Partners(inst, &parts)) return std::nullopt;
+  Prerelease pr;
+  int64_t latest = 0;
+  for (const Inst& p : parts) {
+    if (p == inst) continue;
+    if (IsReal(p.rank)) return std::nullopt;  // another real member: its arrival decides too
+    auto it = arrival_.find(p);
+    if (it == arrival_.end()) {
+      // Why advance here: Idle may not have reached this rank yet (its worklist runs in stack order), and the rank
+      // needs the answer before it arrives. The same fixed point as Pump: the rank moves as far as its inputs allow.
+      if (Advance(p.rank, kPredictSteps)) Queue(p.rank);
+      it = arrival_.find(p);
+      if (it == arrival_.end()) return std::nullopt;
+    }
+    // Ties as Completion breaks them: the first of the participants in Partners' order.
+    if (pr.floor_rank < 0 || it->second > latest) {
+      latest = it->second;
+      pr.floor_rank = p.rank;
+    }
+  }
+  pr.floor_ns = static_cast<uint64_t>(std::max<int64_t>(latest, 0));
+  // DurationNs's rule without the shims' durations: the graph's recorded duration, else (-1) the real rank's own
+  // model duration, the only shim duration Decide will have for this operation.
+  for (const Inst& p : parts) {
+    const double us = NodeOf(p.rank, p.node).dur_us;
+    if (us >= 0) pr.dur_ns = std::max(pr.dur_ns, UsToNs(us));
+  }
+  ++stats_.predicted;
+  return pr;
+}
+
+uint64_t GraphRelease::PredictEpoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return arrivals_noted_ + bound_;
 }
 
 void GraphRelease::LogBlockedPartners(const std::vector<Inst>& parts) const {

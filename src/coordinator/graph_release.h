@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -42,7 +43,13 @@ class GraphRelease : public ReleasePolicy {
   ReleaseDecision Decide(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals) override;
   // Advances the virtual ranks ahead of the real ones (up to two repetitions past the furthest real rank) for about
   // `budget_ns`, so that a decision rarely computes more than its own operation. True while work remains.
-  bool Idle(int64_t budget_ns) override;
+  bool Idle(int64_t budget_ns, const std::function<bool()>& stop) override;
+  // Real rank `rank`'s operation `seq` on `comm`, when every other member is virtual and their arrivals can be
+  // computed now (the virtual members are advanced as far as their inputs allow, a bounded number of nodes each):
+  // the latest virtual arrival and the duration Decide would take. Decide, given the rank's arrival, answers
+  // max(arrival, floor) + duration: the same release.
+  std::optional<Prerelease> Predict(const CommView& comm, uint64_t seq, int rank) override;
+  uint64_t PredictEpoch() const override;
 
   // What-if straggler in emulation (`--what-if straggler=R:F`): virtual rank R's compute nodes take F times their
   // graph duration, as `prism-run simulate --what-if` scales them. False with *error for a real rank (its compute is
@@ -57,6 +64,8 @@ class GraphRelease : public ReleasePolicy {
     uint64_t no_duration = 0; // virtual-only operation with neither a recorded duration nor a shim's: 0 taken
     uint64_t decide_steps = 0;  // virtual ranks advanced while a decision waited (Pump inside Decide)
     uint64_t idle_steps = 0;    // ... ahead of time, in Idle
+    uint64_t idle_stopped = 0;  // Idle slices ended early because a message waited
+    uint64_t predicted = 0;     // Predict answers (prereleases)
   };
   Stats stats() const;
   // The wall-clock time (ns) graph time 0 stands for; 0 until the first real arrival set it.
@@ -111,7 +120,8 @@ class GraphRelease : public ReleasePolicy {
   bool Advance(int v, uint64_t max_steps = UINT64_MAX);
   // Advances the queued ranks (at most `steps_per_rank` nodes each before it goes back in the queue) until the queue
   // is empty or `until` passed; counts the ranks advanced in *counter. True while work remains.
-  bool Drain(uint64_t steps_per_rank, std::optional<std::chrono::steady_clock::time_point> until, uint64_t* counter);
+  bool Drain(uint64_t steps_per_rank, std::optional<std::chrono::steady_clock::time_point> until, uint64_t* counter,
+             const std::function<bool()>* stop = nullptr);
   // Records that `inst` was posted at `at` (virtual: the first time only; real: as reported) and queues the virtual
   // ranks that may move now: a collective's members once its last member arrived, a p2p partner at once.
   void NoteArrival(const Inst& inst, int64_t at, bool overwrite);
@@ -157,6 +167,7 @@ class GraphRelease : public ReleasePolicy {
   };
   std::map<CollKey, CollState> coll_state_;
   mutable std::map<std::pair<uint32_t, uint32_t>, std::vector<std::pair<int, uint32_t>>> coll_parts_;
+  uint64_t arrivals_noted_ = 0;  // PredictEpoch: counts the arrivals recorded
   std::vector<int> work_;       // virtual ranks to advance (Pump)
   std::vector<char> queued_;    // per rank: in work_
   Stats stats_;

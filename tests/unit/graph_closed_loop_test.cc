@@ -183,5 +183,37 @@ TEST_F(GraphClosedLoop, IdleWorkAheadLeavesEveryDecisionAsItWas) {
   }
 }
 
+// Prereleases (ipc::OpPrerelease): before the real rank reaches an operation whose other members are all virtual,
+// GraphRelease::Predict gives the latest virtual arrival and the duration; libprism releases at max(arrival, floor)
+// + duration with no round trip. Every such rule must give the release Decide gives once the arrival comes, with and
+// without the idle work ahead and with a virtual straggler, and asking must not change any decision.
+TEST_F(GraphClosedLoop, EveryPredictedReleaseIsTheDecisionAndPredictingChangesNone) {
+  for (int real : {0, 33}) {
+    for (bool idle : {false, true}) {
+      for (double f : {1.0, 1.14}) {
+        SCOPED_TRACE("real rank " + std::to_string(real) + (idle ? " with Idle" : "") + " straggler x" +
+                     std::to_string(f));
+        ClosedLoopOptions o;
+        o.reps = 4;
+        o.idle = idle;
+        if (f != 1.0) o.stragglers = {{real == 0 ? 32 : 1, f}};
+        LoopResult plain = ClosedLoop(t0_, real, o);
+        o.predict = true;
+        LoopResult pred = ClosedLoop(t0_, real, o);
+        ASSERT_TRUE(pred.error.empty()) << pred.error;
+        ASSERT_FALSE(plain.decisions.empty());
+        EXPECT_EQ(pred.decisions, plain.decisions);
+        EXPECT_EQ(pred.end_ns, plain.end_ns);
+        EXPECT_EQ(pred.mispredicted, 0u);
+        // Most operations of a one-real-rank world have only virtual partners ahead of time: those blocked on the
+        // real rank's own later operations are the exception.
+        EXPECT_GT(pred.predicted * 2, pred.decisions.size());
+        std::printf("real rank %d%s x%.2f: %llu of %zu decisions predicted\n", real, idle ? " idle" : "", f,
+                    static_cast<unsigned long long>(pred.predicted), pred.decisions.size());
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace prism::coord

@@ -228,6 +228,125 @@ TEST(ShimCoord, LateReleaseLogsWhenTheGateOpened) {
   std::filesystem::remove_all(dir);
 }
 
+// Prereleases (ipc.h kOpPrerelease): under --graph, an operation whose other members are virtual is released by the
+// shim itself on arrival, by the rule the coordinator sent ahead, with no round trip (the arrival still goes out);
+// an operation without one waits for kOpRelease as before. The fake coordinator answers arrivals 5 ms late and only
+// those it did not prerelease, as the coordinator does.
+TEST(ShimCoord, PrereleasedOperationOpensWithoutWaitingForTheCoordinator) {
+  std::string path = "/tmp/prism_coord_pre_" + std::to_string(getpid()) + ".sock";
+  int lfd = ListenUnix(path);
+  ASSERT_GE(lfd, 0) << path;
+  bool hello_says_prerelease = false;
+  std::vector<uint64_t> arrived;
+  std::thread server([&] {
+    int fd = accept(lfd, nullptr, nullptr);
+    std::string err;
+    int records = 0;
+    for (;;) {
+      ipc::Frame f;
+      if (ipc::RecvFrame(fd, &f, 5000, &err) != ipc::IoStatus::kOk) break;
+      if (f.type == ipc::MsgType::kHello) {
+        hello_says_prerelease = nlohmann::json::parse(f.payload).value("prerelease", false);
+      } else if (f.type == ipc::MsgType::kCommInit) {
+        nlohmann::json j = nlohmann::json::parse(f.payload);
+        nlohmann::json r = {{"key", j.at("key")}, {"comm_id", 4}, {"members", {0, 1}}, {"real", {true, false}}};
+        std::string s = r.dump();
+        ipc::SendFrame(fd, ipc::MsgType::kCommInfo, s.data(), s.size(), &err);
+        ipc::OpPrerelease pr{};
+        pr.comm_id = 4;
+        pr.seq = 0;
+        pr.floor_ns = 1000;  // virtual rank 1 arrived long before: the release is the arrival plus the duration
+        pr.dur_ns = 7000;
+        pr.floor_rank = 1;
+        ipc::SendFrame(fd, ipc::MsgType::kOpPrerelease, &pr, sizeof(pr), &err);
+      } else if (f.type == ipc::MsgType::kOpArrive) {
+        ipc::OpArrive a{};
+        ASSERT_TRUE(ipc::DecodePod(f, &a));
+        arrived.push_back(a.seq);
+        if (a.seq == 0) continue;  // prereleased: no answer
+        usleep(5000);
+        ipc::OpRelease rel{};
+        rel.comm_id = a.comm_id;
+        rel.seq = a.seq;
+        rel.release_ns = a.arrival_ns + 1000;
+        rel.last_rank = 1;
+        ipc::SendFrame(fd, ipc::MsgType::kOpRelease, &rel, sizeof(rel), &err);
+      } else if (f.type == ipc::MsgType::kOpRecord) {
+        if (++records == 2) break;
+      }
+    }
+    usleep(100000);
+    close(fd);
+  });
+
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  auto dir = std::filesystem::temp_directory_path() / ("prism_coord_pre_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  Config c;
+  c.rank = 0;
+  c.world_size = 2;
+  c.real_ranks = {0};
+  c.graph = "g.prism";  // any: a one-real-member communicator goes through the coordinator under --graph
+  c.fixed_dur_us = 1;
+  c.coord_socket = path;
+  c.exchange = false;
+  c.out_dir = dir.string();
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  CoordResetForTest();
+  ncclUniqueId id;
+  GetUniqueId(&id);
+  InitArgs a;
+  a.nranks = 2;
+  a.rank = 0;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  ASSERT_TRUE(comm->use_coordinator);
+  usleep(50000);  // the prerelease reaches the reader thread
+  std::vector<float> buf(16);
+  OpCall call;
+  call.op = payload::OpKind::kAllReduce;
+  call.comm = comm;
+  call.count = buf.size();
+  call.send = buf.data();
+  call.recv = buf.data();
+  ASSERT_EQ(Submit(call), ncclSuccess);
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  ASSERT_EQ(Submit(call), ncclSuccess);
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  usleep(300000);  // the writer flushes every 200 ms
+  EventLogStop();
+  server.join();
+  close(lfd);
+  unlink(path.c_str());
+  SetGpuForTest(nullptr);
+
+  EXPECT_TRUE(hello_says_prerelease);
+  EXPECT_EQ(arrived, (std::vector<uint64_t>{0, 1})) << "a prereleased arrival still goes to the coordinator";
+  std::ifstream in(EventLogPath());
+  std::string line;
+  int ops = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") != "op") continue;
+    ++ops;
+    const uint64_t arrival = j.at("arrival_ns").get<uint64_t>(), release = j.at("release_ns").get<uint64_t>();
+    const uint64_t opened = j.at("opened_ns").get<uint64_t>();
+    if (j.at("seq") == 0) {
+      EXPECT_EQ(release, arrival + 7000) << line;
+      EXPECT_EQ(j.at("wait_on_rank"), 0) << "it arrived after the virtual rank: " << line;
+      EXPECT_LT(opened, release + 4000000) << "opened without the coordinator's 5 ms: " << line;
+    } else {
+      EXPECT_EQ(release, arrival + 1000) << line;
+      EXPECT_GE(opened, release + 5000000) << "no prerelease: the answer's 5 ms: " << line;
+    }
+  }
+  EXPECT_EQ(ops, 2);
+  std::filesystem::remove_all(dir);
+}
+
 // Real data between real members: the shim sends its input (kOpData), writes the coordinator's result (kOpResult)
 // into the receive buffer instead of the mirror rule; a send to a real peer posts its bytes and waits for the
 // acknowledgement, a receive from it asks. In a group every operation is posted before any waits.

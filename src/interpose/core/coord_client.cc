@@ -46,6 +46,7 @@ struct Conn {
   std::vector<ipc::Frame> replies;
   std::mutex release_mu;
   std::map<std::pair<uint32_t, uint64_t>, std::pair<uint64_t, int32_t>> releases;
+  std::map<std::pair<uint32_t, uint64_t>, ipc::OpPrerelease> prereleases;  // under release_mu
   // kOpResult: (comm, key, p2p source or -1) -> (flags, bytes); `done` when assembled.
   struct Result {
     uint32_t flags = 0;
@@ -161,6 +162,13 @@ void ReaderLoop() {
       c.releases[{rel.comm_id, rel.seq}] = {rel.release_ns, rel.last_rank};
       continue;
     }
+    if (f.type == ipc::MsgType::kOpPrerelease) {
+      ipc::OpPrerelease pr{};
+      if (!ipc::DecodePod(f, &pr)) continue;
+      std::lock_guard<std::mutex> lock(c.release_mu);
+      c.prereleases[{pr.comm_id, pr.seq}] = pr;
+      continue;
+    }
     if (f.type == ipc::MsgType::kHelloAck) {
       nlohmann::json j = nlohmann::json::parse(f.payload, nullptr, false);
       if (j.is_object()) c.swap.store(j.value("swap", false));
@@ -245,6 +253,7 @@ bool CoordConnect() {
                             {"host", host},               {"gpu", cfg.phys_device},
                             {"gpu_id", PhysicalGpuId(host, std::getenv("CUDA_VISIBLE_DEVICES"), cfg.phys_device)},
                             {"passthrough", cfg.passthrough && RealNccl().Complete()},
+                            {"prerelease", true},
                             {"version", ipc::kVersion}};
     c.active.store(true);
     if (!SendJson(ipc::MsgType::kHello, hello)) {
@@ -496,6 +505,39 @@ void CoordSendMemory(uint64_t t_ns, uint64_t current, uint64_t peak) {
   m.current_bytes = current;
   m.peak_bytes = peak;
   SendPod(ipc::MsgType::kMemory, &m, sizeof(m));
+}
+
+bool CoordTakePrerelease(uint32_t comm_id, uint64_t seq, uint32_t nops, uint64_t arrival_ns, uint64_t own_dur_ns,
+                         uint64_t* release_ns, int32_t* last_rank) {
+  Conn& c = C();
+  nops = std::max<uint32_t>(nops, 1);
+  std::lock_guard<std::mutex> lock(c.release_mu);
+  if (c.prereleases.empty()) return false;
+  uint64_t release = 0;
+  int32_t last = -1;
+  for (uint32_t k = 0; k < nops; ++k) {
+    auto it = c.prereleases.find({comm_id, seq + k});
+    if (it == c.prereleases.end()) return false;
+    const ipc::OpPrerelease& p = it->second;
+    const uint64_t floor = p.floor_ns;
+    const int64_t dur = p.dur_ns;
+    const uint64_t r = std::max(arrival_ns, floor) + (dur >= 0 ? static_cast<uint64_t>(dur) : own_dur_ns);
+    if (k == 0 || r > release) {
+      release = r;
+      const int32_t fr = p.floor_rank;
+      last = fr < 0 ? -1 : (arrival_ns > floor ? static_cast<int32_t>(Cfg().rank) : fr);
+    }
+  }
+  for (uint32_t k = 0; k < nops; ++k) c.prereleases.erase({comm_id, seq + k});
+  *release_ns = release;
+  *last_rank = last;
+  return true;
+}
+
+void CoordDropPrereleases(uint32_t comm_id, uint64_t seq, uint32_t nops) {
+  Conn& c = C();
+  std::lock_guard<std::mutex> lock(c.release_mu);
+  for (uint32_t k = 0; k < std::max<uint32_t>(nops, 1); ++k) c.prereleases.erase({comm_id, seq + k});
 }
 
 bool CoordTakeRelease(uint32_t comm_id, uint64_t seq, uint64_t* release_ns, int32_t* last_rank) {

@@ -194,17 +194,31 @@ void Loop() {
         }
       }
       if (p.has_arrival && p.u.via_coordinator && !p.has_release) {
+        uint64_t rel = 0;
+        int32_t last = -1;
+        // Why before the arrival goes out: a prereleased unit needs no answer (the arrival still goes: the
+        // coordinator's graph advances on it).
+        if (CoordTakePrerelease(p.u.coord_comm_id, p.u.event.seq, p.u.comm_ops, p.u.event.arrival_ns, p.u.dur_ns,
+                                &rel, &last)) {
+          p.u.event.release_ns = rel;
+          p.u.event.wait_on_rank = last;
+          p.has_release = true;
+        }
         if (!p.arrive_sent) {
           p.arrive_sent = CoordSendArrive(p.u);
-          if (!p.arrive_sent) {  // coordinator gone: fall back to the local rule rather than hang the job
+          if (!p.arrive_sent && !p.has_release) {  // coordinator gone: the local rule rather than hang the job
             p.u.event.release_ns = p.u.event.arrival_ns + p.u.dur_ns;
             p.has_release = true;
           }
         }
         if (!p.has_release) {
-          uint64_t rel = 0;
-          int32_t last = -1;
           if (CoordTakeRelease(p.u.coord_comm_id, p.u.event.seq, &rel, &last)) {
+            CoordDropPrereleases(p.u.coord_comm_id, p.u.event.seq, p.u.comm_ops);
+            p.u.event.release_ns = rel;
+            p.u.event.wait_on_rank = last;
+            p.has_release = true;
+          } else if (CoordTakePrerelease(p.u.coord_comm_id, p.u.event.seq, p.u.comm_ops, p.u.event.arrival_ns,
+                                         p.u.dur_ns, &rel, &last)) {
             p.u.event.release_ns = rel;
             p.u.event.wait_on_rank = last;
             p.has_release = true;
