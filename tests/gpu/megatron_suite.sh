@@ -141,11 +141,12 @@ megatron_fill_contrast() {
 # pp 2, ep 2, collected twice on the one GPU: without --real-routing (replica 0: ranks 0 and 8; the graph's ep-1
 # classes borrow the ep-0 ranks' nodes, EP symmetry assumed) and with it (ranks 0, 1, 8, 9: every class its own). Both
 # must write observed.prism with 4 classes and simulate it; the detail has the real ranks, the borrowed classes and
-# both simulated iteration times.
+# both simulated iteration times. --disable-bias-linear: Megatron's MoE experts apply the router's probabilities in a
+# weighted SwiGLU fusion that refuses a bias (NotImplementedError on the H200, 2026-11-30).
 megatron_moe_collect() {
   local name=megatron_w16_moe_collect ok=0 mode
   local -a job=(torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_TINY_ARGS[@]}"
-    --num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --swiglu
+    --num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --swiglu --disable-bias-linear
     --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2
     --global-batch-size 16 --train-iters "${MOE_ITERS:-5}")
   : > "$out/$name.detail"
