@@ -141,7 +141,7 @@ megatron_fill_contrast() {
 # pp 2, ep 2, collected twice on the one GPU: without --real-routing (replica 0: ranks 0 and 8; the graph's ep-1
 # classes borrow the ep-0 ranks' nodes, EP symmetry assumed) and with it (ranks 0, 1, 8, 9: every class its own). Both
 # must write observed.prism with 4 classes and simulate it; the detail has the real ranks, the borrowed classes and
-# both simulated iteration times. --disable-bias-linear: Megatron's MoE experts apply the router's probabilities in a
+# both simulated iteration times (MOE_MODES="plain routing" by default; MOE_ITERS 5). --disable-bias-linear: Megatron's MoE experts apply the router's probabilities in a
 # weighted SwiGLU fusion that refuses a bias (NotImplementedError on the H200, 2026-11-30).
 megatron_moe_collect() {
   local name=megatron_w16_moe_collect ok=0 mode
@@ -150,7 +150,7 @@ megatron_moe_collect() {
     --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2
     --global-batch-size 16 --train-iters "${MOE_ITERS:-5}")
   : > "$out/$name.detail"
-  for mode in plain routing; do
+  for mode in ${MOE_MODES:-plain routing}; do
     local dir=$out/${name}_$mode
     local -a extra=(); [ "$mode" = routing ] && extra=(--real-routing)
     (cd "$MEGATRON" && timeout -s INT -k 20 "${MEGATRON_TIMEOUT:-300}" "$PRISM_RUN" collect --out "$dir" "${extra[@]}" \
