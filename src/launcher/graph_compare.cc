@@ -177,6 +177,71 @@ std::optional<nlohmann::json> SimulateGraph(const std::string& graph, const std:
   return nlohmann::json::parse(replay::SimReportJson(t, res).dump());
 }
 
+std::optional<double> RunComputePerIteration(const nlohmann::json& trace_json, int rank,
+                                             double latency_per_iteration_s) {
+  const nlohmann::json* events = &trace_json;
+  if (trace_json.is_object()) {
+    auto it = trace_json.find("traceEvents");
+    if (it == trace_json.end()) return std::nullopt;
+    events = &*it;
+  }
+  if (!events->is_array()) return std::nullopt;
+  std::vector<std::pair<double, double>> iters, comms;  // [start, end) in us
+  for (const auto& e : *events) {
+    if (!e.is_object() || e.value("pid", -1) != rank || !e.contains("ts") || !e.contains("dur")) continue;
+    const std::string cat = e.value("cat", std::string());
+    if (cat != "iteration" && cat != "comm") continue;
+    const double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
+    (cat == "iteration" ? iters : comms).emplace_back(ts, ts + dur);
+  }
+  if (iters.size() < 2) return std::nullopt;
+  std::sort(iters.begin(), iters.end());
+  std::sort(comms.begin(), comms.end());
+  std::vector<double> own;
+  for (size_t i = 1; i < iters.size(); ++i) {  // Why from the second: the first is the warm-up
+    const auto [a, b] = iters[i];
+    double busy = 0, cur_s = 0, cur_e = -1;
+    for (const auto& [cs, ce] : comms) {
+      const double s0 = std::max(cs, a), e0 = std::min(ce, b);
+      if (e0 <= s0) continue;
+      if (s0 > cur_e) {
+        if (cur_e > cur_s) busy += cur_e - cur_s;
+        cur_s = s0;
+        cur_e = e0;
+      } else {
+        cur_e = std::max(cur_e, e0);
+      }
+    }
+    if (cur_e > cur_s) busy += cur_e - cur_s;
+    own.push_back(std::max(0.0, (b - a - busy) * 1e-6 - std::max(0.0, latency_per_iteration_s)));
+  }
+  return Median(std::move(own));
+}
+
+std::optional<double> GraphComputePerIteration(const std::string& graph, int rank, std::string* error) {
+  trace::Trace t;
+  if (!replay::ReadTrace(graph, &t, error)) return std::nullopt;
+  if (rank < 0 || static_cast<size_t>(rank) >= t.ranks.size()) {
+    *error = "rank " + std::to_string(rank) + " is not in " + graph;
+    return std::nullopt;
+  }
+  const trace::RoleClass& rc = t.classes[t.ranks[static_cast<size_t>(rank)].cls];
+  std::map<uint32_t, double> per_iter;  // us
+  for (const auto& st : rc.streams)
+    for (const auto& n : st.nodes) {
+      per_iter.try_emplace(n.iter, 0.0);
+      if (n.kind == trace::NodeKind::kCompute && n.dur_us > 0) per_iter[n.iter] += n.dur_us;
+    }
+  if (per_iter.size() >= 2 && per_iter.begin()->first == 0) per_iter.erase(per_iter.begin());
+  std::vector<double> v;
+  for (const auto& [it, us] : per_iter) v.push_back(us * 1e-6);
+  if (v.empty()) {
+    *error = "rank " + std::to_string(rank) + "'s class has no iterations in " + graph;
+    return std::nullopt;
+  }
+  return Median(std::move(v));
+}
+
 nlohmann::json ToJson(const RankGraphComparison& c) {
   nlohmann::json it = nlohmann::json::array();
   for (const IterationPair& p : c.pairs) {

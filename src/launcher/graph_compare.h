@@ -64,6 +64,22 @@ std::optional<nlohmann::json> SimulateGraph(const std::string& graph, const std:
                                             const std::vector<std::pair<int32_t, double>>& stragglers,
                                             std::string* error);
 
+// The own-speed comparison. A rank's compute speed can move between runs by more than the replay's error (the tiny
+// Megatron model on the H200, 2026-11-30: one rank's compute 17.8 to 31.0 ms per iteration in consecutive runs on an
+// idle machine), so beside the graph's own durations the emulation is also compared with simulate where each real
+// rank's compute is scaled to what it measured in this run.
+//
+// RunComputePerIteration: `rank`'s compute per iteration in a run's trace.json (launcher's format: "iteration"
+// events and "comm" events from arrival to release, pid = rank): each iteration's duration less the union of the
+// communication inside it, less `latency_per_iteration_s` (report.json coordinator_latency_per_iteration_s: gates
+// that opened after their release are prism's delay, not the rank's compute); the median over the iterations after
+// the first. nullopt when the trace has fewer than two iterations of the rank.
+std::optional<double> RunComputePerIteration(const nlohmann::json& trace_json, int rank, double latency_per_iteration_s);
+// GraphComputePerIteration: the summed durations of the compute nodes of `rank`'s class per graph iteration, median
+// over the steady iterations (the first left out when the graph starts at iteration 0: the job's set-up). Assumes
+// the class's compute does not overlap itself across streams (Megatron's runs on one stream). nullopt when none.
+std::optional<double> GraphComputePerIteration(const std::string& graph, int rank, std::string* error);
+
 nlohmann::json ToJson(const RankGraphComparison& c);
 // One line for people: "rank 0: emulated vs simulate(graph): median error -0.94 % over 9 iterations; steady (7):
 // mean |error| 1.19 %, median 270.4 vs 274.0 ms (-1.32 %)".

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 namespace prism::launcher {
 namespace {
 
@@ -151,6 +153,47 @@ TEST(GraphCompare, SimulateGraphWithAStraggler) {
   EXPECT_FALSE(SimulateGraph(g, "no-such-topology", {}, &err));
   EXPECT_NE(err.find("no-such-topology"), std::string::npos) << err;
   EXPECT_FALSE(SimulateGraph("/nonexistent.prism", "", {}, &err));
+}
+
+// The own-speed comparison's inputs. A run's compute per iteration: each iteration less the union of its
+// communication (overlapping intervals counted once, parts outside the iteration left out) less the gates' latency;
+// the first iteration (warm-up) is left out; other ranks' events are not looked at.
+TEST(GraphCompare, ARunsComputeIsItsIterationsLessTheirCommunicationAndTheGatesLatency) {
+  auto ev = [](const char* cat, int pid, double ts, double dur) {
+    return nlohmann::json{{"cat", cat}, {"pid", pid}, {"ts", ts}, {"dur", dur}, {"ph", "X"}};
+  };
+  nlohmann::json t = {{"traceEvents", nlohmann::json::array()}};
+  auto& e = t["traceEvents"];
+  e.push_back(ev("iteration", 3, 0, 50000));       // warm-up: left out
+  e.push_back(ev("iteration", 3, 50000, 20000));   // 20 ms: comm 4 ms (3 + 2 overlapping by 1) -> 16 ms
+  e.push_back(ev("comm", 3, 52000, 3000));
+  e.push_back(ev("comm", 3, 54000, 2000));
+  e.push_back(ev("iteration", 3, 70000, 30000));   // 30 ms: comm 5 ms, 1 ms of it before the iteration -> 26 ms
+  e.push_back(ev("comm", 3, 69000, 6000));
+  e.push_back(ev("iteration", 3, 100000, 18000));  // 18 ms, no comm -> 18 ms
+  e.push_back(ev("comm", 5, 100000, 18000));       // another rank's
+  auto c = RunComputePerIteration(t, 3, 0.0);
+  ASSERT_TRUE(c);
+  EXPECT_NEAR(*c, 0.018, 1e-9);  // median of 16, 26, 18 ms
+  c = RunComputePerIteration(t, 3, 0.001);
+  ASSERT_TRUE(c);
+  EXPECT_NEAR(*c, 0.017, 1e-9);
+  EXPECT_FALSE(RunComputePerIteration(t, 4, 0.0));
+  EXPECT_FALSE(RunComputePerIteration(nlohmann::json::object(), 3, 0.0));
+}
+
+TEST(GraphCompare, AGraphsComputePerIterationIsItsClassesComputeNodesSummed) {
+  const std::string g = std::string(PRISM_SOURCE_DIR) + "/examples/graphs/gpt-tp2-pp2-dp2.prism.json";
+  std::string err;
+  auto a = GraphComputePerIteration(g, 0, &err);
+  ASSERT_TRUE(a) << err;
+  EXPECT_GT(*a, 0.0);
+  // Rank 4 is rank 0's data-parallel peer: the same class, the same compute.
+  auto b = GraphComputePerIteration(g, 4, &err);
+  ASSERT_TRUE(b) << err;
+  EXPECT_DOUBLE_EQ(*a, *b);
+  EXPECT_FALSE(GraphComputePerIteration(g, 99, &err));
+  EXPECT_NE(err.find("99"), std::string::npos) << err;
 }
 
 TEST(GraphCompare, NothingToCompareIsAnError) {

@@ -162,6 +162,18 @@ TEST_F(LauncherE2E, GraphRunIsComparedWithSimulateOfTheGraph) {
   EXPECT_EQ(rep["graph_comparison"]["ranks"][0]["rank"], 0);
   EXPECT_FALSE(rep["graph_comparison"]["ranks"][0]["iterations"].empty());
   EXPECT_GT(rep["graph_comparison"]["simulated_iteration_time_s"].get<double>(), 0.0);
+  // Beside it, simulate with the real rank's compute at what it measured in this run: the fake job's 20 ms
+  // iterations hold one 2 ms operation (tests/data/launcher/fake_worker.py), so 18 ms of compute per iteration.
+  const json& own = rep["graph_comparison"]["ranks"][0]["own_speed"];
+  ASSERT_TRUE(own.is_object()) << rep["graph_comparison"].dump(1);
+  EXPECT_NEAR(own["run_compute_per_iteration_s"].get<double>(), 0.018, 1e-6);
+  EXPECT_GT(own["graph_compute_per_iteration_s"].get<double>(), 0.0);
+  EXPECT_NEAR(own["compute_scale"].get<double>(),
+              own["run_compute_per_iteration_s"].get<double>() / own["graph_compute_per_iteration_s"].get<double>(),
+              1e-9);
+  EXPECT_TRUE(own.contains("median_error_pct"));
+  EXPECT_NE(log.find("prism: at rank 0's own speed (compute 18.0 ms per iteration in this run"), std::string::npos)
+      << log;
   json cmd = ReadJson(out / "command.json");
   EXPECT_EQ(cmd["workers"][0]["env"]["PRISM_WHAT_IF"], "straggler=4:1.5");
   fs::remove_all(out);

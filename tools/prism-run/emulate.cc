@@ -8,6 +8,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 
 #include "coordinator/coordinator.h"
@@ -17,6 +18,7 @@
 #include "launcher/launch.h"
 #include "launcher/plan.h"
 #include "launcher/report_compare.h"
+#include "prism/report.h"
 #include "replay/simulate.h"
 #include "emulate_options.h"
 #include "subcommands.h"
@@ -161,6 +163,46 @@ void CompareRunWithGraph(const std::string& graph, const std::string& topology,
   for (const auto& c : cs) {
     std::printf("prism: %s\n", launcher::Describe(c).c_str());
     arr.push_back(launcher::ToJson(c));
+  }
+  // At the real ranks' own speed (graph_compare.h): each real rank's compute scaled to what it measured in this run,
+  // so that a model whose speed moved since the fill does not pass for a replay error.
+  std::ifstream tf((fs::path(rep_path).parent_path() / "trace.json").string());
+  const nlohmann::json trace = nlohmann::json::parse(tf, nullptr, false);
+  std::vector<std::pair<int32_t, double>> own = stragglers;
+  std::map<int, nlohmann::json> speed;
+  for (const auto& c : cs) {
+    double latency = 0;
+    for (const auto& r : (*rep)["ranks"])
+      if (r.value("rank", -1) == c.rank && r.contains(std::string(report::kCoordinatorLatencyPerIteration)) &&
+          r[std::string(report::kCoordinatorLatencyPerIteration)].is_number())
+        latency = r[std::string(report::kCoordinatorLatencyPerIteration)].get<double>();
+    const std::optional<double> run = launcher::RunComputePerIteration(trace, c.rank, latency);
+    const std::optional<double> in_graph = launcher::GraphComputePerIteration(graph, c.rank, &error);
+    if (!run || !in_graph || *in_graph <= 0 || *run <= 0) continue;
+    own.emplace_back(c.rank, *run / *in_graph);
+    speed[c.rank] = {{"run_compute_per_iteration_s", *run},
+                     {"graph_compute_per_iteration_s", *in_graph},
+                     {"compute_scale", *run / *in_graph}};
+  }
+  if (!speed.empty()) {
+    std::optional<nlohmann::json> sim_own = launcher::SimulateGraph(graph, topology, own, &error);
+    std::vector<launcher::RankGraphComparison> cs_own;
+    if (sim_own) cs_own = launcher::CompareReports(*rep, *sim_own, &error);
+    for (const auto& c : cs_own) {
+      auto sp = speed.find(c.rank);
+      if (sp == speed.end()) continue;
+      std::printf("prism: at rank %d's own speed (compute %.1f ms per iteration in this run, %.1f ms in the graph: "
+                  "x%.3f): %s\n",
+                  c.rank, sp->second["run_compute_per_iteration_s"].get<double>() * 1e3,
+                  sp->second["graph_compute_per_iteration_s"].get<double>() * 1e3,
+                  sp->second["compute_scale"].get<double>(), launcher::Describe(c).c_str());
+      nlohmann::json j = launcher::ToJson(c);
+      j.erase("iterations");
+      j.erase("rank");
+      sp->second.update(j);
+      for (auto& a : arr)
+        if (a.value("rank", -1) == c.rank) a["own_speed"] = sp->second;
+    }
   }
   (*rep)["graph_comparison"] = {{"graph", graph},
                                 {"simulated_iteration_time_s", (*sim).value("iteration_time_s", 0.0)},
