@@ -9,7 +9,8 @@
 //
 // Default: the 4-stage Megatron graph filled on an H200 (tests/data/graph/megatron_w128pp4_fill/filled.prism, world
 // 128, tp 2 pp 4), rank 0, 4 repetitions, 5 runs. Prints, per mode, the median over runs of: mean and max decision
-// time, the slowest repetition's total decision time, and the ratio of the means (without / with idle work).
+// time, the slowest repetition's total decision time, and the ratio of the means (without / with idle work); then
+// how many decisions a prerelease sent ahead (ipc::OpPrerelease) would have answered before the rank arrived.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -122,5 +123,17 @@ int main(int argc, char** argv) {
   std::printf("  idle slices (200 us budget; a message arriving meanwhile waits): p99 %.1f us, max %.1f us\n",
               Median(slice_p99), Median(slice_max));
   std::printf("  the real rank ends at %.3f ms both ways: %s\n", end[0] / 1e6, end[0] == end[1] ? "same" : "DIFFERENT");
-  return end[0] == end[1] ? 0 : 1;
+  // Prereleases sent ahead as the coordinator sends them (after each decision and the idle work): how many of the
+  // decisions libprism could have taken on arrival, and the rule against every decision.
+  prism::coord::ClosedLoopOptions o;
+  o.reps = reps;
+  o.idle = true;
+  o.predict_ahead = true;
+  prism::coord::LoopResult pr = prism::coord::ClosedLoop(t, rank, o);
+  std::printf("  prereleased before the arrival: %llu of %zu decisions (%.1f %%); rule differs from the decision: "
+              "%llu; same end: %s\n",
+              static_cast<unsigned long long>(pr.prereleased), pr.decisions.size(),
+              pr.decisions.empty() ? 0.0 : 100.0 * static_cast<double>(pr.prereleased) / pr.decisions.size(),
+              static_cast<unsigned long long>(pr.mispredicted), pr.end_ns == end[1] ? "yes" : "NO");
+  return end[0] == end[1] && pr.end_ns == end[1] && pr.mispredicted == 0 ? 0 : 1;
 }

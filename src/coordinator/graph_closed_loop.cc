@@ -90,6 +90,20 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
     cur[s].first_steady = k < nodes.size() ? k : 0;
   }
   std::map<std::pair<uint32_t, uint32_t>, int64_t> finish;  // (rep, node id) -> ns
+  // opt.predict_ahead: per slot, the coordinator's cursor (next to predict, end of the released), and what it sent.
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> cursor;
+  std::map<std::pair<uint32_t, uint64_t>, ReleasePolicy::Prerelease> sent;
+  auto send_prereleases = [&] {
+    for (auto& [slot, cur] : cursor) {
+      auto& [next, released] = cur;
+      while (next < released + 4) {
+        std::optional<ReleasePolicy::Prerelease> p = gr.Predict(views[slot], next, real);
+        if (!p) break;
+        sent[{slot, next}] = *p;
+        ++next;
+      }
+    }
+  };
   out.rep_end_ns.assign(reps, 0);
   for (;;) {
     int best = -1;
@@ -127,6 +141,21 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
       Arrival a{real, ipc::OpArrive{views[n.comm_slot].comm_id, IpcOp(n), seq, n.bytes,
                                     static_cast<uint64_t>(best_start), 0, n.peer, 0}};
       std::optional<ReleasePolicy::Prerelease> pre;
+      if (opt.predict_ahead) {
+        auto ps = sent.find({n.comm_slot, seq});
+        if (ps != sent.end()) {
+          ++out.prereleased;
+          pre = ps->second;
+          sent.erase(ps);
+        } else {
+          char what[160];
+          std::snprintf(what, sizeof what, "slot %u (%s) seq %llu rep %u %s %s", n.comm_slot,
+                        rc.comm_slots[n.comm_slot].c_str(), static_cast<unsigned long long>(seq), c.rep,
+                        std::string(trace::ToString(n.kind)).c_str(),
+                        n.kind == trace::NodeKind::kColl ? std::string(trace::ToString(n.op)).c_str() : "");
+          out.not_prereleased.push_back(what);
+        }
+      }
       if (opt.predict) pre = gr.Predict(views[n.comm_slot], seq, real);
       const auto t0 = std::chrono::steady_clock::now();
       ReleaseDecision d = gr.Decide(views[n.comm_slot], seq, {&a, 1});
@@ -147,9 +176,15 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
                         (static_cast<int64_t>(d.release_ns) - kT0) / 1e6);
         }
       }
-      // The coordinator's event loop calls Idle while the real rank computes (here: until nothing is left).
-      // The coordinator's event loop calls Idle in slices while the real rank computes; a message that arrives
-      // meanwhile waits for the slice to end, so the longest slice is the latency Idle can add.
+      if (opt.predict_ahead) {
+        auto [it, fresh] = cursor.try_emplace(n.comm_slot, seq + 1, seq + 1);
+        if (!fresh) {
+          it->second.second = std::max(it->second.second, seq + 1);
+          it->second.first = std::max(it->second.first, it->second.second);
+        }
+        send_prereleases();
+      }
+      // The coordinator's event loop calls Idle in slices while the real rank computes (here: until nothing is left).
       if (opt.idle) {
         for (bool more = true; more;) {
           const auto i0 = std::chrono::steady_clock::now();
@@ -158,6 +193,7 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
               std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - i0).count());
         }
       }
+      if (opt.predict_ahead) send_prereleases();
     }
     finish[{c.rep, n.id}] = end;
     if (std::getenv("CLOSED_LOOP_DEBUG"))

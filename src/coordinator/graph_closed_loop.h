@@ -24,6 +24,11 @@ struct ClosedLoopOptions {
   // Ask GraphRelease::Predict before each decision, as the coordinator does for a rank that takes prereleases, and
   // check the rule it gives (ipc::OpPrerelease) against the decision.
   bool predict = false;
+  // Ask Predict as the coordinator does, ahead of time: after each decision (and after the idle work), for every
+  // communicator of the real rank from its second operation on, the next operations up to 4 past the last released
+  // one; count the decisions whose prerelease was known before the rank arrived (structurally: the loop does all of it
+  // at the decision's instant, so a short compute gap that the real coordinator would miss counts as in time).
+  bool predict_ahead = false;
 };
 
 struct LoopResult {
@@ -36,6 +41,8 @@ struct LoopResult {
   std::vector<int64_t> idle_slice_ns;  // how long each Idle call took (with opt.idle)
   uint64_t predicted = 0;            // decisions Predict knew ahead (with opt.predict)
   uint64_t mispredicted = 0;         // ... whose rule gave another release than Decide
+  uint64_t prereleased = 0;          // decisions prereleased before the arrival (opt.predict_ahead)
+  std::vector<std::string> not_prereleased;  // the others: "slot S seq Q rep R <kind> <op>" (opt.predict_ahead)
   GraphRelease::Stats stats;
 };
 
