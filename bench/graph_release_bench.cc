@@ -135,5 +135,10 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(pr.prereleased), pr.decisions.size(),
               pr.decisions.empty() ? 0.0 : 100.0 * static_cast<double>(pr.prereleased) / pr.decisions.size(),
               static_cast<unsigned long long>(pr.mispredicted), pr.end_ns == end[1] ? "yes" : "NO");
+  std::vector<int64_t> pass = pr.prerelease_pass_ns;
+  std::sort(pass.begin(), pass.end());
+  if (!pass.empty())
+    std::printf("  prerelease passes (the event loop is held meanwhile): median %.1f us, p99 %.1f us, max %.1f us\n",
+                pass[pass.size() / 2] / 1e3, pass[pass.size() * 99 / 100] / 1e3, pass.back() / 1e3);
   return end[0] == end[1] && pr.end_ns == end[1] && pr.mispredicted == 0 ? 0 : 1;
 }

@@ -94,6 +94,7 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
   std::map<uint32_t, std::pair<uint64_t, uint64_t>> cursor;
   std::map<std::pair<uint32_t, uint64_t>, ReleasePolicy::Prerelease> sent;
   auto send_prereleases = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
     for (auto& [slot, cur] : cursor) {
       auto& [next, released] = cur;
       while (next < released + 4) {
@@ -103,6 +104,8 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
         ++next;
       }
     }
+    out.prerelease_pass_ns.push_back(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   };
   out.rep_end_ns.assign(reps, 0);
   for (;;) {

@@ -42,6 +42,8 @@ struct LoopResult {
   uint64_t predicted = 0;            // decisions Predict knew ahead (with opt.predict)
   uint64_t mispredicted = 0;         // ... whose rule gave another release than Decide
   uint64_t prereleased = 0;          // decisions prereleased before the arrival (opt.predict_ahead)
+  std::vector<int64_t> prerelease_pass_ns;  // how long each pass over the communicators took (the coordinator's
+                                            // event loop is held that long; opt.predict_ahead)
   std::vector<std::string> not_prereleased;  // the others: "slot S seq Q rep R <kind> <op>" (opt.predict_ahead)
   GraphRelease::Stats stats;
 };

@@ -14,8 +14,11 @@ namespace {
 // Nodes a virtual rank advances per step of Idle (~1 us each). Why 16: a message that arrives meanwhile waits for
 // the step (the stop check runs between steps); ~16 us, against the ~40 us round trip of a release.
 constexpr uint64_t kIdleSteps = 16;
-// Nodes Predict may advance each virtual member that has not reached the operation yet.
-constexpr uint64_t kPredictSteps = 256;
+// Virtual members Predict may advance (kIdleSteps nodes each) when they have not reached the operation yet. Why so
+// few: Predict runs on the coordinator's event loop without the idle work's stop check; a world collective has every
+// rank as a partner, and advancing them all there held the loop for milliseconds. Idle (interruptible) does the
+// rest, and the coordinator asks again once it did (PredictEpoch).
+constexpr int kPredictAdvances = 4;
 
 int64_t UsToNs(double us) { return us > 0 ? static_cast<int64_t>(std::llround(us * 1000.0)) : 0; }
 
@@ -602,6 +605,7 @@ std::optional<ReleasePolicy::Prerelease> GraphRelease::Predict(const CommView& c
   if (!Partners(inst, &parts)) return std::nullopt;
   Prerelease pr;
   int64_t latest = 0;
+  int advances = 0;
   for (const Inst& p : parts) {
     if (p == inst) continue;
     if (IsReal(p.rank)) return std::nullopt;  // another real member: its arrival decides too
@@ -609,7 +613,8 @@ std::optional<ReleasePolicy::Prerelease> GraphRelease::Predict(const CommView& c
     if (it == arrival_.end()) {
       // Why advance here: Idle may not have reached this rank yet (its worklist runs in stack order), and the rank
       // needs the answer before it arrives. The same fixed point as Pump: the rank moves as far as its inputs allow.
-      if (Advance(p.rank, kPredictSteps)) Queue(p.rank);
+      if (++advances > kPredictAdvances) return std::nullopt;
+      if (Advance(p.rank, kIdleSteps)) Queue(p.rank);
       it = arrival_.find(p);
       if (it == arrival_.end()) return std::nullopt;
     }

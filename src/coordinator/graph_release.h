@@ -44,8 +44,8 @@ class GraphRelease : public ReleasePolicy {
   // Advances the virtual ranks ahead of the real ones (up to two repetitions past the furthest real rank) for about
   // `budget_ns`, so that a decision rarely computes more than its own operation. True while work remains.
   bool Idle(int64_t budget_ns, const std::function<bool()>& stop) override;
-  // Real rank `rank`'s operation `seq` on `comm`, when every other member is virtual and their arrivals can be
-  // computed now (the virtual members are advanced as far as their inputs allow, a bounded number of nodes each):
+  // Real rank `rank`'s operation `seq` on `comm`, when every other member is virtual and their arrivals are known
+  // (a few members that have not reached it are advanced a few nodes; the rest is Idle's work):
   // the latest virtual arrival and the duration Decide would take. Decide, given the rank's arrival, answers
   // max(arrival, floor) + duration: the same release.
   std::optional<Prerelease> Predict(const CommView& comm, uint64_t seq, int rank) override;
