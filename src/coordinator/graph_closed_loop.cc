@@ -138,6 +138,17 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
     int64_t end = best_start;
     if (n.kind == trace::NodeKind::kCompute) {
       end += static_cast<int64_t>(n.dur_us * 1000.0);
+      if (opt.idle_realtime) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(n.dur_us * 1000.0));
+        for (bool more = true; more && std::chrono::steady_clock::now() < until;) {
+          const auto i0 = std::chrono::steady_clock::now();
+          const int64_t left = std::chrono::duration_cast<std::chrono::nanoseconds>(until - i0).count();
+          more = gr.Idle(std::min(opt.idle_slice_ns, left), {});
+          out.idle_slice_ns.push_back(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - i0).count());
+        }
+        if (opt.predict_ahead) send_prereleases();
+      }
     } else {
       const uint64_t k = slot_ids[n.comm_slot].size(), start = slot_start[n.comm_slot];
       const uint64_t seq = c.rep == 0 ? seq_in_slot[n.id] : k + (c.rep - 1) * (k - start) + (seq_in_slot[n.id] - start);
@@ -188,7 +199,7 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
         send_prereleases();
       }
       // The coordinator's event loop calls Idle in slices while the real rank computes (here: until nothing is left).
-      if (opt.idle) {
+      if (opt.idle && !opt.idle_realtime) {
         for (bool more = true; more;) {
           const auto i0 = std::chrono::steady_clock::now();
           more = gr.Idle(opt.idle_slice_ns, {});

@@ -29,6 +29,11 @@ struct ClosedLoopOptions {
   // one; count the decisions whose prerelease was known before the rank arrived (structurally: the loop does all of it
   // at the decision's instant, so a short compute gap that the real coordinator would miss counts as in time).
   bool predict_ahead = false;
+  // Real time instead of idle work to completion: while the real rank runs a compute node of D us, Idle gets D us of
+  // this machine's time (in idle_slice_ns slices), and nothing after a decision; what was not done by the next
+  // decision is paid inside it (decide_ns). Takes precedence over `idle`. The decisions stay the same; their cost
+  // depends on this machine's speed.
+  bool idle_realtime = false;
 };
 
 struct LoopResult {

@@ -113,6 +113,8 @@ class GraphRelease : public ReleasePolicy {
   void Pump();
   void QueueAll();
   void Queue(int rank);
+  // Takes the queued rank with the earliest clock_ out of the worklist.
+  int PopWork();
   // Queues the virtual ranks that take part with `inst` (their completion waits on its arrival).
   void QueuePartners(const Inst& inst);
   // Runs virtual rank `v`'s streams until none moves, or for at most `max_steps` nodes (then true: more may
@@ -170,6 +172,7 @@ class GraphRelease : public ReleasePolicy {
   uint64_t arrivals_noted_ = 0;  // PredictEpoch: counts the arrivals recorded
   std::vector<int> work_;       // virtual ranks to advance (Pump)
   std::vector<char> queued_;    // per rank: in work_
+  std::vector<int64_t> clock_;  // per rank: the latest finish of a node it ran (the worklist's order)
   Stats stats_;
 };
 
