@@ -97,9 +97,13 @@ struct OpRelease {
 //   last_rank  = floor_rank < 0 ? -1 : (arrival > floor_ns ? this rank : floor_rank)
 // the coordinator's own rule for that operation (GraphRelease: max of the members' arrivals plus the duration), with
 // the virtual members' latest arrival known ahead. A unit of several operations releases at the latest of theirs.
+// A unit takes its prereleases only when every operation of it has one whose `op` matches the unit's (OpArrive::op,
+// or the unit's op is 0); the coordinator applies the same test to the kOpArrive to decide whether to answer.
 struct OpPrerelease {
   uint32_t comm_id;
-  uint32_t reserved;
+  uint32_t op;          // the graph's operation there (OpArrive::op's code): a unit whose op differs (the job left
+                        // the graph: an extra set-up collective, past its end) does not take the prerelease; both
+                        // sides test it alike (a unit of op 0, mixed, takes it)
   uint64_t seq;
   uint64_t floor_ns;    // the latest virtual member's arrival (same clock as arrival_ns); 0 when there is none
   int64_t dur_ns;       // the operation's duration; -1: the rank's own model duration (OpArrive::model_dur_ns)

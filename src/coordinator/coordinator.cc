@@ -290,6 +290,7 @@ class Coordinator::Impl {
   bool predict_dirty_ = false;           // a release moved a cursor since
   uint64_t prereleases_sent_ = 0, prereleases_used_ = 0, prerelease_mismatches_ = 0;
   void SendPrereleases();
+  void ForgetPrereleases(int rank);
   bool StopIdle() const;
   uint64_t releases_ = 0;
   uint64_t started_ns_ = 0;
@@ -619,6 +620,9 @@ void Coordinator::Impl::Loop() {
       idle_work = opts_.release_policy->Idle(200'000, [this] { return StopIdle(); });
       std::lock_guard<std::mutex> lock(mu_);
       SendPrereleases();
+      // Predict may have queued work (a member it advanced has more): one step, and poll instead of sleeping if
+      // more remains.
+      if (!idle_work) idle_work = opts_.release_policy->Idle(0, [this] { return StopIdle(); });
     }
     if (swap_ && (swap_store_dirty_.exchange(false) || tick)) SwapStoreWaits();
     if (swap_ && tick && swap_usage_) SwapMeasure();
@@ -731,6 +735,7 @@ void Coordinator::Impl::DropClient(BusId id) {
   if (c.rank >= 0) {
     RankState& r = ranks_[c.rank];
     if (r.conn == id) {
+      ForgetPrereleases(c.rank);
       lost = r.state == "connected";
       if (lost) {
         r.state = "lost";
@@ -955,6 +960,7 @@ void Coordinator::Impl::HandleHello(BusId id, BusClient& c, const json& j) {
                        j.value("pid", 0));
     clients_.at(s.conn).rank = -1;
   }
+  ForgetPrereleases(rank);
   c.rank = rank;
   s.state = "connected";
   s.conn = id;
@@ -1277,12 +1283,15 @@ std::string Coordinator::Impl::SendRelease(const CommView& comm, uint64_t seq, c
     // A unit whose every operation was prereleased: the rank released it itself (the same rule); no frame.
     bool all = true;
     uint64_t rule = 0;
+    const uint32_t unit_op = x.op.op;
     for (uint64_t k = 0; k < nops; ++k) {
       auto it = prereleased_.find({comm.comm_id, seq + k});
       if (it == prereleased_.end()) {
         all = false;
         continue;
       }
+      // The rank's test (ipc::OpPrerelease): a unit of another op than the graph's does not take it.
+      if (unit_op != 0 && it->second.op != unit_op) all = false;
       const uint64_t arrival = x.op.arrival_ns, model = x.op.model_dur_ns;
       const ReleasePolicy::Prerelease& p = it->second;
       rule = std::max(rule, std::max(arrival, p.floor_ns) + (p.dur_ns >= 0 ? static_cast<uint64_t>(p.dur_ns) : model));
@@ -1316,6 +1325,9 @@ void Coordinator::Impl::SendPrereleases() {
   const uint64_t epoch = opts_.release_policy->PredictEpoch();
   if (!predict_dirty_ && epoch == predict_epoch_) return;
   predict_dirty_ = false;
+  // Why the epoch read before the pass: Predict's own advances move it, and a communicator asked before them in
+  // this pass must be asked again.
+  predict_epoch_ = epoch;
   // Why a window: the rank needs the next few answers before it arrives; further ones cost the virtual ranks'
   // advance now, which Idle does cheaper in bulk.
   constexpr uint64_t kAhead = 4;
@@ -1339,6 +1351,7 @@ void Coordinator::Impl::SendPrereleases() {
       pr.floor_ns = p->floor_ns;
       pr.dur_ns = p->dur_ns;
       pr.floor_rank = p->floor_rank;
+      pr.op = p->op;
       cl->second.out.append(ipc::EncodePod(ipc::MsgType::kOpPrerelease, pr));
       prereleased_[{comm_id, pc.next}] = *p;
       ++prereleases_sent_;
@@ -1347,7 +1360,23 @@ void Coordinator::Impl::SendPrereleases() {
     }
     if (sent) Flush(cl->first, cl->second);
   }
-  predict_epoch_ = opts_.release_policy->PredictEpoch();
+}
+
+void Coordinator::Impl::ForgetPrereleases(int rank) {
+  // A rank's new connection (a restarted process) numbers its operations from 0 again: what was prereleased to the
+  // old one must neither be counted as taken nor suppress an answer.
+  for (auto it = predict_.begin(); it != predict_.end();) {
+    const uint32_t comm_id = it->first;
+    const bool mine = comm_id >= 1 && comm_id <= comms_.size() && comms_[comm_id - 1].real_members.size() == 1 &&
+                      comms_[comm_id - 1].real_members[0] == rank;
+    if (!mine) {
+      ++it;
+      continue;
+    }
+    for (auto p = prereleased_.lower_bound({comm_id, 0}); p != prereleased_.end() && p->first.first == comm_id;)
+      p = prereleased_.erase(p);
+    it = predict_.erase(it);
+  }
 }
 
 bool Coordinator::Impl::HoldOnDisagreement(const CommView& comm, uint64_t seq, const std::vector<Arrival>& arrivals) {

@@ -76,6 +76,7 @@ class ReleasePolicy {
     uint64_t floor_ns = 0;
     int64_t dur_ns = -1;
     int32_t floor_rank = -1;
+    uint32_t op = 0;  // the operation the policy expects there (ipc::OpArrive::op's code)
   };
   virtual std::optional<Prerelease> Predict(const CommView& comm, uint64_t seq, int rank) {
     (void)comm;

@@ -653,6 +653,7 @@ std::optional<ReleasePolicy::Prerelease> GraphRelease::Predict(const CommView& c
     }
   }
   pr.floor_ns = static_cast<uint64_t>(std::max<int64_t>(latest, 0));
+  pr.op = IpcOpOf(NodeOf(inst.rank, inst.node));
   // DurationNs's rule without the shims' durations: the graph's recorded duration, else (-1) the real rank's own
   // model duration, the only shim duration Decide will have for this operation.
   for (const Inst& p : parts) {

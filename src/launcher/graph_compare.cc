@@ -188,18 +188,27 @@ std::optional<double> RunComputePerIteration(const nlohmann::json& trace_json, i
   if (!events->is_array()) return std::nullopt;
   std::vector<std::pair<double, double>> iters, comms;  // [start, end) in us
   for (const auto& e : *events) {
-    if (!e.is_object() || e.value("pid", -1) != rank || !e.contains("ts") || !e.contains("dur")) continue;
-    const std::string cat = e.value("cat", std::string());
-    if (cat != "iteration" && cat != "comm") continue;
-    const double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
-    (cat == "iteration" ? iters : comms).emplace_back(ts, ts + dur);
+    if (!e.is_object()) continue;
+    auto pid = e.find("pid"), cat = e.find("cat"), ts = e.find("ts"), dur = e.find("dur");
+    if (pid == e.end() || !pid->is_number_integer() || pid->get<int>() != rank || cat == e.end() ||
+        !cat->is_string() || ts == e.end() || !ts->is_number() || dur == e.end() || !dur->is_number())
+      continue;
+    const std::string c = cat->get<std::string>();
+    if (c != "iteration" && c != "comm") continue;
+    const double t0 = ts->get<double>(), d = dur->get<double>();
+    (c == "iteration" ? iters : comms).emplace_back(t0, t0 + d);
   }
-  if (iters.size() < 2) return std::nullopt;
+  if (iters.size() < 2 || comms.empty()) return std::nullopt;
   std::sort(iters.begin(), iters.end());
   std::sort(comms.begin(), comms.end());
+  // Why: trace.json keeps at most 200000 operations per rank (run_report.cc); iterations after the last one kept
+  // would count as all compute.
+  double last_comm = 0;
+  for (const auto& [cs, ce] : comms) last_comm = std::max(last_comm, ce);
   std::vector<double> own;
   for (size_t i = 1; i < iters.size(); ++i) {  // Why from the second: the first is the warm-up
     const auto [a, b] = iters[i];
+    if (a >= last_comm) break;
     double busy = 0, cur_s = 0, cur_e = -1;
     for (const auto& [cs, ce] : comms) {
       const double s0 = std::max(cs, a), e0 = std::min(ce, b);

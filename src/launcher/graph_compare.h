@@ -73,7 +73,10 @@ std::optional<nlohmann::json> SimulateGraph(const std::string& graph, const std:
 // events and "comm" events from arrival to release, pid = rank): each iteration's duration less the union of the
 // communication inside it, less `latency_per_iteration_s` (report.json coordinator_latency_per_iteration_s: gates
 // that opened after their release are prism's delay, not the rank's compute); the median over the iterations after
-// the first. nullopt when the trace has fewer than two iterations of the rank.
+// the first, up to the rank's last communication in the file (trace.json caps operations per rank). Assumes the
+// rank's communication does not overlap its compute (Megatron without --overlap-grad-reduce and without p2p overlap:
+// otherwise the compute is underestimated). nullopt when the trace has fewer than two iterations of the rank or no
+// communication.
 std::optional<double> RunComputePerIteration(const nlohmann::json& trace_json, int rank, double latency_per_iteration_s);
 // GraphComputePerIteration: the summed durations of the compute nodes of `rank`'s class per graph iteration, median
 // over the steady iterations (the first left out when the graph starts at iteration 0: the job's set-up). Assumes

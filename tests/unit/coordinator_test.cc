@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <span>
 #include <sstream>
 #include <thread>
 
@@ -317,6 +319,116 @@ TEST_F(CoordinatorTest, VirtualLeaderCommWithOneRealMember) {
   ASSERT_TRUE(ipc::DecodePod(f, &rel));
   EXPECT_EQ(rel.release_ns, 5007u);
   EXPECT_EQ(rel.last_rank, -1);
+}
+
+// Prereleases (ipc.h kOpPrerelease) over the bus, with a release policy that knows the virtual members' arrivals
+// ahead (floor 10000 + 100 x seq, duration 50; the graph expects a broadcast at seq 3, an all-reduce elsewhere):
+// after a communicator's first release the rank gets the rules of its next 4 operations; an arrival whose every
+// operation was prereleased for its op gets no kOpRelease, one whose op differs does; a new connection of the rank
+// starts afresh (nothing prereleased to the old one suppresses an answer).
+class AheadPolicy : public ReleasePolicy {
+ public:
+  ReleaseDecision Decide(const CommView&, uint64_t seq, std::span<const Arrival> arrivals) override {
+    ReleaseDecision d;
+    const uint64_t arrival = arrivals[0].op.arrival_ns, floor = Floor(seq);
+    d.release_ns = std::max(arrival, floor) + 50;
+    d.last_rank = arrival > floor ? arrivals[0].rank : 4;
+    return d;
+  }
+  std::optional<Prerelease> Predict(const CommView&, uint64_t seq, int) override {
+    Prerelease p;
+    p.floor_ns = Floor(seq);
+    p.dur_ns = 50;
+    p.floor_rank = 4;
+    p.op = seq == 3 ? 4 : 1;
+    return p;
+  }
+  static uint64_t Floor(uint64_t seq) { return 10000 + 100 * seq; }
+};
+
+TEST(CoordinatorPrerelease, SentAheadTakenByOpAndForgottenOnANewConnection) {
+  AheadPolicy policy;
+  CoordinatorOptions o;
+  o.world_size = 8;
+  o.real_ranks = {5};
+  o.out_dir = TempDir("coord-pre");
+  o.comm_wait_ms = 300;
+  o.release_policy = &policy;
+  std::string error;
+  auto coord = Coordinator::Start(o, &error);
+  ASSERT_TRUE(coord) << error;
+  store::StoreClient st;
+  ASSERT_TRUE(st.Connect(coord->endpoints().store_host, coord->endpoints().store_port)) << st.error();
+  ASSERT_TRUE(st.Set("/default_pg/0//1//__prism_group__", R"({"name":"1","ranks":[4,5,6],"desc":"TP"})"));
+  std::string id;
+  ASSERT_TRUE(st.WaitGet("/default_pg/0//1//cuda//0", 5000, &id));
+  auto arrive = [](FakeShim& r, uint32_t comm, uint64_t seq, uint32_t op) {
+    ipc::OpArrive a{};
+    a.comm_id = comm;
+    a.op = op;
+    a.seq = seq;
+    a.arrival_ns = 20000 + seq;  // after every floor: the rank arrives last
+    a.model_dur_ns = 7;
+    a.nops = 1;
+    EXPECT_TRUE(r.SendPod(ipc::MsgType::kOpArrive, a));
+  };
+  // Frames until `pred` takes one (prereleases are collected on the way); false on a timeout.
+  std::map<uint64_t, ipc::OpPrerelease> pre;
+  auto next = [&pre](FakeShim& r, ipc::OpRelease* rel, int timeout_ms) {
+    for (;;) {
+      ipc::Frame f;
+      if (!r.Recv(&f, timeout_ms)) return false;
+      if (f.type == ipc::MsgType::kOpPrerelease) {
+        ipc::OpPrerelease p{};
+        EXPECT_TRUE(ipc::DecodePod(f, &p));
+        pre[p.seq] = p;
+        continue;
+      }
+      if (f.type == ipc::MsgType::kOpRelease) return ipc::DecodePod(f, rel);
+    }
+  };
+  {
+    FakeShim r5(coord->endpoints().socket_path, 5);
+    r5.Hello({{"prerelease", true}});
+    const json c = r5.CommInit(id, 3, 1);
+    const uint32_t comm = c["comm_id"];
+    arrive(r5, comm, 0, 1);
+    ipc::OpRelease rel{};
+    ASSERT_TRUE(next(r5, &rel, 5000));
+    EXPECT_EQ(rel.seq, 0u) << "a communicator's first operation is answered";
+    EXPECT_EQ(rel.release_ns, 20050u);
+    arrive(r5, comm, 1, 1);  // prereleased for its op: no answer
+    arrive(r5, comm, 2, 1);  // the same
+    arrive(r5, comm, 3, 1);  // prereleased for a broadcast: answered
+    ASSERT_TRUE(next(r5, &rel, 5000));
+    EXPECT_EQ(rel.seq, 3u);
+    EXPECT_EQ(rel.release_ns, 20053u);
+    for (uint64_t s : {1, 2, 3, 4}) {
+      ASSERT_TRUE(pre.count(s)) << "no prerelease for seq " << s;
+      EXPECT_EQ(pre[s].floor_ns, AheadPolicy::Floor(s));
+      EXPECT_EQ(pre[s].dur_ns, 50);
+      EXPECT_EQ(pre[s].floor_rank, 4);
+      EXPECT_EQ(pre[s].op, s == 3 ? 4u : 1u);
+    }
+    EXPECT_EQ(pre.count(0), 0u);
+  }
+  // The rank's process starts again: a new connection, sequence numbers from 0. Nothing the old connection was sent
+  // may suppress an answer: seq 0 is answered, and every later one is prereleased to the new connection first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  pre.clear();
+  FakeShim again(coord->endpoints().socket_path, 5);
+  again.Hello({{"prerelease", true}});
+  const json c = again.CommInit(id, 3, 1);
+  const uint32_t comm = c["comm_id"];
+  arrive(again, comm, 0, 1);
+  ipc::OpRelease rel{};
+  ASSERT_TRUE(next(again, &rel, 5000));
+  EXPECT_EQ(rel.seq, 0u);
+  arrive(again, comm, 1, 1);
+  arrive(again, comm, 2, 3);  // a reduce-scatter where the graph has an all-reduce: answered
+  ASSERT_TRUE(next(again, &rel, 5000));
+  EXPECT_EQ(rel.seq, 2u);
+  EXPECT_TRUE(pre.count(1)) << "seq 1 was prereleased to the new connection";
 }
 
 TEST_F(CoordinatorTest, UnknownCommIsAnsweredWithAnError) {

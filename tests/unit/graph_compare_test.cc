@@ -170,16 +170,26 @@ TEST(GraphCompare, ARunsComputeIsItsIterationsLessTheirCommunicationAndTheGatesL
   e.push_back(ev("comm", 3, 54000, 2000));
   e.push_back(ev("iteration", 3, 70000, 30000));   // 30 ms: comm 5 ms, 1 ms of it before the iteration -> 26 ms
   e.push_back(ev("comm", 3, 69000, 6000));
-  e.push_back(ev("iteration", 3, 100000, 18000));  // 18 ms, no comm -> 18 ms
+  e.push_back(ev("iteration", 3, 100000, 18000));  // 18 ms, comm 1 ms -> 17 ms
+  e.push_back(ev("comm", 3, 100000, 1000));
   e.push_back(ev("comm", 5, 100000, 18000));       // another rank's
   auto c = RunComputePerIteration(t, 3, 0.0);
   ASSERT_TRUE(c);
-  EXPECT_NEAR(*c, 0.018, 1e-9);  // median of 16, 26, 18 ms
+  EXPECT_NEAR(*c, 0.017, 1e-9);  // median of 16, 26, 17 ms
   c = RunComputePerIteration(t, 3, 0.001);
   ASSERT_TRUE(c);
-  EXPECT_NEAR(*c, 0.017, 1e-9);
+  EXPECT_NEAR(*c, 0.016, 1e-9);
   EXPECT_FALSE(RunComputePerIteration(t, 4, 0.0));
   EXPECT_FALSE(RunComputePerIteration(nlohmann::json::object(), 3, 0.0));
+  // Iterations after the rank's last communication in the file (trace.json's cap on operations) are left out.
+  e.push_back(ev("iteration", 3, 118000, 5000));
+  c = RunComputePerIteration(t, 3, 0.0);
+  ASSERT_TRUE(c);
+  EXPECT_NEAR(*c, 0.017, 1e-9);
+  // Fields of other types are skipped, not thrown on.
+  e.push_back(nlohmann::json{{"cat", 7}, {"pid", "3"}, {"ts", nullptr}, {"dur", "x"}});
+  e.push_back(nlohmann::json{{"cat", "comm"}, {"pid", 3}, {"ts", nullptr}, {"dur", 1}});
+  EXPECT_TRUE(RunComputePerIteration(t, 3, 0.0));
 }
 
 TEST(GraphCompare, AGraphsComputePerIterationIsItsClassesComputeNodesSummed) {

@@ -230,7 +230,7 @@ TEST(ShimCoord, LateReleaseLogsWhenTheGateOpened) {
 
 // Prereleases (ipc.h kOpPrerelease): under --graph, an operation whose other members are virtual is released by the
 // shim itself on arrival, by the rule the coordinator sent ahead, with no round trip (the arrival still goes out);
-// an operation without one waits for kOpRelease as before. The fake coordinator answers arrivals 5 ms late and only
+// an operation whose prerelease names another op (the job left the graph) waits for kOpRelease as before. The fake coordinator answers arrivals 5 ms late and only
 // those it did not prerelease, as the coordinator does.
 TEST(ShimCoord, PrereleasedOperationOpensWithoutWaitingForTheCoordinator) {
   std::string path = "/tmp/prism_coord_pre_" + std::to_string(getpid()) + ".sock";
@@ -254,10 +254,14 @@ TEST(ShimCoord, PrereleasedOperationOpensWithoutWaitingForTheCoordinator) {
         ipc::SendFrame(fd, ipc::MsgType::kCommInfo, s.data(), s.size(), &err);
         ipc::OpPrerelease pr{};
         pr.comm_id = 4;
+        pr.op = 1;  // all-reduce (trace::CollOp), the op the shim will run
         pr.seq = 0;
         pr.floor_ns = 1000;  // virtual rank 1 arrived long before: the release is the arrival plus the duration
         pr.dur_ns = 7000;
         pr.floor_rank = 1;
+        ipc::SendFrame(fd, ipc::MsgType::kOpPrerelease, &pr, sizeof(pr), &err);
+        pr.seq = 1;
+        pr.op = 4;  // broadcast: the graph expected another op there (the job left the graph); not taken
         ipc::SendFrame(fd, ipc::MsgType::kOpPrerelease, &pr, sizeof(pr), &err);
       } else if (f.type == ipc::MsgType::kOpArrive) {
         ipc::OpArrive a{};
@@ -340,7 +344,7 @@ TEST(ShimCoord, PrereleasedOperationOpensWithoutWaitingForTheCoordinator) {
       EXPECT_LT(opened, release + 4000000) << "opened without the coordinator's 5 ms: " << line;
     } else {
       EXPECT_EQ(release, arrival + 1000) << line;
-      EXPECT_GE(opened, release + 5000000) << "no prerelease: the answer's 5 ms: " << line;
+      EXPECT_GE(opened, release + 5000000) << "prerelease for another op: the answer's 5 ms: " << line;
     }
   }
   EXPECT_EQ(ops, 2);

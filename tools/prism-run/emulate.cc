@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -170,14 +171,20 @@ void CompareRunWithGraph(const std::string& graph, const std::string& topology,
   const nlohmann::json trace = nlohmann::json::parse(tf, nullptr, false);
   std::vector<std::pair<int32_t, double>> own = stragglers;
   std::map<int, nlohmann::json> speed;
+  const nlohmann::json no_ranks = nlohmann::json::array();
+  const nlohmann::json& ranks = rep->contains("ranks") && (*rep)["ranks"].is_array() ? (*rep)["ranks"] : no_ranks;
   for (const auto& c : cs) {
     double latency = 0;
-    for (const auto& r : (*rep)["ranks"])
-      if (r.value("rank", -1) == c.rank && r.contains(std::string(report::kCoordinatorLatencyPerIteration)) &&
-          r[std::string(report::kCoordinatorLatencyPerIteration)].is_number())
-        latency = r[std::string(report::kCoordinatorLatencyPerIteration)].get<double>();
+    for (const auto& r : ranks) {
+      if (!r.is_object() || !r.contains("rank") || !r["rank"].is_number_integer() || r["rank"].get<int>() != c.rank)
+        continue;
+      auto l = r.find(std::string(report::kCoordinatorLatencyPerIteration));
+      if (l != r.end() && l->is_number()) latency = l->get<double>();
+    }
     const std::optional<double> run = launcher::RunComputePerIteration(trace, c.rank, latency);
     const std::optional<double> in_graph = launcher::GraphComputePerIteration(graph, c.rank, &error);
+    if (!in_graph) std::printf("prism: no own-speed comparison for rank %d: %s\n", c.rank, error.c_str());
+    if (!run) std::printf("prism: no own-speed comparison for rank %d: its trace.json has no timed iterations\n", c.rank);
     if (!run || !in_graph || *in_graph <= 0 || *run <= 0) continue;
     own.emplace_back(c.rank, *run / *in_graph);
     speed[c.rank] = {{"run_compute_per_iteration_s", *run},
@@ -188,6 +195,7 @@ void CompareRunWithGraph(const std::string& graph, const std::string& topology,
     std::optional<nlohmann::json> sim_own = launcher::SimulateGraph(graph, topology, own, &error);
     std::vector<launcher::RankGraphComparison> cs_own;
     if (sim_own) cs_own = launcher::CompareReports(*rep, *sim_own, &error);
+    if (cs_own.empty()) std::printf("prism: no own-speed comparison: %s\n", error.c_str());
     for (const auto& c : cs_own) {
       auto sp = speed.find(c.rank);
       if (sp == speed.end()) continue;
@@ -373,7 +381,14 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   launcher::LaunchResult res = launcher::RunPlan(*plan, coord.get(), lo);
   if (!res.error.empty()) std::fprintf(stderr, "prism-run: %s\n", res.error.c_str());
   std::string rep_path = (fs::path(plan->out_dir) / "report.json").string();
-  if (!req.graph.empty()) CompareRunWithGraph(req.graph, req.topology, stragglers, rep_path);
+  if (!req.graph.empty()) {
+    // Why catch: the job has ended and its exit code must survive whatever the comparison meets in the files.
+    try {
+      CompareRunWithGraph(req.graph, req.topology, stragglers, rep_path);
+    } catch (const std::exception& e) {
+      std::printf("prism: no graph comparison: %s\n", e.what());
+    }
+  }
   if (auto rep = launcher::LoadReport(rep_path, &error)) {
     std::printf("\n%s", launcher::ShowReport(*rep, 16).c_str());
   }

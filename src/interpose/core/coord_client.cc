@@ -507,10 +507,11 @@ void CoordSendMemory(uint64_t t_ns, uint64_t current, uint64_t peak) {
   SendPod(ipc::MsgType::kMemory, &m, sizeof(m));
 }
 
-bool CoordTakePrerelease(uint32_t comm_id, uint64_t seq, uint32_t nops, uint64_t arrival_ns, uint64_t own_dur_ns,
-                         uint64_t* release_ns, int32_t* last_rank) {
+bool CoordTakePrerelease(const GateUnit& u, uint64_t* release_ns, int32_t* last_rank) {
   Conn& c = C();
-  nops = std::max<uint32_t>(nops, 1);
+  const uint32_t comm_id = u.coord_comm_id, nops = std::max<uint32_t>(u.comm_ops, 1);
+  const uint64_t seq = u.event.seq, arrival_ns = u.event.arrival_ns, own_dur_ns = u.dur_ns;
+  const uint32_t unit_op = IpcOp(u.event.op);  // what CoordSendArrive sends: the coordinator tests the same
   std::lock_guard<std::mutex> lock(c.release_mu);
   if (c.prereleases.empty()) return false;
   uint64_t release = 0;
@@ -519,6 +520,7 @@ bool CoordTakePrerelease(uint32_t comm_id, uint64_t seq, uint32_t nops, uint64_t
     auto it = c.prereleases.find({comm_id, seq + k});
     if (it == c.prereleases.end()) return false;
     const ipc::OpPrerelease& p = it->second;
+    if (unit_op != 0 && p.op != unit_op) return false;
     const uint64_t floor = p.floor_ns;
     const int64_t dur = p.dur_ns;
     const uint64_t r = std::max(arrival_ns, floor) + (dur >= 0 ? static_cast<uint64_t>(dur) : own_dur_ns);
@@ -684,6 +686,11 @@ void CoordResetForTest() {
   c.tried = false;
   c.swap.store(false);
   c.replies.clear();
+  {
+    std::lock_guard<std::mutex> rel(c.release_mu);
+    c.releases.clear();
+    c.prereleases.clear();
+  }
   std::lock_guard<std::mutex> rl(c.result_mu);
   c.results.clear();
   c.send_done.clear();

@@ -54,11 +54,11 @@ std::string PhysicalGpuId(const std::string& host, const char* visible_devices, 
 // From the progress thread: kOpArrive for a unit; later kOpRelease is matched by (comm_id, seq).
 bool CoordSendArrive(const GateUnit& unit);
 bool CoordTakeRelease(uint32_t comm_id, uint64_t seq, uint64_t* release_ns, int32_t* last_rank);
-// kOpPrerelease (ipc.h OpPrerelease has the rule): the release of the unit (comm_id, seq .. seq+nops-1) that arrived
-// at arrival_ns, with `own_dur_ns` its model duration, when the coordinator prereleased every operation of it (the
-// entries then leave the table); false while one is missing. The coordinator sends no kOpRelease for such a unit.
-bool CoordTakePrerelease(uint32_t comm_id, uint64_t seq, uint32_t nops, uint64_t arrival_ns, uint64_t own_dur_ns,
-                         uint64_t* release_ns, int32_t* last_rank);
+// kOpPrerelease (ipc.h OpPrerelease has the rule): the release of `unit` (its communicator's operations seq ..
+// seq+comm_ops-1, arrived at event.arrival_ns, dur_ns its model duration) when the coordinator prereleased every
+// operation of it for the unit's op (the entries then leave the table); false while one is missing or another op was
+// expected (the coordinator then answers with kOpRelease).
+bool CoordTakePrerelease(const GateUnit& unit, uint64_t* release_ns, int32_t* last_rank);
 // Forgets the prereleases of a unit the coordinator released with kOpRelease (some operation was not prereleased).
 void CoordDropPrereleases(uint32_t comm_id, uint64_t seq, uint32_t nops);
 

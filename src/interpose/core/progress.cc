@@ -198,8 +198,7 @@ void Loop() {
         int32_t last = -1;
         // Why before the arrival goes out: a prereleased unit needs no answer (the arrival still goes: the
         // coordinator's graph advances on it).
-        if (CoordTakePrerelease(p.u.coord_comm_id, p.u.event.seq, p.u.comm_ops, p.u.event.arrival_ns, p.u.dur_ns,
-                                &rel, &last)) {
+        if (CoordTakePrerelease(p.u, &rel, &last)) {
           p.u.event.release_ns = rel;
           p.u.event.wait_on_rank = last;
           p.has_release = true;
@@ -217,8 +216,7 @@ void Loop() {
             p.u.event.release_ns = rel;
             p.u.event.wait_on_rank = last;
             p.has_release = true;
-          } else if (CoordTakePrerelease(p.u.coord_comm_id, p.u.event.seq, p.u.comm_ops, p.u.event.arrival_ns,
-                                         p.u.dur_ns, &rel, &last)) {
+          } else if (CoordTakePrerelease(p.u, &rel, &last)) {
             p.u.event.release_ns = rel;
             p.u.event.wait_on_rank = last;
             p.has_release = true;
