@@ -11,8 +11,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -139,6 +141,59 @@ TEST(ShimCoord, TwoRealMembersAreReleasedByTheCoordinator) {
 // The coordinator's release time comes back after it has passed (its decision took 5 ms): the gate opens at once,
 // and the op line carries the decided release_ns and, in opened_ns, when the gate actually opened (docs/fill.md,
 // "Coordinator latency").
+// The client side of the scripted-coordinator tests below: rank 0 of a two-rank communicator on a fake GPU, with
+// `c`'s real ranks and graph, connects to the coordinator at c.coord_socket, runs `n` all-reduces one after the
+// other, stops its event log, calls `after_stop` (the test's server ends there) and returns the log's op lines.
+std::vector<nlohmann::json> OpLinesOfAllReduces(Config c, const std::string& tag, int n,
+                                                const std::function<void()>& after_stop) {
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  auto dir = std::filesystem::temp_directory_path() / ("prism_coord_" + tag + "_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  c.rank = 0;
+  c.world_size = 2;
+  c.fixed_dur_us = 1;
+  c.exchange = false;
+  c.out_dir = dir.string();
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  CoordResetForTest();
+  ncclUniqueId id;
+  GetUniqueId(&id);
+  InitArgs a;
+  a.nranks = 2;
+  a.rank = 0;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  EXPECT_EQ(CommInit(a, &comm), ncclSuccess);
+  EXPECT_TRUE(comm && comm->use_coordinator);
+  usleep(50000);  // what the coordinator sends right after kCommInfo reaches the reader thread
+  std::vector<float> buf(16);
+  OpCall call;
+  call.op = payload::OpKind::kAllReduce;
+  call.comm = comm;
+  call.count = buf.size();
+  call.send = buf.data();
+  call.recv = buf.data();
+  for (int i = 0; comm && i < n; ++i) {
+    EXPECT_EQ(Submit(call), ncclSuccess);
+    EXPECT_TRUE(ProgressDrain(5000000000ull));
+  }
+  usleep(300000);  // the writer flushes every 200 ms
+  EventLogStop();
+  after_stop();
+  SetGpuForTest(nullptr);
+  std::vector<nlohmann::json> ops;
+  std::ifstream in(EventLogPath());
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") == "op") ops.push_back(std::move(j));
+  }
+  std::filesystem::remove_all(dir);
+  return ops;
+}
+
 TEST(ShimCoord, LateReleaseLogsWhenTheGateOpened) {
   std::string path = "/tmp/prism_coord_late_" + std::to_string(getpid()) + ".sock";
   int lfd = ListenUnix(path);
@@ -172,60 +227,21 @@ TEST(ShimCoord, LateReleaseLogsWhenTheGateOpened) {
     close(fd);
   });
 
-  testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
-  auto dir = std::filesystem::temp_directory_path() / ("prism_coord_late_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
   Config c;
-  c.rank = 0;
-  c.world_size = 2;
   c.real_ranks = {0, 1};
-  c.fixed_dur_us = 1;
   c.coord_socket = path;
-  c.exchange = false;
-  c.out_dir = dir.string();
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  CoordResetForTest();
-  ncclUniqueId id;
-  GetUniqueId(&id);
-  InitArgs a;
-  a.nranks = 2;
-  a.rank = 0;
-  a.ids = &id;
-  Comm* comm = nullptr;
-  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
-  ASSERT_TRUE(comm->use_coordinator);
-  std::vector<float> buf(16);
-  OpCall call;
-  call.op = payload::OpKind::kAllReduce;
-  call.comm = comm;
-  call.count = buf.size();
-  call.send = buf.data();
-  call.recv = buf.data();
-  ASSERT_EQ(Submit(call), ncclSuccess);
-  ASSERT_TRUE(ProgressDrain(5000000000ull));
-  usleep(300000);  // the writer flushes every 200 ms
-  EventLogStop();
-  server.join();
-  close(lfd);
-  unlink(path.c_str());
-  SetGpuForTest(nullptr);
-
-  std::ifstream in(EventLogPath());
-  std::string line;
-  int ops = 0;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j.at("type") != "op") continue;
-    ++ops;
-    ASSERT_TRUE(j.contains("opened_ns")) << line;
+  const std::vector<nlohmann::json> ops = OpLinesOfAllReduces(c, "late", 1, [&] {
+    server.join();
+    close(lfd);
+    unlink(path.c_str());
+  });
+  ASSERT_EQ(ops.size(), 1u);
+  for (const nlohmann::json& j : ops) {
+    ASSERT_TRUE(j.contains("opened_ns")) << j.dump();
     const uint64_t release = j.at("release_ns").get<uint64_t>(), opened = j.at("opened_ns").get<uint64_t>();
     EXPECT_EQ(release, j.at("arrival_ns").get<uint64_t>() + 1000) << "the logged release is the decided one";
-    EXPECT_GE(opened, release + 5000000) << "the gate opened after the 5 ms decision: " << line;
+    EXPECT_GE(opened, release + 5000000) << "the gate opened after the 5 ms decision: " << j.dump();
   }
-  EXPECT_EQ(ops, 1);
-  std::filesystem::remove_all(dir);
 }
 
 // Prereleases (ipc.h kOpPrerelease): under --graph, an operation whose other members are virtual is released by the
@@ -283,72 +299,30 @@ TEST(ShimCoord, PrereleasedOperationOpensWithoutWaitingForTheCoordinator) {
     close(fd);
   });
 
-  testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
-  auto dir = std::filesystem::temp_directory_path() / ("prism_coord_pre_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
   Config c;
-  c.rank = 0;
-  c.world_size = 2;
   c.real_ranks = {0};
   c.graph = "g.prism";  // any: a one-real-member communicator goes through the coordinator under --graph
-  c.fixed_dur_us = 1;
   c.coord_socket = path;
-  c.exchange = false;
-  c.out_dir = dir.string();
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  CoordResetForTest();
-  ncclUniqueId id;
-  GetUniqueId(&id);
-  InitArgs a;
-  a.nranks = 2;
-  a.rank = 0;
-  a.ids = &id;
-  Comm* comm = nullptr;
-  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
-  ASSERT_TRUE(comm->use_coordinator);
-  usleep(50000);  // the prerelease reaches the reader thread
-  std::vector<float> buf(16);
-  OpCall call;
-  call.op = payload::OpKind::kAllReduce;
-  call.comm = comm;
-  call.count = buf.size();
-  call.send = buf.data();
-  call.recv = buf.data();
-  ASSERT_EQ(Submit(call), ncclSuccess);
-  ASSERT_TRUE(ProgressDrain(5000000000ull));
-  ASSERT_EQ(Submit(call), ncclSuccess);
-  ASSERT_TRUE(ProgressDrain(5000000000ull));
-  usleep(300000);  // the writer flushes every 200 ms
-  EventLogStop();
-  server.join();
-  close(lfd);
-  unlink(path.c_str());
-  SetGpuForTest(nullptr);
-
+  const std::vector<nlohmann::json> ops = OpLinesOfAllReduces(c, "pre", 2, [&] {
+    server.join();
+    close(lfd);
+    unlink(path.c_str());
+  });
   EXPECT_TRUE(hello_says_prerelease);
   EXPECT_EQ(arrived, (std::vector<uint64_t>{0, 1})) << "a prereleased arrival still goes to the coordinator";
-  std::ifstream in(EventLogPath());
-  std::string line;
-  int ops = 0;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j.at("type") != "op") continue;
-    ++ops;
+  ASSERT_EQ(ops.size(), 2u);
+  for (const nlohmann::json& j : ops) {
     const uint64_t arrival = j.at("arrival_ns").get<uint64_t>(), release = j.at("release_ns").get<uint64_t>();
     const uint64_t opened = j.at("opened_ns").get<uint64_t>();
     if (j.at("seq") == 0) {
-      EXPECT_EQ(release, arrival + 7000) << line;
-      EXPECT_EQ(j.at("wait_on_rank"), 0) << "it arrived after the virtual rank: " << line;
-      EXPECT_LT(opened, release + 4000000) << "opened without the coordinator's 5 ms: " << line;
+      EXPECT_EQ(release, arrival + 7000) << j.dump();
+      EXPECT_EQ(j.at("wait_on_rank"), 0) << "it arrived after the virtual rank: " << j.dump();
+      EXPECT_LT(opened, release + 4000000) << "opened without the coordinator's 5 ms: " << j.dump();
     } else {
-      EXPECT_EQ(release, arrival + 1000) << line;
-      EXPECT_GE(opened, release + 5000000) << "prerelease for another op: the answer's 5 ms: " << line;
+      EXPECT_EQ(release, arrival + 1000) << j.dump();
+      EXPECT_GE(opened, release + 5000000) << "prerelease for another op: the answer's 5 ms: " << j.dump();
     }
   }
-  EXPECT_EQ(ops, 2);
-  std::filesystem::remove_all(dir);
 }
 
 // Real data between real members: the shim sends its input (kOpData), writes the coordinator's result (kOpResult)
