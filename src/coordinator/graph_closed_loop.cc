@@ -42,7 +42,9 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
   const uint32_t reps = opt.reps;
   GraphRelease gr(t, {real});
   LoopResult out;
+  gr.SetReplicaSymmetry(opt.symmetry);
   if (!gr.SetStragglers(opt.stragglers, &out.error)) return out;
+  out.aliased_ranks = gr.aliased_ranks();
   const trace::RoleClass& rc = t.classes[t.ranks[real].cls];
   const uint32_t steady = SteadyIter(t);
   std::map<uint32_t, uint32_t> iter_of;

@@ -34,6 +34,7 @@ struct ClosedLoopOptions {
   // decision is paid inside it (decide_ns). Takes precedence over `idle`. The decisions stay the same; their cost
   // depends on this machine's speed.
   bool idle_realtime = false;
+  bool symmetry = true;  // GraphRelease::SetReplicaSymmetry
 };
 
 struct LoopResult {
@@ -51,6 +52,7 @@ struct LoopResult {
                                             // event loop is held that long; opt.predict_ahead)
   std::vector<std::string> not_prereleased;  // the others: "slot S seq Q rep R <kind> <op>" (opt.predict_ahead)
   GraphRelease::Stats stats;
+  int aliased_ranks = 0;             // GraphRelease::aliased_ranks
 };
 
 // Plays `real` through opt.reps repetitions of its class against GraphRelease, as the live rank would:

@@ -118,6 +118,66 @@ GraphRelease::GraphRelease(trace::Trace trace, std::vector<int> real_ranks) : tr
   cursor_.resize(trace_.ranks.size());
   for (size_t r = 0; r < trace_.ranks.size(); ++r)
     cursor_[r].assign(trace_.classes[trace_.ranks[r].cls].streams.size(), {0u, 0u});
+  ComputeAliases();
+}
+
+void GraphRelease::ComputeAliases() {
+  alias_.resize(trace_.ranks.size());
+  for (size_t r = 0; r < alias_.size(); ++r) alias_[r] = static_cast<int>(r);
+  coll_parts_.clear();
+  aliased_ = 0;
+  if (!symmetry_) return;
+  const trace::Layout& L = trace_.layout;
+  if (L.ep != 1 || L.dp < 3 || static_cast<int64_t>(L.tp) * L.cp * L.dp * L.pp != static_cast<int64_t>(alias_.size()))
+    return;
+  // The stride of the data-parallel coordinate in the layout's order (leftmost fastest).
+  int64_t stride = 1;
+  bool found = false;
+  for (size_t a = 0, b; a <= L.order.size(); a = b + 1) {
+    b = L.order.find('-', a);
+    if (b == std::string::npos) b = L.order.size();
+    const std::string dim = L.order.substr(a, b - a);
+    if (dim == "dp") {
+      found = true;
+      break;
+    }
+    stride *= dim == "tp" ? L.tp : dim == "cp" ? L.cp : dim == "pp" ? L.pp : 1;
+  }
+  if (!found) return;
+  const int n = static_cast<int>(alias_.size());
+  auto replica = [&](int r) { return static_cast<int>((r / stride) % L.dp); };
+  auto in_replica = [&](int r, int d) { return static_cast<int>(r - replica(r) * stride + d * stride); };
+  // Replicas that must stay whole: those holding a real rank or a straggler.
+  std::vector<char> whole(static_cast<size_t>(L.dp), 0);
+  for (int r = 0; r < n; ++r)
+    if (IsReal(r) || (!compute_scale_.empty() && compute_scale_[static_cast<size_t>(r)] != 1.0))
+      whole[static_cast<size_t>(replica(r))] = 1;
+  int rep_replica = -1;
+  for (int d = 0; d < L.dp && rep_replica < 0; ++d)
+    if (!whole[static_cast<size_t>(d)]) rep_replica = d;
+  if (rep_replica < 0) return;
+  std::vector<int> alias(alias_);
+  for (int r = 0; r < n; ++r)
+    if (!whole[static_cast<size_t>(replica(r))]) alias[static_cast<size_t>(r)] = in_replica(r, rep_replica);
+  // Only when the graph is parallel across replicas: a rank and its representative are of one class, and each of their
+  // communicators is either the same one (spanning replicas) or the same members moved to the representative replica.
+  std::map<uint32_t, const trace::Comm*> by_id;
+  for (const trace::Comm& c : trace_.comms) by_id[c.id] = &c;
+  for (int r = 0; r < n; ++r) {
+    const int a = alias[static_cast<size_t>(r)];
+    if (a == r) continue;
+    const trace::RankBinding &br = trace_.ranks[static_cast<size_t>(r)], &ba = trace_.ranks[static_cast<size_t>(a)];
+    if (br.cls != ba.cls || br.comms.size() != ba.comms.size()) return;
+    for (size_t s = 0; s < br.comms.size(); ++s) {
+      if (br.comms[s] == ba.comms[s]) continue;
+      auto cr = by_id.find(br.comms[s]), ca = by_id.find(ba.comms[s]);
+      if (cr == by_id.end() || ca == by_id.end() || cr->second->ranks.size() != ca->second->ranks.size()) return;
+      for (size_t m = 0; m < cr->second->ranks.size(); ++m)
+        if (alias[static_cast<size_t>(cr->second->ranks[m])] != ca->second->ranks[m]) return;
+    }
+  }
+  alias_ = std::move(alias);
+  for (int r = 0; r < n; ++r) aliased_ += alias_[static_cast<size_t>(r)] != r;
 }
 
 std::unique_ptr<GraphRelease> GraphRelease::Load(const std::string& path, int world_size,
@@ -213,7 +273,7 @@ bool GraphRelease::Partners(const Inst& i, std::vector<Inst>* out) const {
   auto it = p2p.find({*s, other, me});
   if (it == p2p.end() || k >= it->second.size()) return false;
   out->push_back(i);
-  out->push_back(Inst{peer, i.rep, it->second[k]});
+  out->push_back(Inst{alias_[static_cast<size_t>(peer)], i.rep, it->second[k]});
   return true;
 }
 
@@ -221,6 +281,7 @@ const std::vector<std::pair<int, uint32_t>>& GraphRelease::CollParts(uint32_t g,
   auto [it, fresh] = coll_parts_.try_emplace({g, k});
   if (!fresh) return it->second;
   std::vector<std::pair<int, uint32_t>> parts;
+  std::set<int> seen;
   for (int32_t m : trace_.comms[g].ranks) {
     std::optional<uint32_t> s = SlotOf(m, g);
     const auto* colls = s ? &classes_[trace_.ranks[m].cls].slot_colls[*s] : nullptr;
@@ -228,7 +289,9 @@ const std::vector<std::pair<int, uint32_t>>& GraphRelease::CollParts(uint32_t g,
       parts.clear();
       break;
     }
-    parts.emplace_back(m, (*colls)[k]);
+    // A member of a replica another one stands for takes part through its representative (same class, same node).
+    const int a = alias_[static_cast<size_t>(m)];
+    if (seen.insert(a).second) parts.emplace_back(a, (*colls)[k]);
   }
   it->second = std::move(parts);
   return it->second;
@@ -341,6 +404,7 @@ bool GraphRelease::SetStragglers(const std::vector<std::pair<int32_t, double>>& 
     scale[static_cast<size_t>(rank)] = f;
   }
   compute_scale_ = std::move(scale);
+  ComputeAliases();  // a straggler's replica must stay whole
   return true;
 }
 
@@ -390,7 +454,9 @@ int GraphRelease::PopWork() {
 }
 
 void GraphRelease::Queue(int rank) {
-  if (rank < 0 || static_cast<size_t>(rank) >= queued_.size() || IsReal(rank) || queued_[rank]) return;
+  if (rank < 0 || static_cast<size_t>(rank) >= queued_.size() || IsReal(rank) || queued_[rank] ||
+      alias_[static_cast<size_t>(rank)] != rank)
+    return;
   queued_[rank] = 1;
   work_.push_back(rank);
 }
@@ -687,6 +753,17 @@ void GraphRelease::LogBlockedPartners(const std::vector<Inst>& parts) const {
   }
 }
 
+void GraphRelease::SetReplicaSymmetry(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  symmetry_ = on;
+  ComputeAliases();
+}
+
+int GraphRelease::aliased_ranks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return aliased_;
+}
+
 GraphRelease::Stats GraphRelease::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
@@ -700,7 +777,8 @@ int64_t GraphRelease::anchor_ns() const {
 std::optional<int64_t> GraphRelease::VirtualArrival(int rank, uint32_t rep, uint32_t node_id) {
   std::lock_guard<std::mutex> lock(mu_);
   Pump();
-  auto it = arrival_.find(Inst{rank, rep, node_id});
+  const int r = rank >= 0 && static_cast<size_t>(rank) < alias_.size() ? alias_[static_cast<size_t>(rank)] : rank;
+  auto it = arrival_.find(Inst{r, rep, node_id});
   if (it == arrival_.end()) return std::nullopt;
   return it->second;
 }

@@ -68,6 +68,13 @@ class GraphRelease : public ReleasePolicy {
     uint64_t predicted = 0;     // Predict answers (prereleases)
   };
   Stats stats() const;
+  // Data-parallel replicas that hold no real rank and no straggler behave alike (every collective that spans
+  // replicas completes at one time for all its members), so one of them is advanced for all: the others' ranks take
+  // part through their counterparts (same class, same position). On by default, when the layout is known (ep 1) and
+  // the graph is parallel across replicas; false replays every rank. Call before the first Decide.
+  void SetReplicaSymmetry(bool on);
+  // Ranks that take part through a representative (0 without symmetry).
+  int aliased_ranks() const;
   // The wall-clock time (ns) graph time 0 stands for; 0 until the first real arrival set it.
   int64_t anchor_ns() const;
   // When virtual rank `rank` posts (reaches) node `node_id` of repetition `rep` in wall-clock ns; nullopt while it
@@ -173,6 +180,10 @@ class GraphRelease : public ReleasePolicy {
   std::vector<int> work_;       // virtual ranks to advance (Pump)
   std::vector<char> queued_;    // per rank: in work_
   std::vector<int64_t> clock_;  // per rank: the latest finish of a node it ran (the worklist's order)
+  void ComputeAliases();
+  bool symmetry_ = true;
+  std::vector<int> alias_;      // per rank: itself, or the rank of the representative replica it takes part through
+  int aliased_ = 0;
   Stats stats_;
 };
 

@@ -215,6 +215,63 @@ TEST_F(GraphClosedLoop, EveryPredictedReleaseIsTheDecisionAndPredictingChangesNo
   }
 }
 
+// Replica symmetry (GraphRelease::SetReplicaSymmetry): the data-parallel replicas without a real rank or a straggler
+// take part through one representative replica; every decision and the end are those of replaying every rank, with a
+// virtual straggler too (its replica stays whole).
+TEST_F(GraphClosedLoop, OneReplicaStandsForTheOthersWithoutChangingADecision) {
+  for (int real : {0, 33}) {
+    for (bool straggler : {false, true}) {
+      SCOPED_TRACE("real rank " + std::to_string(real) + (straggler ? " with a straggler in replica 2" : ""));
+      ClosedLoopOptions o;
+      o.reps = 4;
+      o.idle = true;
+      if (straggler) o.stragglers = {{4, 1.14}};  // tp 0, dp 2, pp 0: replica 2
+      o.symmetry = false;
+      LoopResult every = ClosedLoop(t0_, real, o);
+      o.symmetry = true;
+      LoopResult one = ClosedLoop(t0_, real, o);
+      ASSERT_TRUE(one.error.empty()) << one.error;
+      EXPECT_EQ(every.aliased_ranks, 0);
+      // 16 replicas of 4 ranks: the real rank's and the representative stay, so do the straggler's.
+      EXPECT_EQ(one.aliased_ranks, straggler ? 52 : 56);
+      ASSERT_FALSE(every.decisions.empty());
+      EXPECT_EQ(one.decisions, every.decisions);
+      EXPECT_EQ(one.end_ns, every.end_ns);
+      EXPECT_LT(one.stats.idle_steps * 4, every.stats.idle_steps);
+    }
+  }
+}
+
+// The same on a synthetic graph of another shape (`prism-run synth`: the distributed optimizer's reduce-scatter and
+// all-gather across replicas, per-layer tensor-parallel collectives, 1F1B over 4 stages).
+TEST(GraphClosedLoopSynth, OneReplicaStandsForTheOthersWithoutChangingADecision) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("closed-loop-synth-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string g = (dir / "s.prism").string();
+  test_util::CliRun b = test_util::RunPrism("synth -o " + g + " --tp 2 --pp 4 --dp 6 --iterations 2 --layers 4 "
+                                            "--hidden 1024 --seq-len 1024 --tp-comm");
+  if (b.rc == -1) GTEST_SKIP() << "PRISM_RUN not set";
+  ASSERT_EQ(b.rc, 0) << b.out;
+  trace::Trace t;
+  std::string err;
+  ASSERT_TRUE(replay::ReadTrace(g, &t, &err)) << err;
+  for (int real : {0, 7}) {
+    SCOPED_TRACE("real rank " + std::to_string(real));
+    ClosedLoopOptions o;
+    o.reps = 3;
+    o.idle = true;
+    o.symmetry = false;
+    LoopResult every = ClosedLoop(t, real, o);
+    o.symmetry = true;
+    LoopResult one = ClosedLoop(t, real, o);
+    EXPECT_EQ(one.aliased_ranks, 4 * 8);  // 6 replicas of 8 ranks: all but the real rank's and the representative
+    ASSERT_FALSE(every.decisions.empty());
+    EXPECT_EQ(one.decisions, every.decisions);
+    EXPECT_EQ(one.end_ns, every.end_ns);
+  }
+  fs::remove_all(dir);
+}
+
 // Ahead of time, as the coordinator sends them (after each decision and the idle work), on the graph filled on the
 // H200 (tests/data/graph/megatron_w64_fill): nearly every operation is prereleased before the rank arrives (on the
 // GPU, 88 % were used: the rest came after a compute gap shorter than the coordinator's turn, or were a
