@@ -205,6 +205,7 @@ std::vector<RoomAnswer> SwapScheduler::TakeRoomAnswers(uint64_t now_ns) {
       a.why = fmt::format("no rank on GPU {} could be swapped out within {:.0f} s (none blocked in an exchange, or "
                           "the host budget is full); {} freed of {}",
                           r.gpu, cfg_.room_wait_s, FormatBytes(r.room_freed), FormatBytes(r.room_bytes));
+      a.why += DoesNotFit();
     } else {
       continue;
     }
@@ -214,6 +215,26 @@ std::vector<RoomAnswer> SwapScheduler::TakeRoomAnswers(uint64_t now_ns) {
     out.push_back(std::move(a));
   }
   return out;
+}
+
+std::string SwapScheduler::DoesNotFit() const {
+  // What the started ranks hold (on a GPU: their footprints; swapped out: what they left in host RAM) against what the
+  // GPUs' caps and the host budget hold together. Why: the 2026-11-30 big case (8 ranks of 22-34 GiB, 132.8 GiB cap,
+  // 100 GiB host budget) could never fit, in any order; the refusals alone did not say so.
+  if (cfg_.host_cap_bytes == 0 || cfg_.gpu_cap_bytes == 0) return std::string();
+  uint64_t need = 0;
+  std::set<std::string> gpus;
+  for (const auto& [k, q] : ranks_) {
+    if (q.phase == SwapPhase::kUnstarted || q.phase == SwapPhase::kDone) continue;
+    gpus.insert(q.gpu);
+    need += q.phase == SwapPhase::kOut ? q.out_bytes : Footprint(k);
+  }
+  const uint64_t room = cfg_.gpu_cap_bytes * gpus.size() + cfg_.host_cap_bytes;
+  if (need <= room) return std::string();
+  return fmt::format("; the started ranks need {} together, more than the cap of their {} GPU(s) and the host budget "
+                     "hold ({} + {}): the job does not fit this way (--host-mem-cap, more GPUs, or smaller ranks)",
+                     FormatBytes(need), gpus.size(), FormatBytes(cfg_.gpu_cap_bytes * gpus.size()),
+                     FormatBytes(cfg_.host_cap_bytes));
 }
 
 uint64_t SwapScheduler::Estimate() const {

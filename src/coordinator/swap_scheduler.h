@@ -151,6 +151,8 @@ class SwapScheduler {
   bool busy() const { return in_flight_; }
   SwapPhase phase(int rank) const;
   uint64_t Footprint(int rank) const;
+  // "" or, when the started ranks need more than the GPUs' caps and the host budget hold together, a clause saying so.
+  std::string DoesNotFit() const;
   uint64_t GpuUsed(const std::string& gpu) const;  // as admission counts: estimates for ranks not sampled yet
   // As the ranks said: peak + measured overhead (or context), the overhead alone before a sample.
   uint64_t GpuHeld(const std::string& gpu) const;

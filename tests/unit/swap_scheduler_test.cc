@@ -370,6 +370,37 @@ TEST(SwapScheduler, ARoomRequestIsRefusedWhenNothingCanBeSwappedOut) {
   EXPECT_FALSE(s.RequestRoom(9, 3, kF, 0, 15 * kSec));
 }
 
+// The 2026-11-30 big case in small: the ranks grow past what the GPU cap and the host budget hold together; the
+// refusal says the job does not fit, not only that nothing could be swapped out.
+TEST(SwapScheduler, ARefusalSaysWhenTheRanksNeedMoreThanTheGpuAndTheHostBudgetHold) {
+  SwapConfig cfg = Config(2 * kF, kF);
+  cfg.room_wait_s = 5;
+  SwapScheduler s(cfg);
+  for (int r = 0; r < 2; ++r) s.AddRank(r, "g");
+  StartNext(s, 0);
+  StartNext(s, 1);
+  // Both hold F and ask for 2F more: 6F against 2F + F.
+  ASSERT_TRUE(s.RequestRoom(0, 1, 2 * kF, kF, kSec));
+  ASSERT_TRUE(s.RequestRoom(1, 2, 2 * kF, kF, kSec));
+  auto late = s.TakeRoomAnswers(7 * kSec);
+  ASSERT_EQ(late.size(), 2u);
+  for (const RoomAnswer& a : late) {
+    EXPECT_FALSE(a.ok);
+    EXPECT_NE(a.why.find("the job does not fit this way"), std::string::npos) << a.why;
+    EXPECT_NE(a.why.find("6.0 GiB together"), std::string::npos) << a.why;
+  }
+  // Within what the GPU and the host hold, a refusal says nothing of the kind.
+  SwapScheduler fits(Config(2 * kF, 4 * kF));
+  for (int r = 0; r < 2; ++r) fits.AddRank(r, "g");
+  StartNext(fits, 0);
+  StartNext(fits, 1);
+  ASSERT_TRUE(fits.RequestRoom(0, 1, kF / 2, kF, kSec));
+  auto no = fits.TakeRoomAnswers(62 * kSec);
+  ASSERT_EQ(no.size(), 1u);
+  EXPECT_FALSE(no[0].ok);
+  EXPECT_EQ(no[0].why.find("does not fit"), std::string::npos) << no[0].why;
+}
+
 TEST(SwapScheduler, ARoomRequestWaitsForASwapOutInFlightAndForARankThatEnds) {
   SwapConfig cfg = Config(3 * kF);
   cfg.room_wait_s = 5;
