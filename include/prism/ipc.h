@@ -176,6 +176,12 @@ struct IterationMark {
 };
 #pragma pack(pop)
 
+// OpPrerelease's rule for one operation: when it completes for a rank that arrived at `arrival_ns` (`own_dur_ns`:
+// the rank's model duration, taken when dur_ns is -1). libprism and the coordinator both apply this.
+inline uint64_t PrereleaseAt(uint64_t arrival_ns, uint64_t floor_ns, int64_t dur_ns, uint64_t own_dur_ns) {
+  return (arrival_ns > floor_ns ? arrival_ns : floor_ns) + (dur_ns >= 0 ? static_cast<uint64_t>(dur_ns) : own_dur_ns);
+}
+
 static_assert(sizeof(FrameHeader) == 12);
 static_assert(std::is_trivially_copyable_v<OpArrive> && sizeof(OpArrive) == 48);
 static_assert(sizeof(OpRelease) == 32);

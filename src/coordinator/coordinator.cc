@@ -1292,9 +1292,8 @@ std::string Coordinator::Impl::SendRelease(const CommView& comm, uint64_t seq, c
       }
       // The rank's test (ipc::OpPrerelease): a unit of another op than the graph's does not take it.
       if (unit_op != 0 && it->second.op != unit_op) all = false;
-      const uint64_t arrival = x.op.arrival_ns, model = x.op.model_dur_ns;
       const ReleasePolicy::Prerelease& p = it->second;
-      rule = std::max(rule, std::max(arrival, p.floor_ns) + (p.dur_ns >= 0 ? static_cast<uint64_t>(p.dur_ns) : model));
+      rule = std::max(rule, ipc::PrereleaseAt(x.op.arrival_ns, p.floor_ns, p.dur_ns, x.op.model_dur_ns));
       prereleased_.erase(it);
     }
     if (all) {

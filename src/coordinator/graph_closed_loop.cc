@@ -182,8 +182,7 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
       out.decisions.push_back(d.release_ns);
       if (pre) {
         // ipc::OpPrerelease's rule, as libprism applies it (the arrival's model duration is 0 here).
-        const uint64_t arrival = static_cast<uint64_t>(best_start);
-        const uint64_t rule = std::max(arrival, pre->floor_ns) + static_cast<uint64_t>(std::max<int64_t>(pre->dur_ns, 0));
+        const uint64_t rule = ipc::PrereleaseAt(static_cast<uint64_t>(best_start), pre->floor_ns, pre->dur_ns, 0);
         ++out.predicted;
         if (rule != d.release_ns) {
           ++out.mispredicted;

@@ -530,16 +530,13 @@ bool GraphRelease::Advance(int v, uint64_t max_steps) {
 }
 
 bool GraphRelease::Drain(uint64_t steps_per_rank, std::optional<std::chrono::steady_clock::time_point> until,
-                         uint64_t* counter, const std::function<bool()>* stop) {
+                         uint64_t* counter, const std::function<bool()>& stop) {
   while (!work_.empty()) {
     const int v = PopWork();
     if (Advance(v, steps_per_rank)) Queue(v);
     ++*counter;
     if (until && std::chrono::steady_clock::now() >= *until) break;
-    if (stop && *stop && (*stop)()) {
-      ++stats_.idle_stopped;
-      break;
-    }
+    if (stop && stop()) break;
   }
   return !work_.empty();
 }
@@ -549,7 +546,7 @@ void GraphRelease::Pump() {
   // The same fixed point as advancing every virtual rank until none moves (what this did before the worklist):
   // a rank's next node needs its own earlier nodes (Advance runs them), its partners' arrivals (each new arrival
   // queues the partners) and the repetition bound (raising it queues every rank).
-  Drain(UINT64_MAX, std::nullopt, &stats_.decide_steps);
+  Drain(UINT64_MAX, std::nullopt, &stats_.decide_steps, {});
 }
 
 ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals) {
@@ -636,12 +633,10 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
       for (const Inst& p : parts)
         if (!IsReal(p.rank) && !arrival_.count(p)) Queue(p.rank);
     }
-    while (blocked && !work_.empty()) {
-      const int v = PopWork();
-      if (Advance(v, kIdleSteps)) Queue(v);
-      ++stats_.decide_steps;
+    Drain(kIdleSteps, std::nullopt, &stats_.decide_steps, [&] {
       decide();
-    }
+      return !blocked;
+    });
   }
   if (!blocked) {
     ++stats_.decided;
@@ -685,7 +680,11 @@ bool GraphRelease::Idle(int64_t budget_ns, const std::function<bool()>& stop) {
   // Why a step limit: one rank's whole repetition can take milliseconds, and a message that arrives meanwhile
   // waits for it (the coordinator's loop is single-threaded).
   return Drain(kIdleSteps, std::chrono::steady_clock::now() + std::chrono::nanoseconds(budget_ns),
-               &stats_.idle_steps, &stop);
+               &stats_.idle_steps, [&] {
+                 if (!stop || !stop()) return false;
+                 ++stats_.idle_stopped;
+                 return true;
+               });
 }
 
 std::optional<ReleasePolicy::Prerelease> GraphRelease::Predict(const CommView& comm, uint64_t seq, int rank) {

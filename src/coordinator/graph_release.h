@@ -62,7 +62,7 @@ class GraphRelease : public ReleasePolicy {
     uint64_t unmatched = 0;   // communicator or operation not in the graph: DefaultRelease answered
     uint64_t blocked = 0;     // a virtual member could not reach the operation yet: known arrivals only (see docs)
     uint64_t no_duration = 0; // virtual-only operation with neither a recorded duration nor a shim's: 0 taken
-    uint64_t decide_steps = 0;  // virtual ranks advanced while a decision waited (Pump inside Decide)
+    uint64_t decide_steps = 0;  // virtual ranks advanced while a decision waited (inside Decide)
     uint64_t idle_steps = 0;    // ... ahead of time, in Idle
     uint64_t idle_stopped = 0;  // Idle slices ended early because a message waited
     uint64_t predicted = 0;     // Predict answers (prereleases)
@@ -127,10 +127,11 @@ class GraphRelease : public ReleasePolicy {
   // Runs virtual rank `v`'s streams until none moves, or for at most `max_steps` nodes (then true: more may
   // follow); queues the partners of every arrival it posts.
   bool Advance(int v, uint64_t max_steps = UINT64_MAX);
-  // Advances the queued ranks (at most `steps_per_rank` nodes each before it goes back in the queue) until the queue
-  // is empty or `until` passed; counts the ranks advanced in *counter. True while work remains.
+  // Advances the queued ranks (at most `steps_per_rank` nodes each before it goes back in the queue, the one furthest
+  // behind first) until the queue is empty, `until` passed or `stop` (if set; asked after each step) says so; counts
+  // the ranks advanced in *counter. True while work remains.
   bool Drain(uint64_t steps_per_rank, std::optional<std::chrono::steady_clock::time_point> until, uint64_t* counter,
-             const std::function<bool()>* stop = nullptr);
+             const std::function<bool()>& stop);
   // Records that `inst` was posted at `at` (virtual: the first time only; real: as reported) and queues the virtual
   // ranks that may move now: a collective's members once its last member arrived, a p2p partner at once.
   void NoteArrival(const Inst& inst, int64_t at, bool overwrite);

@@ -153,6 +153,13 @@ std::optional<nlohmann::json> SimulateGraph(const std::string& graph, const std:
                                             std::string* error) {
   trace::Trace t;
   if (!replay::ReadTrace(graph, &t, error)) return std::nullopt;
+  return SimulateGraph(t, graph, topology, stragglers, error);
+}
+
+std::optional<nlohmann::json> SimulateGraph(const trace::Trace& t, const std::string& graph,
+                                            const std::string& topology,
+                                            const std::vector<std::pair<int32_t, double>>& stragglers,
+                                            std::string* error) {
   const std::string spec = !topology.empty() ? topology : (t.topology.empty() ? "h100-8x400g" : t.topology);
   replay::Topology topo;
   std::string e;
@@ -227,11 +234,9 @@ std::optional<double> RunComputePerIteration(const nlohmann::json& trace_json, i
   return Median(std::move(own));
 }
 
-std::optional<double> GraphComputePerIteration(const std::string& graph, int rank, std::string* error) {
-  trace::Trace t;
-  if (!replay::ReadTrace(graph, &t, error)) return std::nullopt;
+std::optional<double> GraphComputePerIteration(const trace::Trace& t, int rank, std::string* error) {
   if (rank < 0 || static_cast<size_t>(rank) >= t.ranks.size()) {
-    *error = "rank " + std::to_string(rank) + " is not in " + graph;
+    *error = "rank " + std::to_string(rank) + " is not in the graph (world " + std::to_string(t.ranks.size()) + ")";
     return std::nullopt;
   }
   const trace::RoleClass& rc = t.classes[t.ranks[static_cast<size_t>(rank)].cls];
@@ -245,7 +250,7 @@ std::optional<double> GraphComputePerIteration(const std::string& graph, int ran
   std::vector<double> v;
   for (const auto& [it, us] : per_iter) v.push_back(us * 1e-6);
   if (v.empty()) {
-    *error = "rank " + std::to_string(rank) + "'s class has no iterations in " + graph;
+    *error = "rank " + std::to_string(rank) + "'s class has no iterations in the graph";
     return std::nullopt;
   }
   return Median(std::move(v));

@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "prism/trace.h"
+
 namespace prism::launcher {
 
 struct IterationPair {
@@ -63,6 +65,10 @@ std::vector<RankGraphComparison> CompareReports(const nlohmann::json& emulated, 
 std::optional<nlohmann::json> SimulateGraph(const std::string& graph, const std::string& topology,
                                             const std::vector<std::pair<int32_t, double>>& stragglers,
                                             std::string* error);
+// The same for a graph already read (`name` for messages).
+std::optional<nlohmann::json> SimulateGraph(const trace::Trace& t, const std::string& name, const std::string& topology,
+                                            const std::vector<std::pair<int32_t, double>>& stragglers,
+                                            std::string* error);
 
 // The own-speed comparison. A rank's compute speed can move between runs by more than the replay's error (the tiny
 // Megatron model on the H200, 2026-11-30: one rank's compute 17.8 to 31.0 ms per iteration in consecutive runs on an
@@ -81,7 +87,7 @@ std::optional<double> RunComputePerIteration(const nlohmann::json& trace_json, i
 // GraphComputePerIteration: the summed durations of the compute nodes of `rank`'s class per graph iteration, median
 // over the steady iterations (the first left out when the graph starts at iteration 0: the job's set-up). Assumes
 // the class's compute does not overlap itself across streams (Megatron's runs on one stream). nullopt when none.
-std::optional<double> GraphComputePerIteration(const std::string& graph, int rank, std::string* error);
+std::optional<double> GraphComputePerIteration(const trace::Trace& t, int rank, std::string* error);
 
 nlohmann::json ToJson(const RankGraphComparison& c);
 // One line for people: "rank 0: emulated vs simulate(graph): median error -0.94 % over 9 iterations; steady (7):

@@ -1,4 +1,5 @@
 #include "launcher/graph_compare.h"
+#include "replay/trace_io.h"
 
 #include <gtest/gtest.h>
 
@@ -193,8 +194,10 @@ TEST(GraphCompare, ARunsComputeIsItsIterationsLessTheirCommunicationAndTheGatesL
 }
 
 TEST(GraphCompare, AGraphsComputePerIterationIsItsClassesComputeNodesSummed) {
-  const std::string g = std::string(PRISM_SOURCE_DIR) + "/examples/graphs/gpt-tp2-pp2-dp2.prism.json";
+  trace::Trace g;
   std::string err;
+  ASSERT_TRUE(replay::ReadTrace(std::string(PRISM_SOURCE_DIR) + "/examples/graphs/gpt-tp2-pp2-dp2.prism.json", &g, &err))
+      << err;
   auto a = GraphComputePerIteration(g, 0, &err);
   ASSERT_TRUE(a) << err;
   EXPECT_GT(*a, 0.0);

@@ -21,6 +21,7 @@
 #include "launcher/report_compare.h"
 #include "prism/report.h"
 #include "replay/simulate.h"
+#include "replay/trace_io.h"
 #include "emulate_options.h"
 #include "subcommands.h"
 
@@ -150,7 +151,12 @@ void CompareRunWithGraph(const std::string& graph, const std::string& topology,
   std::string error;
   auto rep = launcher::LoadReport(rep_path, &error);
   if (!rep) return;
-  auto sim = launcher::SimulateGraph(graph, topology, stragglers, &error);
+  trace::Trace g;
+  if (!replay::ReadTrace(graph, &g, &error)) {
+    std::printf("prism: no graph comparison: %s\n", error.c_str());
+    return;
+  }
+  auto sim = launcher::SimulateGraph(g, graph, topology, stragglers, &error);
   if (!sim) {
     std::printf("prism: no graph comparison: %s\n", error.c_str());
     return;
@@ -182,7 +188,7 @@ void CompareRunWithGraph(const std::string& graph, const std::string& topology,
       if (l != r.end() && l->is_number()) latency = l->get<double>();
     }
     const std::optional<double> run = launcher::RunComputePerIteration(trace, c.rank, latency);
-    const std::optional<double> in_graph = launcher::GraphComputePerIteration(graph, c.rank, &error);
+    const std::optional<double> in_graph = launcher::GraphComputePerIteration(g, c.rank, &error);
     if (!in_graph) std::printf("prism: no own-speed comparison for rank %d: %s\n", c.rank, error.c_str());
     if (!run) std::printf("prism: no own-speed comparison for rank %d: its trace.json has no timed iterations\n", c.rank);
     if (!run || !in_graph || *in_graph <= 0 || *run <= 0) continue;
@@ -192,7 +198,7 @@ void CompareRunWithGraph(const std::string& graph, const std::string& topology,
                      {"compute_scale", *run / *in_graph}};
   }
   if (!speed.empty()) {
-    std::optional<nlohmann::json> sim_own = launcher::SimulateGraph(graph, topology, own, &error);
+    std::optional<nlohmann::json> sim_own = launcher::SimulateGraph(g, graph, topology, own, &error);
     std::vector<launcher::RankGraphComparison> cs_own;
     if (sim_own) cs_own = launcher::CompareReports(*rep, *sim_own, &error);
     if (cs_own.empty()) std::printf("prism: no own-speed comparison: %s\n", error.c_str());

@@ -507,49 +507,41 @@ void CoordSendMemory(uint64_t t_ns, uint64_t current, uint64_t peak) {
   SendPod(ipc::MsgType::kMemory, &m, sizeof(m));
 }
 
-bool CoordTakePrerelease(const GateUnit& u, uint64_t* release_ns, int32_t* last_rank) {
+bool CoordTakeRelease(const GateUnit& u, uint64_t* release_ns, int32_t* last_rank) {
   Conn& c = C();
   const uint32_t comm_id = u.coord_comm_id, nops = std::max<uint32_t>(u.comm_ops, 1);
-  const uint64_t seq = u.event.seq, arrival_ns = u.event.arrival_ns, own_dur_ns = u.dur_ns;
-  const uint32_t unit_op = IpcOp(u.event.op);  // what CoordSendArrive sends: the coordinator tests the same
+  const uint64_t seq = u.event.seq, arrival_ns = u.event.arrival_ns;
   std::lock_guard<std::mutex> lock(c.release_mu);
+  auto drop_prereleases = [&] {
+    for (uint32_t k = 0; k < nops && !c.prereleases.empty(); ++k) c.prereleases.erase({comm_id, seq + k});
+  };
+  // The coordinator's answer: it sends one when some operation of the unit was not prereleased for the unit's op.
+  auto it = c.releases.find({comm_id, seq});
+  if (it != c.releases.end()) {
+    *release_ns = it->second.first;
+    *last_rank = it->second.second;
+    c.releases.erase(it);
+    drop_prereleases();
+    return true;
+  }
   if (c.prereleases.empty()) return false;
+  const uint32_t unit_op = IpcOp(u.event.op);  // what CoordSendArrive sends: the coordinator tests the same
   uint64_t release = 0;
   int32_t last = -1;
   for (uint32_t k = 0; k < nops; ++k) {
-    auto it = c.prereleases.find({comm_id, seq + k});
-    if (it == c.prereleases.end()) return false;
-    const ipc::OpPrerelease& p = it->second;
-    if (unit_op != 0 && p.op != unit_op) return false;
-    const uint64_t floor = p.floor_ns;
-    const int64_t dur = p.dur_ns;
-    const uint64_t r = std::max(arrival_ns, floor) + (dur >= 0 ? static_cast<uint64_t>(dur) : own_dur_ns);
+    auto p = c.prereleases.find({comm_id, seq + k});
+    if (p == c.prereleases.end() || (unit_op != 0 && p->second.op != unit_op)) return false;
+    const uint64_t floor = p->second.floor_ns;
+    const uint64_t r = ipc::PrereleaseAt(arrival_ns, floor, p->second.dur_ns, u.dur_ns);
     if (k == 0 || r > release) {
       release = r;
-      const int32_t fr = p.floor_rank;
+      const int32_t fr = p->second.floor_rank;
       last = fr < 0 ? -1 : (arrival_ns > floor ? static_cast<int32_t>(Cfg().rank) : fr);
     }
   }
-  for (uint32_t k = 0; k < nops; ++k) c.prereleases.erase({comm_id, seq + k});
+  drop_prereleases();
   *release_ns = release;
   *last_rank = last;
-  return true;
-}
-
-void CoordDropPrereleases(uint32_t comm_id, uint64_t seq, uint32_t nops) {
-  Conn& c = C();
-  std::lock_guard<std::mutex> lock(c.release_mu);
-  for (uint32_t k = 0; k < std::max<uint32_t>(nops, 1); ++k) c.prereleases.erase({comm_id, seq + k});
-}
-
-bool CoordTakeRelease(uint32_t comm_id, uint64_t seq, uint64_t* release_ns, int32_t* last_rank) {
-  Conn& c = C();
-  std::lock_guard<std::mutex> lock(c.release_mu);
-  auto it = c.releases.find({comm_id, seq});
-  if (it == c.releases.end()) return false;
-  *release_ns = it->second.first;
-  *last_rank = it->second.second;
-  c.releases.erase(it);
   return true;
 }
 

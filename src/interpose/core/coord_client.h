@@ -51,16 +51,12 @@ bool CoordRealNcclId(uint32_t comm_id, const std::string& post_hex, int timeout_
 // coordinator can tell whether real members share one.
 std::string PhysicalGpuId(const std::string& host, const char* visible_devices, int phys_device);
 
-// From the progress thread: kOpArrive for a unit; later kOpRelease is matched by (comm_id, seq).
+// From the progress thread: kOpArrive for a unit, then its release: the coordinator's kOpRelease (matched by
+// (comm_id, seq)), or, when the coordinator prereleased every operation of the unit for the unit's op (kOpPrerelease,
+// ipc.h OpPrerelease has the rule; it then sends no kOpRelease), the rule applied to the unit's arrival and model
+// duration. Either way the unit's entries leave the tables. False while neither is there.
 bool CoordSendArrive(const GateUnit& unit);
-bool CoordTakeRelease(uint32_t comm_id, uint64_t seq, uint64_t* release_ns, int32_t* last_rank);
-// kOpPrerelease (ipc.h OpPrerelease has the rule): the release of `unit` (its communicator's operations seq ..
-// seq+comm_ops-1, arrived at event.arrival_ns, dur_ns its model duration) when the coordinator prereleased every
-// operation of it for the unit's op (the entries then leave the table); false while one is missing or another op was
-// expected (the coordinator then answers with kOpRelease).
-bool CoordTakePrerelease(const GateUnit& unit, uint64_t* release_ns, int32_t* last_rank);
-// Forgets the prereleases of a unit the coordinator released with kOpRelease (some operation was not prereleased).
-void CoordDropPrereleases(uint32_t comm_id, uint64_t seq, uint32_t nops);
+bool CoordTakeRelease(const GateUnit& unit, uint64_t* release_ns, int32_t* last_rank);
 
 // Status feed for `prism-run status` (from the event writer thread; best effort, never blocks the job).
 struct OpEvent;

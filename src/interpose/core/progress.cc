@@ -197,8 +197,8 @@ void Loop() {
         uint64_t rel = 0;
         int32_t last = -1;
         // Why before the arrival goes out: a prereleased unit needs no answer (the arrival still goes: the
-        // coordinator's graph advances on it).
-        if (CoordTakePrerelease(p.u, &rel, &last)) {
+        // coordinator's graph advances on it); an answer to a unit sent in an earlier pass is taken here too.
+        if (CoordTakeRelease(p.u, &rel, &last)) {
           p.u.event.release_ns = rel;
           p.u.event.wait_on_rank = last;
           p.has_release = true;
@@ -210,21 +210,10 @@ void Loop() {
             p.has_release = true;
           }
         }
-        if (!p.has_release) {
-          if (CoordTakeRelease(p.u.coord_comm_id, p.u.event.seq, &rel, &last)) {
-            CoordDropPrereleases(p.u.coord_comm_id, p.u.event.seq, p.u.comm_ops);
-            p.u.event.release_ns = rel;
-            p.u.event.wait_on_rank = last;
-            p.has_release = true;
-          } else if (CoordTakePrerelease(p.u, &rel, &last)) {
-            p.u.event.release_ns = rel;
-            p.u.event.wait_on_rank = last;
-            p.has_release = true;
-          } else if (!CoordActive()) {
-            // The coordinator went away after the arrival was sent: the local rule, as for units sent after.
-            p.u.event.release_ns = p.u.event.arrival_ns + p.u.dur_ns;
-            p.has_release = true;
-          }
+        if (!p.has_release && !CoordActive()) {
+          // The coordinator went away after the arrival was sent: the local rule, as for units sent after.
+          p.u.event.release_ns = p.u.event.arrival_ns + p.u.dur_ns;
+          p.has_release = true;
         }
       }
       if (p.has_release) {
