@@ -142,10 +142,9 @@ bool WaitFor(const std::function<bool()>& pred, int ms) {
   return pred();
 }
 
-TEST(SwapCoordinator, SwapsABlockedRankOutForOneNotStartedAndKeepsServingMeanwhile) {
-  fs::path out = fs::temp_directory_path() / ("prism-swapcoord-" + std::to_string(getpid()));
-  fs::remove_all(out);
-  auto driver = std::make_shared<GateDriver>();
+// Two real ranks on one GPU "h/0" with context switching on, as every test here starts: the GPU's cap and the host
+// budget differ per test (context_bytes 0: footprints are the tracked bytes).
+CoordinatorOptions TwoRanksOneGpu(const fs::path& out, uint64_t cap, uint64_t host) {
   CoordinatorOptions o;
   o.world_size = 2;
   o.real_ranks = {0, 1};
@@ -153,10 +152,18 @@ TEST(SwapCoordinator, SwapsABlockedRankOutForOneNotStartedAndKeepsServingMeanwhi
   o.status_interval_ms = 50;
   o.hang_timeout_s = 0;
   o.swap.enabled = true;
-  o.swap.gpu_cap_bytes = kF;
-  o.swap.host_cap_bytes = 4 * kF;
+  o.swap.gpu_cap_bytes = cap;
+  o.swap.host_cap_bytes = host;
   o.swap.context_bytes = 0;
   o.swap.rank_gpu = {{0, "h/0"}, {1, "h/0"}};
+  return o;
+}
+
+TEST(SwapCoordinator, SwapsABlockedRankOutForOneNotStartedAndKeepsServingMeanwhile) {
+  fs::path out = fs::temp_directory_path() / ("prism-swapcoord-" + std::to_string(getpid()));
+  fs::remove_all(out);
+  auto driver = std::make_shared<GateDriver>();
+  CoordinatorOptions o = TwoRanksOneGpu(out, kF, 4 * kF);
   o.swap_driver = driver;
   std::vector<std::string> printed;
   std::mutex print_mu;
@@ -239,17 +246,7 @@ TEST(SwapCoordinator, ARankWhoseAllocationFailedGetsRoomFromABlockedRank) {
   fs::path out = fs::temp_directory_path() / ("prism-swaproom-" + std::to_string(getpid()));
   fs::remove_all(out);
   auto driver = std::make_shared<GateDriver>();
-  CoordinatorOptions o;
-  o.world_size = 2;
-  o.real_ranks = {0, 1};
-  o.out_dir = out.string();
-  o.status_interval_ms = 50;
-  o.hang_timeout_s = 0;
-  o.swap.enabled = true;
-  o.swap.gpu_cap_bytes = 2 * kF;
-  o.swap.host_cap_bytes = 4 * kF;
-  o.swap.context_bytes = 0;
-  o.swap.rank_gpu = {{0, "h/0"}, {1, "h/0"}};
+  CoordinatorOptions o = TwoRanksOneGpu(out, 2 * kF, 4 * kF);
   o.swap_driver = driver;
   std::vector<std::string> printed;
   std::mutex print_mu;
@@ -315,9 +312,6 @@ TEST(SwapCoordinator, ARankWhoseAllocationFailedGetsRoomFromABlockedRank) {
   fs::remove_all(out);
 }
 
-// Footprints from each rank's process's GPU memory (CoordinatorOptions::swap_usage, as NVML would answer): two ranks
-// of 1 GiB tracked on a cap of 2.6 GiB. Counted as tracked + the assumed 512 MiB context (1.5 GiB each) only one
-// fits; measured at 1.2 GiB each both do. The source is in the banner and in status.json.
 // The room-waiter deadlock of the GPU case swap_big (s19c): every rank on the GPU waits for room, none is blocked in an
 // exchange. A rank whose request says idle (libprism synchronised its device) is swapped out for the oldest request,
 // and is restored and answered yes once it fits; its request is not refused meanwhile.
@@ -325,17 +319,7 @@ TEST(SwapCoordinator, WhenEveryRankWaitsForRoomOneThatSaidIdleIsSwappedOutAndGra
   fs::path out = fs::temp_directory_path() / ("prism-swapidle-" + std::to_string(getpid()));
   fs::remove_all(out);
   auto driver = std::make_shared<GateDriver>();
-  CoordinatorOptions o;
-  o.world_size = 2;
-  o.real_ranks = {0, 1};
-  o.out_dir = out.string();
-  o.status_interval_ms = 50;
-  o.hang_timeout_s = 0;
-  o.swap.enabled = true;
-  o.swap.gpu_cap_bytes = 4 * kF;
-  o.swap.host_cap_bytes = 8 * kF;
-  o.swap.context_bytes = 0;
-  o.swap.rank_gpu = {{0, "h/0"}, {1, "h/0"}};
+  CoordinatorOptions o = TwoRanksOneGpu(out, 4 * kF, 8 * kF);
   o.swap_driver = driver;
   o.swap_print = [](const std::string&) {};
   std::string error;
@@ -381,6 +365,9 @@ TEST(SwapCoordinator, WhenEveryRankWaitsForRoomOneThatSaidIdleIsSwappedOutAndGra
   fs::remove_all(out);
 }
 
+// Footprints from each rank's process's GPU memory (CoordinatorOptions::swap_usage, as NVML would answer): two ranks
+// of 1 GiB tracked on a cap of 2.6 GiB. Counted as tracked + the assumed 512 MiB context (1.5 GiB each) only one
+// fits; measured at 1.2 GiB each both do. The source is in the banner and in status.json.
 TEST(SwapCoordinator, FootprintsComeFromTheMeasuredGpuMemoryOfEachRanksProcess) {
   constexpr uint64_t kMiB = 1ull << 20;
   char host[256] = {0};
@@ -389,16 +376,8 @@ TEST(SwapCoordinator, FootprintsComeFromTheMeasuredGpuMemoryOfEachRanksProcess) 
     SCOPED_TRACE(measure ? "measured" : "assumed");
     fs::path out = fs::temp_directory_path() / ("prism-swapusage-" + std::to_string(getpid()));
     fs::remove_all(out);
-    CoordinatorOptions o;
-    o.world_size = 2;
-    o.real_ranks = {0, 1};
-    o.out_dir = out.string();
-    o.status_interval_ms = 50;
-    o.hang_timeout_s = 0;
-    o.swap.enabled = true;
-    o.swap.gpu_cap_bytes = 2 * kF + 600 * kMiB;
+    CoordinatorOptions o = TwoRanksOneGpu(out, 2 * kF + 600 * kMiB, 0);
     o.swap.context_bytes = 512 * kMiB;
-    o.swap.rank_gpu = {{0, "h/0"}, {1, "h/0"}};
     o.swap.usage_library = "";  // never the machine's NVML in a test
     o.swap.usage_interval_s = 0.05;
     std::atomic<int> asked{0};
