@@ -439,11 +439,13 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
   const uint64_t used = GpuUsed(gpu);
   const uint64_t host_used = HostUsed();
   // for_room false: blocked residents; true: residents that wait for room with an idle GPU (RequestRoom's `idle`), for
-  // another rank's room request when no blocked one can go. Those fewest others wait for first, then the largest
-  // (frees most), then the highest rank.
+  // another rank's room request when no blocked one can go. Those fewest others wait for first, then those that do not
+  // wait for `keep` (the rank the room is for), then the largest (frees most), then the highest rank. Why the second
+  // key: a rank that waits for the incoming one would block it at once (a tensor-parallel pair swapped for each
+  // other, one swap per pair collective: the 2026-11-30 GPU case swap_big, whose stage-0 ranks were the largest).
   auto pick = [&](const Rank* keep, bool for_room) -> Rank* {
     Rank* best = nullptr;
-    std::tuple<int, uint64_t, int> best_key{};
+    std::tuple<int, bool, uint64_t, int> best_key{};
     for (Rank* r : resident) {
       if (r == keep || r->phase != SwapPhase::kResident || r->pid <= 0 || r->out_failed) continue;
       if (!for_room) {
@@ -464,7 +466,9 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
                            r->rank, FormatBytes(fp), FormatBytes(cfg_.host_cap_bytes), FormatBytes(host_used)));
         continue;
       }
-      auto key = std::make_tuple(-Needers(r->rank), fp, r->rank);
+      const bool waits_for_keep =
+          keep && std::binary_search(r->waiting_for.begin(), r->waiting_for.end(), keep->rank);
+      auto key = std::make_tuple(-Needers(r->rank), !waits_for_keep, fp, r->rank);
       if (!best || key > best_key) {
         best = r;
         best_key = key;

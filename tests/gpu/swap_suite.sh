@@ -124,23 +124,25 @@ sys.exit(0 if ok else 1)
 PY
 }
 # swap_big (issue 7, item 2; not in the default cases): distinct ranks that together do not fit in the GPU. GPT of
-# SWAP_BIG_LAYERS (28) layers, hidden 4096 (about 5.8 B parameters), tp 2 x pp 4, world 64: replica 0 is 8 ranks of
-# about 0.7 B parameters, ~13 GB each with Adam and fp32 main parameters (18 bytes per parameter) plus activations
-# and the 1.3 GiB context: ~160-180 GiB together against the cap of 132.8 GiB (the H200's 139.8 GiB less 5 %).
-# Collected with --swap and the default cap, SWAP_BIG_ITERS (2) iterations; the detail has the time, the swaps and the
-# volume. Host RAM: the swapped-out ranks must fit in the host budget (80 % of MemAvailable: 100 GiB on the GPU
-# machine). Why not 44 layers (the first sizing): its ranks grew to 22-34 GiB each, ~240 GiB together, more than the
-# cap and the host budget hold together; the 2026-11-30 run ended with every rank waiting for room and the host
-# budget full (docs/status.md).
+# SWAP_BIG_LAYERS (24) layers, hidden 4096 (about 5 B parameters), tp 2 x pp 4, world 64: replica 0 is 8 ranks of
+# about 0.6 B parameters, ~16-22 GiB each as NVML counts them (Adam and fp32 main parameters, 18 bytes per
+# parameter, activations of up to 4 micro-batches in flight, the 1.3 GiB context): ~150 GiB together against the cap
+# of 132.8 GiB (the H200's 139.8 GiB less 5 %), so that seven fit and each collective of the whole replica costs one
+# swap out and one in. Collected with --swap and the default cap, SWAP_BIG_ITERS (1) iterations; the detail has the
+# time, the swaps and the volume. Host RAM: the swapped-out ranks must fit in the host budget (80 % of MemAvailable).
+# Why not 44 layers (the first sizing): its ranks grew to 22-34 GiB each, ~240 GiB together, more than the cap and the
+# host budget hold together. Why not 28 (the second): 17-25 GiB each, five fit; each of the ~8 collectives of the
+# whole replica in the optimizer step cost 2-3 swaps of ~15 s, and the run (2026-11-30 third session, before the
+# victim fix of that session) did not finish its first iteration in 540 s (docs/status.md).
 swap_big() {
   local name=swap_big_pp4tp2 dir=$out/swap_big_pp4tp2
-  local -a model=(--num-layers "${SWAP_BIG_LAYERS:-28}" --hidden-size 4096 --num-attention-heads 32 --seq-length 1024
+  local -a model=(--num-layers "${SWAP_BIG_LAYERS:-24}" --hidden-size 4096 --num-attention-heads 32 --seq-length 1024
     --max-position-embeddings 1024 --micro-batch-size 1 --log-interval 1 --eval-iters 1 --eval-interval 1000
     --mock-data --tokenizer-type NullTokenizer --vocab-size 32000 --transformer-impl local --lr 1e-4 --bf16
     --no-gradient-accumulation-fusion --disable-gloo-process-groups --no-persist-layer-norm --no-masked-softmax-fusion)
   (cd "$MEGATRON" && timeout -s INT -k 20 "${SWAP_BIG_TIMEOUT:-540}" "$PRISM_RUN" collect --out "$dir" --no-payloads --swap on \
      torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${model[@]}" --tensor-model-parallel-size 2 \
-     --pipeline-model-parallel-size 4 --global-batch-size 32 --train-iters "${SWAP_BIG_ITERS:-2}") > "$out/$name.out" 2>&1 \
+     --pipeline-model-parallel-size 4 --global-batch-size 32 --train-iters "${SWAP_BIG_ITERS:-1}") > "$out/$name.out" 2>&1 \
      || { echo "collect exit $?"; grep -v '^\[rank' "$out/$name.out" | tail -30; return 1; }
   local rep=$dir/report.json
   [ -f "$rep" ] || { echo "no report.json"; return 1; }
