@@ -607,7 +607,17 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
     blocked = false;
     for (const Inst& inst : units[0]) {
       int last = -1;
-      std::optional<int64_t> ci = Completion(inst, &last);
+      std::optional<int64_t> ci;
+      if (Lockstep(inst)) {
+        // The real rank's own arrival decides (SetLockstepSlots); its virtual peers keep the graph's rule.
+        std::vector<Inst> parts;
+        Partners(inst, &parts);
+        ci = arrival_.at(inst) + DurationNs(parts);
+        last = inst.rank;
+        ++stats_.lockstep;
+      } else {
+        ci = Completion(inst, &last);
+      }
       if (!ci) {
         blocked = true;
         break;
@@ -699,8 +709,10 @@ std::optional<ReleasePolicy::Prerelease> GraphRelease::Predict(const CommView& c
   Prerelease pr;
   int64_t latest = 0;
   int advances = 0;
+  const bool lockstep = Lockstep(inst);
   for (const Inst& p : parts) {
     if (p == inst) continue;
+    if (lockstep && !IsReal(p.rank)) continue;  // not waited for (SetLockstepSlots): floor 0, the rank's arrival
     if (IsReal(p.rank)) return std::nullopt;  // another real member: its arrival decides too
     auto it = arrival_.find(p);
     if (it == arrival_.end()) {
@@ -750,6 +762,25 @@ void GraphRelease::LogBlockedPartners(const std::vector<Inst>& parts) const {
                          at.comm_slot < rc.comm_slots.size() ? rc.comm_slots[at.comm_slot] : std::string("-"));
     }
   }
+}
+
+void GraphRelease::SetLockstepSlots(const std::vector<std::string>& slots) {
+  std::lock_guard<std::mutex> lock(mu_);
+  lockstep_.assign(trace_.classes.size(), {});
+  for (size_t c = 0; c < trace_.classes.size(); ++c) {
+    const auto& names = trace_.classes[c].comm_slots;
+    lockstep_[c].assign(names.size(), false);
+    for (size_t k = 0; k < names.size(); ++k)
+      lockstep_[c][k] = std::find(slots.begin(), slots.end(), names[k]) != slots.end();
+  }
+}
+
+bool GraphRelease::Lockstep(const Inst& i) const {
+  if (lockstep_.empty() || !IsReal(i.rank)) return false;
+  const uint32_t cls = trace_.ranks[i.rank].cls;
+  const trace::Node& n = NodeOf(i.rank, i.node);
+  return n.kind == trace::NodeKind::kColl && cls < lockstep_.size() && n.comm_slot < lockstep_[cls].size() &&
+         lockstep_[cls][n.comm_slot];
 }
 
 void GraphRelease::SetReplicaSymmetry(bool on) {

@@ -56,6 +56,14 @@ class GraphRelease : public ReleasePolicy {
   // measured, not replayed), a rank outside the graph or a factor <= 0. Call before the first Decide.
   bool SetStragglers(const std::vector<std::pair<int32_t, double>>& stragglers, std::string* error);
 
+  // Fill slices (`prism-run fill`, docs/fill.md "Tensor-parallel lockstep"): on the communicator slots named here
+  // (the graph's comm_slots, e.g. "tp"), a real rank's collective completes at its own arrival plus the duration,
+  // however late the graph's virtual members are; they still complete at max(arrivals) + duration. Why: tensor-
+  // parallel peers run in lockstep in the job, and a virtual peer that holds the real rank's gate lets the host run
+  // ahead behind it, so the GPU gap measured after the gate opens loses host time (the medium GPT's stage-0 class
+  // lost 36 of its ~76 ms per iteration that way on the H200). Call before the first Decide.
+  void SetLockstepSlots(const std::vector<std::string>& slots);
+
   // Counters, for tests and status.
   struct Stats {
     uint64_t decided = 0;     // releases computed from the graph
@@ -66,6 +74,7 @@ class GraphRelease : public ReleasePolicy {
     uint64_t idle_steps = 0;    // ... ahead of time, in Idle
     uint64_t idle_stopped = 0;  // Idle slices ended early because a message waited
     uint64_t predicted = 0;     // Predict answers (prereleases)
+    uint64_t lockstep = 0;      // real ranks' collectives released on their own arrival (SetLockstepSlots)
   };
   Stats stats() const;
   // Data-parallel replicas that hold no real rank and no straggler behave alike (every collective that spans
@@ -183,6 +192,8 @@ class GraphRelease : public ReleasePolicy {
   std::vector<int64_t> clock_;  // per rank: the latest finish of a node it ran (the worklist's order)
   void ComputeAliases();
   bool symmetry_ = true;
+  std::vector<std::vector<bool>> lockstep_;  // per class, per comm slot (SetLockstepSlots); empty: none
+  bool Lockstep(const Inst& i) const;
   std::vector<int> alias_;      // per rank: itself, or the rank of the representative replica it takes part through
   int aliased_ = 0;
   Stats stats_;

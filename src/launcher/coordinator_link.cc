@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "coordinator/coordinator.h"
@@ -85,6 +87,13 @@ class LocalCoordinator : public CoordinatorLink {
           return false;
         }
       }
+      if (std::string l = EnvOf(*plan, "PRISM_LOCKSTEP_SLOTS"); !l.empty()) {
+        std::vector<std::string> slots;
+        std::stringstream ss(l);
+        for (std::string s; std::getline(ss, s, ',');)
+          if (!s.empty()) slots.push_back(s);
+        graph_release_->SetLockstepSlots(slots);
+      }
       o.release_policy = graph_release_.get();
     }
     std::string first_error;
@@ -118,6 +127,17 @@ class LocalCoordinator : public CoordinatorLink {
     }
     stopped_ = true;
     coord_->Stop();
+    if (graph_release_) {
+      // Why said: how the virtual ranks answered (a run with many blocked or unmatched decisions did not follow the
+      // graph), and in fill slices how many collectives the lockstep slots released (fill --lockstep).
+      const coord::GraphRelease::Stats st = graph_release_->stats();
+      std::fprintf(stderr,
+                   "prism: graph replay: %llu decisions from the graph (%llu on the real rank's own arrival, lockstep), "
+                   "%llu blocked, %llu unmatched; %llu prereleases predicted\n",
+                   static_cast<unsigned long long>(st.decided), static_cast<unsigned long long>(st.lockstep),
+                   static_cast<unsigned long long>(st.blocked), static_cast<unsigned long long>(st.unmatched),
+                   static_cast<unsigned long long>(st.predicted));
+    }
   }
 
   std::optional<std::string> TakeHang() override {

@@ -37,6 +37,19 @@ TEST(FillCli, BuildsAndSimulatesTheBareGraphThenNamesTheFailingSlice) {
   EXPECT_TRUE(fs::exists(out / "bare.prism"));
   EXPECT_TRUE(fs::exists(out / "events" / "rank33.events.jsonl"));
   EXPECT_NE(r.out.find("the slice of rank 0 failed"), std::string::npos) << r.out;
+  // The slice ran with the tensor-parallel slot in lockstep (GraphRelease::SetLockstepSlots); --lockstep none: not.
+  auto command_of = [](const fs::path& dir) {
+    std::ifstream f(dir / "round1" / "rank0" / "command.json");
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  EXPECT_NE(command_of(out).find("\"PRISM_LOCKSTEP_SLOTS\": \"tp\""), std::string::npos) << command_of(out);
+  fs::remove_all(out);
+  r = PrismRun("fill --from " + data.string() + " --out " + out.string() + " --rounds 1 --hang-timeout 5 " +
+               "--lockstep none torchrun --nnodes 8 --nproc-per-node 8 /nonexistent/pretrain_gpt.py " +
+               "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_TRUE(fs::exists(out / "round1" / "rank0" / "command.json")) << r.out;
+  EXPECT_EQ(command_of(out).find("PRISM_LOCKSTEP_SLOTS"), std::string::npos) << command_of(out);
   fs::remove_all(out);
 }
 

@@ -196,6 +196,37 @@ TEST(GraphRelease, FourRanksOneRealPipelineAndTensorParallel) {
   EXPECT_EQ(g->stats().blocked, 0u);
 }
 
+// Fill slices (SetLockstepSlots): on the tensor-parallel slot the real rank's collective completes at its own arrival
+// plus the duration although its virtual peer arrives later; the virtual peer still waits for the real arrival and
+// its own; the pipeline slot keeps the graph's rule; Predict says the same (floor 0).
+TEST(GraphRelease, LockstepSlotsReleaseTheRealRankOnItsOwnArrival) {
+  json g = Graph(2, json::array({{{"id", 0}, {"ranks", {0, 1}}, {"desc", "tp"}}}),
+                 json::array({Class("r0", {"tp"}, json::array({Compute(1000), AllReduce("tp", 100)})),
+                              Class("r1", {"tp"}, json::array({Compute(1500), AllReduce("tp", 100)}))}),
+                 json::array({{{"class", 0}, {"comms", {0}}}, {{"class", 1}, {"comms", {0}}}}));
+  CommView tp = View(7, {0, 1}, {0});
+  for (bool lockstep : {false, true}) {
+    auto r = Make(g, {0});
+    if (lockstep) r->SetLockstepSlots({"tp"});
+    Arrival a = Arrive(0, 7, kAllReduce, 0, kT);
+    ReleaseDecision d = r->Decide(tp, 0, {&a, 1});
+    EXPECT_EQ(d.release_ns, lockstep ? kT + 100 * kUs : kT + 600 * kUs) << "lockstep " << lockstep;
+    // The virtual peer completed its allreduce at its own arrival (T + 500) + 100 either way: its next one is
+    // posted 1500 us later.
+    EXPECT_EQ(r->VirtualArrival(1, 1, 1), static_cast<int64_t>(kT + 2100 * kUs)) << "lockstep " << lockstep;
+    std::optional<ReleasePolicy::Prerelease> p = r->Predict(tp, 1, 0);
+    ASSERT_TRUE(p.has_value());
+    EXPECT_EQ(p->floor_ns, lockstep ? 0u : kT + 2100 * kUs) << "lockstep " << lockstep;
+    EXPECT_EQ(p->dur_ns, static_cast<int64_t>(100 * kUs));
+    EXPECT_EQ(r->stats().lockstep, lockstep ? 1u : 0u);
+  }
+  // A slot not named keeps the rule.
+  auto other = Make(g, {0});
+  other->SetLockstepSlots({"pp"});
+  Arrival a = Arrive(0, 7, kAllReduce, 0, kT);
+  EXPECT_EQ(other->Decide(tp, 0, {&a, 1}).release_ns, kT + 600 * kUs);
+}
+
 TEST(GraphRelease, TwoRealRanksBothArrivalsCount) {
   auto g = Make(FourRank(), {0, 1});
   CommView tp = View(5, {0, 1}, {0, 1});

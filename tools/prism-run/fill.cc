@@ -46,6 +46,8 @@ struct FillOptions {
   double hang_timeout = 120;
   bool quiet = true;
   std::string payload_max_bytes;
+  // Slots whose virtual members do not hold the slice's real rank (GraphRelease::SetLockstepSlots); "none": all do.
+  std::string lockstep = "tp";
 };
 
 json LoadJson(const fs::path& p) {
@@ -219,6 +221,11 @@ int RunFill(const FillOptions& o, const std::vector<std::string>& command) {
       e.quiet = o.quiet;
       e.hang_timeout = o.hang_timeout;
       e.payload_max_bytes = o.payload_max_bytes;
+      if (o.lockstep != "none") {
+        std::stringstream ls(o.lockstep);
+        for (std::string slot; std::getline(ls, slot, ',');)
+          if (!slot.empty()) e.lockstep_slots.push_back(slot);
+      }
       if (recorded) {
         e.payload = "recorded";
         e.payload_dir = from.string();
@@ -290,6 +297,11 @@ void AddFill(CLI::App& app, int* rc) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--hang-timeout", o.hang_timeout, "per slice, as for emulate")->capture_default_str();
   sub->add_option("--payload-max-bytes", o.payload_max_bytes, "per slice, as for emulate (default 4M)");
+  sub->add_option("--lockstep", o.lockstep,
+                  "communicator slots (comma-separated, or none) whose virtual members do not hold a slice's real "
+                  "rank: its collectives there complete at its own arrival plus the duration (tensor-parallel peers "
+                  "run in lockstep; docs/fill.md)")
+      ->capture_default_str();
   sub->callback([sub, rc] {
     std::vector<std::string> command = sub->remaining();
     if (command.empty()) {
