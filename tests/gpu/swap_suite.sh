@@ -133,7 +133,9 @@ PY
 # Why not 44 layers (the first sizing): its ranks grew to 22-34 GiB each, ~240 GiB together, more than the cap and the
 # host budget hold together. Why not 28 (the second): 17-25 GiB each, five fit; each of the ~8 collectives of the
 # whole replica in the optimizer step cost 2-3 swaps of ~15 s, and the run (2026-11-30 third session, before the
-# victim fix of that session) did not finish its first iteration in 540 s (docs/status.md).
+# victim fix of that session) did not finish its first iteration in 540 s (docs/status.md). SWAP_BIG_RANK_MEM (16G):
+# --rank-mem, the footprint assumed before a rank reports memory, so that the 8 ranks start together (8 x 16G fit)
+# instead of one at a time (~20 s each, 165 s in that run); they report ~1.3 GiB at start and grow at the first step.
 swap_big() {
   local name=swap_big_pp4tp2 dir=$out/swap_big_pp4tp2
   local -a model=(--num-layers "${SWAP_BIG_LAYERS:-24}" --hidden-size 4096 --num-attention-heads 32 --seq-length 1024
@@ -141,6 +143,7 @@ swap_big() {
     --mock-data --tokenizer-type NullTokenizer --vocab-size 32000 --transformer-impl local --lr 1e-4 --bf16
     --no-gradient-accumulation-fusion --disable-gloo-process-groups --no-persist-layer-norm --no-masked-softmax-fusion)
   (cd "$MEGATRON" && timeout -s INT -k 20 "${SWAP_BIG_TIMEOUT:-540}" "$PRISM_RUN" collect --out "$dir" --no-payloads --swap on \
+     --rank-mem "${SWAP_BIG_RANK_MEM:-16G}" \
      torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${model[@]}" --tensor-model-parallel-size 2 \
      --pipeline-model-parallel-size 4 --global-batch-size 32 --train-iters "${SWAP_BIG_ITERS:-1}") > "$out/$name.out" 2>&1 \
      || { echo "collect exit $?"; grep -v '^\[rank' "$out/$name.out" | tail -30; return 1; }
