@@ -160,6 +160,7 @@ struct Unit {
   const ObservedOp* op = nullptr;
   int64_t iter = 0;
   std::vector<Piece> pieces;
+  std::vector<Piece> local;  // sends and receives to the rank itself: no nodes, but they count in the sequence
 };
 
 // A built unit, for the event file's "wait" lines: its nodes and the compute nodes of the gap that ends where it
@@ -280,7 +281,7 @@ class Builder {
   void SequenceMultiStreamSlots(const std::map<uint32_t, int64_t>& coll_seq, trace::RoleClass* cls);
   void ApplyWaits(const RankEventLog& log, const std::map<std::pair<int64_t, int64_t>, UnitNodes>& unit_at,
                   trace::RoleClass* cls);
-  bool Expand(const RankEventLog& log, const ObservedOp& op, std::vector<Piece>* pieces);
+  bool Expand(const RankEventLog& log, const ObservedOp& op, std::vector<Piece>* pieces, std::vector<Piece>* local);
   bool Resolve(const RankEventLog& log, const ObservedComm& c, Family* f);
   bool Bind();
   std::vector<int> Moved(const std::vector<int>& members, int from, int to) const;
@@ -620,7 +621,8 @@ bool Builder::Resolve(const RankEventLog& log, const ObservedComm& c, Family* f)
   return true;
 }
 
-bool Builder::Expand(const RankEventLog& log, const ObservedOp& op, std::vector<Piece>* pieces) {
+bool Builder::Expand(const RankEventLog& log, const ObservedOp& op, std::vector<Piece>* pieces,
+                     std::vector<Piece>* local) {
   auto where = [&](int64_t comm, int64_t seq) {
     return "rank " + std::to_string(log.rank) + " event file line " + std::to_string(op.line) + " (comm " +
            std::to_string(comm) + " seq " + std::to_string(seq) + ")";
@@ -645,6 +647,18 @@ bool Builder::Expand(const RankEventLog& log, const ObservedOp& op, std::vector<
         return Fail(where(comm, seq) + ": " + name + " without its peer on a communicator of " +
                     std::to_string(nranks) + " ranks (the shim must write \"peer\", or \"ops\" for a fused unit)");
       p.peer = peer;
+      int me = c->rank;
+      if (me < 0) {
+        auto m = std::find(c->members.begin(), c->members.end(), log.rank);
+        if (m != c->members.end()) me = static_cast<int>(m - c->members.begin());
+      }
+      // Why: torch's all_to_all_single with uneven splits (MoE token dispatch) sends to and receives from the rank
+      // itself, a local copy with no peer; the graph has no such channel (the validator rejects a self peer). The
+      // copy's time stays in its unit's other nodes, or in the compute gap when the unit had nothing else.
+      if (peer == me) {
+        local->push_back(p);
+        return true;
+      }
     } else {
       p.kind = NodeKind::kColl;
       p.op = trace::ParseCollOp(name);
@@ -749,6 +763,7 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
   using StreamKey = std::pair<int, int64_t>;  // (0 recorded index | 1 fallback, id)
   std::map<StreamKey, std::vector<Unit>> streams;
   std::map<int64_t, int64_t> first_use;  // comm id -> order of first use (per-comm fallback)
+  std::vector<Unit> local_only;           // units of sends and receives to the rank itself only
   bool any_recorded = false, any_fallback = false;
   for (const ObservedOp& op : log.ops) {
     int64_t it = iteration_of(op.arrival_ns);
@@ -759,7 +774,11 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
     Unit u;
     u.op = &op;
     u.iter = it;
-    if (!Expand(log, op, &u.pieces)) return false;
+    if (!Expand(log, op, &u.pieces, &u.local)) return false;
+    if (u.pieces.empty() && !u.local.empty()) {  // only copies to itself: no communication, no node
+      local_only.push_back(std::move(u));
+      continue;
+    }
     StreamKey key;
     if (op.stream >= 0) {
       key = {0, op.stream};
@@ -817,20 +836,24 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
   // Gaps in a communicator's sequence numbers: operations missing from the file.
   {
     std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> by_comm;  // comm -> (seq, count)
-    for (auto& [key, units] : streams)
-      for (const Unit& u : units) {
-        std::map<int64_t, int64_t> per;
-        for (const Piece& p : u.pieces) per[p.comm_id]++;
-        for (auto& [comm, count] : per) {
-          int64_t s = u.op->seq;
-          if (comm != u.op->comm_id) {
-            s = INT64_MAX;
-            for (const Piece& p : u.pieces)
+    auto add_unit = [&](const Unit& u) {
+      std::map<int64_t, int64_t> per;
+      for (const auto* v : {&u.pieces, &u.local})
+        for (const Piece& p : *v) per[p.comm_id]++;
+      for (auto& [comm, count] : per) {
+        int64_t s = u.op->seq;
+        if (comm != u.op->comm_id) {
+          s = INT64_MAX;
+          for (const auto* v : {&u.pieces, &u.local})
+            for (const Piece& p : *v)
               if (p.comm_id == comm) s = std::min(s, p.seq);
-          }
-          by_comm[comm].push_back({s, count});
         }
+        by_comm[comm].push_back({s, count});
       }
+    };
+    for (auto& [key, units] : streams)
+      for (const Unit& u : units) add_unit(u);
+    for (const Unit& u : local_only) add_unit(u);
     for (auto& [comm, v] : by_comm) {
       std::sort(v.begin(), v.end());
       for (size_t i = 1; i < v.size(); ++i) {

@@ -1200,6 +1200,81 @@ TEST(ObservedTrace, World8Ep4FromRankZeroOrFromItsExpertGroup) {
   EXPECT_EQ(BoundComm(g->trace, 7, "ep").ranks, (std::vector<int32_t>{4, 5, 6, 7}));
 }
 
+// collect --real-routing of Megatron's tiny MoE GPT (world 16, pp 2, ep 2: ranks 0, 1, 8, 9). The alltoall token
+// dispatcher's all_to_all_single with uneven splits reaches NCCL as one group of sends and receives on the
+// expert-parallel communicator, including a send to and a receive from the rank itself (a local copy, no
+// communication); a unit can also be nothing but that pair. The graph has no self-peer node and validates.
+TEST(ObservedTrace, MoeGroupedAllToAllSkipsTheRanksSendAndReceiveToItself) {
+  const prism::world::World w = MakeEpWorld("pp=2,ep=2", 16);
+  JobOptions o;
+  o.world = 16;
+  auto split = [](int from, int to) { return 1024u * static_cast<uint64_t>(1 + from + 2 * to); };  // bytes
+  std::vector<RankEventLog> logs;
+  for (int r : {0, 1, 8, 9}) {
+    const std::vector<int> members = w.GroupOf("ep", r);
+    const int me = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+    RankWriter wr(r, o);
+    wr.Comm(7, "EXPERT_MODEL_PARALLEL_GROUP", members, me);
+    auto sub = [](const std::string& op, uint64_t bytes, int peer, int64_t seq) {
+      return json{{"op", op}, {"dtype", "bf16"}, {"bytes", bytes}, {"peer", peer}, {"root", -1}, {"comm_id", 7},
+                  {"seq", seq}};
+    };
+    for (int it = 0; it < 3; ++it) {
+      wr.Compute(kFwdUs);
+      // Dispatch: a send to every member, then a receive from every member (torch's order).
+      uint64_t total = 0;
+      for (int m : members) total += split(r, m) + split(m, r);
+      json d = wr.Op(7, "group", "bf16", total, -1, 1, kSendUs, 2 * static_cast<int>(members.size()));
+      const int64_t s = d["seq"].get<int64_t>();
+      d["ops"] = json::array();
+      for (size_t k = 0; k < members.size(); ++k)
+        d["ops"].push_back(sub("send", split(r, members[k]), static_cast<int>(k), s + static_cast<int64_t>(k)));
+      for (size_t k = 0; k < members.size(); ++k)
+        d["ops"].push_back(sub("recv", split(members[k], r), static_cast<int>(k),
+                               s + static_cast<int64_t>(members.size() + k)));
+      wr.Emit(d);
+      wr.Compute(kFwdUs);
+      // Every token stayed on the rank: only the self pair.
+      json l = wr.Op(7, "group", "bf16", 8192, -1, 1, kSendUs, 2);
+      const int64_t ls = l["seq"].get<int64_t>();
+      l["ops"] = json::array({sub("send", 4096, me, ls), sub("recv", 4096, me, ls + 1)});
+      wr.Emit(l);
+      wr.Compute(kBwdUs);
+      wr.Emit(wr.Op(7, "allreduce", "bf16", 4096, -1, 1, kTpUs));
+      wr.Mark(it);
+    }
+    RankEventLog log;
+    log.rank = r;
+    int64_t n = 0;
+    for (const std::string& line : wr.lines()) prism::launcher::FeedEventLine(&log, line, ++n);
+    logs.push_back(std::move(log));
+  }
+  std::string err;
+  auto g = BuildObservedTrace(logs, w, {}, &err);
+  ASSERT_TRUE(g) << err;
+  const prism::trace::Trace& t = g->trace;
+  const std::vector<std::string> errors = prism::replay::ValidateTrace(t);
+  EXPECT_TRUE(errors.empty()) << errors.size() << " errors, the first: " << errors.front();
+  EXPECT_FALSE(HasWarning(*g, "sequence numbers jump")) << "the self operations still count in the sequence";
+  for (int r : {0, 1, 8, 9}) {
+    const auto& cls = t.classes[t.ranks[r].cls];
+    int sends = 0, recvs = 0;
+    for (const auto& s : cls.streams) {
+      for (const auto& n : s.nodes) {
+        if (n.kind != NodeKind::kSend && n.kind != NodeKind::kRecv) continue;
+        const auto& ranks = t.comms[t.ranks[r].comms[n.comm_slot]].ranks;
+        const int me = static_cast<int>(std::find(ranks.begin(), ranks.end(), r) - ranks.begin());
+        EXPECT_NE(n.peer, me) << "rank " << r << " node " << n.id << ": a send or receive to the rank itself";
+        const int other = ranks[n.peer];
+        EXPECT_EQ(n.bytes, n.kind == NodeKind::kSend ? split(r, other) : split(other, r)) << "rank " << r;
+        (n.kind == NodeKind::kSend ? sends : recvs)++;
+      }
+    }
+    EXPECT_EQ(sends, 3) << "rank " << r << ": one send to the other member per iteration";
+    EXPECT_EQ(recvs, 3) << "rank " << r;
+  }
+}
+
 // What collect writes when the run ends (launch.cc calls it), and `prism-run graph build` on the same files: replica
 // 0 of an ep 2 job gives a graph, and the line and the warning say what was assumed.
 TEST_F(GraphCli, ReplicaZeroOfAnExpertParallelJobWritesTheGraphAndSaysSo) {
