@@ -38,6 +38,9 @@
 //     every send of the group in posting order, THEN Find + Plan every recv of the group in posting order.
 //     So a recv sees the sends of its own group even when they were posted after it.
 //     Why: NCCL progresses a group's sends and recvs concurrently; the pair is one exchange.
+//     A recv whose group sends on the communicator takes only a send of that group (libprism's RunUnit: same
+//     peer, else the own rank, else any peer, of its size), else 0. Why: an older call's buffer may have been
+//     reused by the caching allocator (stale bytes).
 //   - the copy reads the send buffer when the recv's step runs on the recv's stream: if the send was on another
 //     stream, the shim makes the recv's stream wait for the send's stream first (NCCL joins a group's streams).
 //   - when the user frees memory (cudaFree, VMM unmap), call history.InvalidateRange(addr, bytes) so a recv
