@@ -127,7 +127,8 @@ class LocalCoordinator : public CoordinatorLink {
     }
     stopped_ = true;
     coord_->Stop();
-    if (graph_release_) {
+    if (graph_release_ && !replay_said_) {
+      replay_said_ = true;  // Why: Stop runs again at the launcher's exit
       // Why said: how the virtual ranks answered (a run with many blocked or unmatched decisions did not follow the
       // graph), and in fill slices how many collectives the lockstep slots released (fill --lockstep).
       const coord::GraphRelease::Stats st = graph_release_->stats();
@@ -176,6 +177,7 @@ class LocalCoordinator : public CoordinatorLink {
   bool had_hang_ = false;
   bool remote_ = false;   // other hosts run real ranks against this coordinator
   bool stopped_ = false;
+  bool replay_said_ = false;  // the graph replay line printed (Stop)
 };
 
 // A coordinator on another host, joined with --coordinator HOST:PORT: the hang diagnosis and the Flight Recorder

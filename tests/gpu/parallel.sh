@@ -17,8 +17,10 @@ mkdir -p "$out"
 work=${KEEP:-$out/work}; mkdir -p "$work"
 start=$SECONDS deadline=${PARALLEL_DEADLINE:-570}
 # PARALLEL_BIND=1 (default): each group runs on the CPUs local to its GPU (sysfs local_cpulist of the GPU's PCI
-# device, through taskset), so two groups do not share cores and a launch-bound model's host thread is not placed on
-# the far socket (the tiny and medium GPTs' own time per iteration moved 1.4-1.7x between runs on the H200 machines).
+# device, through taskset), so that on a machine of several NUMA nodes a launch-bound model's host thread is not placed
+# on the far socket. The nvidia-h200-x2 VM of 2026-11-30 has one NUMA node (both GPUs: CPUs 0-31), where it changes
+# nothing; there the launch-bound models' own time moved with the other group's load instead (a swap case's host
+# traffic: the medium GPT's rank 0 computed 70.7 ms per iteration beside it, 49.1 ms after it; docs/fill.md).
 cpus_of_gpu() {  # GPU index -> its local cpulist, or nothing
   local bus
   bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i "$1" 2>/dev/null | tr 'A-F' 'a-f') || return

@@ -155,6 +155,11 @@ TEST_F(LauncherE2E, GraphRunIsComparedWithSimulateOfTheGraph) {
                     &log);
   ASSERT_EQ(rc, 0) << log;
   EXPECT_NE(log.find("prism: rank 0: emulated vs simulate(graph): median error"), std::string::npos) << log;
+  // How the virtual ranks answered, said once (not a fill slice: no lockstep releases).
+  const size_t said = log.find("prism: graph replay: ");
+  ASSERT_NE(said, std::string::npos) << log;
+  EXPECT_EQ(log.find("prism: graph replay: ", said + 1), std::string::npos) << log;
+  EXPECT_NE(log.find("(0 on the real rank's own arrival, lockstep)", said), std::string::npos) << log;
   json rep = ReadJson(out / "report.json");
   ASSERT_TRUE(rep.contains("graph_comparison")) << rep.dump(1);
   EXPECT_EQ(rep["graph_comparison"]["graph"], graph);
