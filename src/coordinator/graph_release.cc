@@ -609,11 +609,20 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
       int last = -1;
       std::optional<int64_t> ci;
       if (Lockstep(inst)) {
-        // The real rank's own arrival decides (SetLockstepSlots); its virtual peers keep the graph's rule.
+        // The real members' arrivals decide (SetLockstepSlots: the rank's own, and another real member's when
+        // there is one: all of them arrived before a decision); the virtual peers keep the graph's rule.
         std::vector<Inst> parts;
         Partners(inst, &parts);
-        ci = arrival_.at(inst) + DurationNs(parts);
+        int64_t latest = arrival_.at(inst);
         last = inst.rank;
+        for (const Inst& p : parts) {
+          auto it = arrival_.find(p);
+          if (IsReal(p.rank) && it != arrival_.end() && it->second > latest) {
+            latest = it->second;
+            last = p.rank;
+          }
+        }
+        ci = latest + DurationNs(parts);
         ++stats_.lockstep;
       } else {
         ci = Completion(inst, &last);

@@ -220,6 +220,14 @@ TEST(GraphRelease, LockstepSlotsReleaseTheRealRankOnItsOwnArrival) {
     EXPECT_EQ(p->dur_ns, static_cast<int64_t>(100 * kUs));
     EXPECT_EQ(r->stats().lockstep, lockstep ? 1u : 0u);
   }
+  // Two real members: both arrivals count, lockstep or not.
+  auto both = Make(g, {0, 1});
+  both->SetLockstepSlots({"tp"});
+  CommView tp2 = View(7, {0, 1}, {0, 1});
+  Arrival two[2] = {Arrive(0, 7, kAllReduce, 0, kT), Arrive(1, 7, kAllReduce, 0, kT + 300 * kUs)};
+  ReleaseDecision d2 = both->Decide(tp2, 0, {two, 2});
+  EXPECT_EQ(d2.release_ns, kT + 400 * kUs);
+  EXPECT_EQ(d2.last_rank, 1);
   // A slot not named keeps the rule.
   auto other = Make(g, {0});
   other->SetLockstepSlots({"pp"});
