@@ -264,6 +264,9 @@ class Builder {
     ClassKey key;
     int rep = -1;                 // rank whose nodes the class holds
     int mirror_of = -1;           // class whose nodes it repeats (an expert-parallel class without events), or -1
+    // A mirrored class with point-to-point operations on the expert-parallel communicator (a grouped send/recv
+    // all-to-all): its position there, its nodes built from the source rank's by BorrowEpP2p; else -1.
+    int ep_position = -1;
     const RankEventLog* log = nullptr;
     std::vector<Family> families;  // per slot
     std::vector<uint8_t> p2p_slot;
@@ -282,6 +285,8 @@ class Builder {
   void ApplyWaits(const RankEventLog& log, const std::map<std::pair<int64_t, int64_t>, UnitNodes>& unit_at,
                   trace::RoleClass* cls);
   bool Expand(const RankEventLog& log, const ObservedOp& op, std::vector<Piece>* pieces, std::vector<Piece>* local);
+  bool BorrowEpP2p(const RankEventLog& log, const ObservedOp& op, int position, std::map<int64_t, int>* ep_comms,
+                   std::vector<Piece>* pieces, std::vector<Piece>* local);
   bool Resolve(const RankEventLog& log, const ObservedComm& c, Family* f);
   bool Bind();
   std::vector<int> Moved(const std::vector<int>& members, int from, int to) const;
@@ -356,10 +361,35 @@ bool Builder::Run(std::string* error) {
       ClassInfo& ci = classes_[c];
       if (ci.mirror_of < 0) continue;
       const ClassInfo& from = classes_[static_cast<size_t>(ci.mirror_of)];
-      built[c] = built[static_cast<size_t>(ci.mirror_of)];
-      built[c].name = ClassName(w_, ci.key);
-      ci.families = from.families;
-      ci.p2p_slot = from.p2p_slot;
+      // Point-to-point operations on the expert-parallel communicator have peers and sizes of the source rank's
+      // position there: rebuild the class from the source's file with them borrowed (BorrowEpP2p).
+      bool ep_p2p = false;
+      for (size_t s = 0; s < from.families.size(); ++s) {
+        const Family& f = from.families[s];
+        ep_p2p = ep_p2p || (from.p2p_slot[s] && f.type == Family::kGroup && f.kind == "ep");
+      }
+      if (ep_p2p) {
+        int r = 0;
+        while (key_of_[r] != ci.key) ++r;
+        const std::vector<int>& members = groups_.Group("ep", groups_.IndexOf("ep", r));
+        ci.ep_position = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+        // Why restore: the source's file was counted and warned about when its own class was built.
+        const size_t warnings = out_->warnings.size(), dropped = out_->dropped_ops, waits = out_->wait_edges,
+                     skipped = out_->waits_skipped, recorded = out_->recorded_comm;
+        const auto latency = out_->coordinator_latency_ns;
+        ok = BuildClass(ci, &built[c]);
+        out_->warnings.resize(std::min(out_->warnings.size(), warnings));
+        out_->dropped_ops = dropped;
+        out_->wait_edges = waits;
+        out_->waits_skipped = skipped;
+        out_->recorded_comm = recorded;
+        out_->coordinator_latency_ns = latency;
+      } else {
+        built[c] = built[static_cast<size_t>(ci.mirror_of)];
+        built[c].name = ClassName(w_, ci.key);
+        ci.families = from.families;
+        ci.p2p_slot = from.p2p_slot;
+      }
       out_->mirrored_classes.push_back(static_cast<uint32_t>(c));
     }
     for (size_t c = 0; ok && c < classes_.size(); ++c) {
@@ -656,6 +686,7 @@ bool Builder::Expand(const RankEventLog& log, const ObservedOp& op, std::vector<
       // itself, a local copy with no peer; the graph has no such channel (the validator rejects a self peer). The
       // copy's time stays in its unit's other nodes, or in the compute gap when the unit had nothing else.
       if (peer == me) {
+        p.dtype = trace::ParseDType(dtype);  // a class that borrows the rank's operations can make it a node
         local->push_back(p);
         return true;
       }
@@ -727,6 +758,64 @@ bool Builder::Expand(const RankEventLog& log, const ObservedOp& op, std::vector<
   return true;
 }
 
+// EP symmetry for the point-to-point operations of one unit on the expert-parallel communicator (torch's grouped
+// send/recv all-to-all), for a class at position p there that borrows the source rank at position p0. With R[q] the
+// bytes the source sends to q and C[q] those it receives from q (0 when absent; R[p0] = C[p0], its copy to itself),
+// the class sends R[q] + C[p] - R[p0] to q and receives R[p] + C[q] - R[p0] from q. Under mirror every ep rank
+// routes like the source: in the dispatch the source receives its own split from every peer (C[q] = R[p0]), so the
+// class sends R[q] and receives R[p], what the source sends to p; in the combine (the reverse all-to-all) the source
+// sends R[p0] to everyone (R[q] = R[p0]), so the class sends C[p] and receives C[q]. Any two ranks then agree on
+// what passes between them, the source included. The operations to p itself become local copies; one whose size
+// becomes 0 is left out unless the unit already has a zero-size operation there (torch with NCCL >= 2.14 issues
+// them, older ones skip them).
+bool Builder::BorrowEpP2p(const RankEventLog& log, const ObservedOp& op, int position, std::map<int64_t, int>* ep_comms,
+                          std::vector<Piece>* pieces, std::vector<Piece>* local) {
+  std::vector<Piece> all = std::move(*pieces);
+  const size_t was_pieces = all.size();  // the rest were local copies
+  pieces->clear();
+  all.insert(all.end(), local->begin(), local->end());
+  local->clear();
+  auto p0_of = [&](int64_t comm) {  // the source's position on `comm` when it is the ep communicator, else -1
+    auto [it, fresh] = ep_comms->try_emplace(comm, -1);
+    Family f;
+    if (fresh && Resolve(log, log.comms.at(comm), &f) && f.type == Family::kGroup && f.kind == "ep")
+      it->second = f.position;
+    return it->second;
+  };
+  std::map<int64_t, std::map<int32_t, uint64_t>> sent, received;  // comm -> peer -> bytes
+  std::set<int64_t> zeros;
+  for (const Piece& x : all) {
+    if (!IsP2p(x.kind) || p0_of(x.comm_id) < 0) continue;
+    (x.kind == NodeKind::kSend ? sent : received)[x.comm_id].try_emplace(x.peer, x.bytes);
+    if (x.bytes == 0) zeros.insert(x.comm_id);
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    Piece x = all[i];
+    const int p0 = IsP2p(x.kind) ? p0_of(x.comm_id) : -1;
+    if (p0 < 0) {
+      (i < was_pieces ? pieces : local)->push_back(x);
+      continue;
+    }
+    auto at = [](const std::map<int32_t, uint64_t>& m, int q) {
+      auto it = m.find(q);
+      return it == m.end() ? int64_t{0} : static_cast<int64_t>(it->second);
+    };
+    const auto& r = sent[x.comm_id];
+    const auto& c = received[x.comm_id];
+    const int64_t self = r.count(p0) ? at(r, p0) : at(c, p0);
+    const int64_t bytes =
+        x.kind == NodeKind::kSend ? at(r, x.peer) + at(c, position) - self : at(r, position) + at(c, x.peer) - self;
+    if (bytes < 0)
+      return Fail("rank " + std::to_string(log.rank) + " event file line " + std::to_string(op.line) +
+                  ": its sends and receives on the expert-parallel communicator are neither a dispatch nor a combine "
+                  "all-to-all under mirrored routing, so the expert-parallel classes without a real rank cannot "
+                  "borrow them; run `prism-run collect --real-routing`");
+    x.bytes = static_cast<uint64_t>(bytes);
+    (x.peer == position || (bytes == 0 && !zeros.count(x.comm_id)) ? local : pieces)->push_back(x);
+  }
+  return true;
+}
+
 bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
   const RankEventLog& log = *ci.log;
   cls->name = ClassName(w_, ci.key);
@@ -764,6 +853,7 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
   std::map<StreamKey, std::vector<Unit>> streams;
   std::map<int64_t, int64_t> first_use;  // comm id -> order of first use (per-comm fallback)
   std::vector<Unit> local_only;           // units of sends and receives to the rank itself only
+  std::map<int64_t, int> ep_comms;        // BorrowEpP2p's: comm id -> the source's ep position, -1 when not ep
   bool any_recorded = false, any_fallback = false;
   for (const ObservedOp& op : log.ops) {
     int64_t it = iteration_of(op.arrival_ns);
@@ -775,6 +865,7 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
     u.op = &op;
     u.iter = it;
     if (!Expand(log, op, &u.pieces, &u.local)) return false;
+    if (ci.ep_position >= 0 && !BorrowEpP2p(log, op, ci.ep_position, &ep_comms, &u.pieces, &u.local)) return false;
     if (u.pieces.empty() && !u.local.empty()) {  // only copies to itself: no communication, no node
       local_only.push_back(std::move(u));
       continue;
@@ -1189,10 +1280,12 @@ bool Builder::Bind() {
           break;
         }
       }
-      if (ci.p2p_slot[s] && position != f.position)
+      // A class that borrows another ep position's operations (ep_position) holds its own peers on that slot.
+      const int want = ci.ep_position >= 0 && f.type == Family::kGroup && f.kind == "ep" ? ci.ep_position : f.position;
+      if (ci.p2p_slot[s] && position != want)
         return Fail(where + ": point-to-point operations on this communicator, where the rank is communicator rank " +
                     std::to_string(position) + " but rank " + std::to_string(ci.rep) + " (whose operations the class "
-                    "holds) is " + std::to_string(f.position) + ": their peers differ, one class cannot hold both");
+                    "holds) is " + std::to_string(want) + ": their peers differ, one class cannot hold both");
     }
   }
   return true;

@@ -1275,6 +1275,117 @@ TEST(ObservedTrace, MoeGroupedAllToAllSkipsTheRanksSendAndReceiveToItself) {
   }
 }
 
+// collect WITHOUT --real-routing of the same job shape (world 16, pp 2, ep 2): ranks 0 and 8 (replica 0, ep 0) run
+// for real, ranks 1 and 9 (ep 1) run virtual under the mirror policy, and the classes pp0-ep1 and pp1-ep1 borrow the
+// ep-0 rank of their stage. The alltoall dispatcher's grouped sends and receives on the expert-parallel communicator
+// have uneven splits; under mirror every virtual peer routes like the real rank, so the real rank (position 0) sends
+// s[q] to each q and receives s[0] (its own split to itself) from every peer in the dispatch, and in the combine (the
+// reverse all-to-all) sends s[0] to every peer and receives s[q] from q. The borrowed class (position 1) sends s[q]
+// and receives s[1] in the dispatch, sends s[1] and receives s[q] in the combine, never to itself. Two more units
+// route every token to the rank itself: without the zero-size send (torch with NCCL < 2.14 skips it) and with it
+// (NCCL >= 2.14: a 0-byte send and receive). A pipeline send/recv between the stages stays as recorded.
+TEST(ObservedTrace, MoeGroupedAllToAllOfBorrowedExpertClassesUnderMirror) {
+  const prism::world::World w = MakeEpWorld("pp=2,ep=2", 16);
+  JobOptions o;
+  o.world = 16;
+  // The real rank's split to ep position q on stage `st` (bytes).
+  auto split = [](int st, int q) { return 1024u * static_cast<uint64_t>(1 + 3 * q + st); };
+  auto sub = [](const std::string& op, uint64_t bytes, int peer, int comm, int64_t seq) {
+    return json{{"op", op}, {"dtype", "bf16"}, {"bytes", bytes}, {"peer", peer}, {"root", -1}, {"comm_id", comm},
+                {"seq", seq}};
+  };
+  std::vector<RankEventLog> logs;
+  for (int r : {0, 8}) {
+    const int st = r / 8;
+    const std::vector<int> members = w.GroupOf("ep", r);
+    ASSERT_EQ(members, (std::vector<int>{r, r + 1}));
+    RankWriter wr(r, o);
+    wr.Comm(7, "EXPERT_MODEL_PARALLEL_GROUP", members, 0);
+    wr.Comm(1, "PIPELINE_MODEL_PARALLEL_GROUP", {r % 8, r % 8 + 8}, st);
+    // One grouped unit on the ep communicator: sends (peer, bytes), then receives (peer, bytes).
+    auto group = [&](const std::vector<std::pair<int, uint64_t>>& sends,
+                     const std::vector<std::pair<int, uint64_t>>& recvs) {
+      uint64_t total = 0;
+      for (const auto* v : {&sends, &recvs})
+        for (const auto& [q, b] : *v) total += b;
+      json g = wr.Op(7, "group", "bf16", total, -1, 1, kSendUs, static_cast<int>(sends.size() + recvs.size()));
+      int64_t s = g["seq"].get<int64_t>();
+      g["ops"] = json::array();
+      for (const auto& [q, b] : sends) g["ops"].push_back(sub("send", b, q, 7, s++));
+      for (const auto& [q, b] : recvs) g["ops"].push_back(sub("recv", b, q, 7, s++));
+      wr.Emit(g);
+    };
+    for (int it = 0; it < 3; ++it) {
+      if (st == 1) wr.Emit(wr.Op(1, "recv", "bf16", 65536, 0, 1, kSendUs));
+      wr.Compute(kFwdUs);
+      group({{0, split(st, 0)}, {1, split(st, 1)}}, {{0, split(st, 0)}, {1, split(st, 0)}});  // dispatch
+      wr.Compute(kFwdUs);
+      group({{0, split(st, 0)}, {1, split(st, 0)}}, {{0, split(st, 0)}, {1, split(st, 1)}});  // combine
+      wr.Compute(kFwdUs);
+      group({{0, 4096}}, {{0, 4096}, {1, 4096}});                 // every token stays: no zero-size send
+      group({{0, 4096}, {1, 0}}, {{0, 4096}, {1, 4096}});         // the same with the 0-byte send
+      if (st == 0) wr.Emit(wr.Op(1, "send", "bf16", 65536, 1, 1, kSendUs));
+      wr.Compute(kBwdUs);
+      wr.Emit(wr.Op(7, "allreduce", "bf16", 4096, -1, 1, kTpUs));
+      wr.Mark(it);
+    }
+    RankEventLog log;
+    log.rank = r;
+    int64_t n = 0;
+    for (const std::string& line : wr.lines()) prism::launcher::FeedEventLine(&log, line, ++n);
+    logs.push_back(std::move(log));
+  }
+  std::string err;
+  auto g = BuildObservedTrace(logs, w, {}, &err);
+  ASSERT_TRUE(g) << err;
+  const prism::trace::Trace& t = g->trace;
+  ASSERT_EQ(t.classes.size(), 4u);
+  EXPECT_EQ(g->mirrored_classes.size(), 2u);
+  EXPECT_TRUE(HasWarning(*g, "EP symmetry assumed"));
+  const std::vector<std::string> errors = prism::replay::ValidateTrace(t);
+  EXPECT_TRUE(errors.empty()) << errors.size() << " errors, the first: " << errors.front();
+  // Per rank: its ep-communicator sends and receives in node order, (send?, peer, bytes).
+  using P2p = std::tuple<bool, int, uint64_t>;
+  for (int r = 0; r < 16; ++r) {
+    const int st = r / 8, p = r % 2;
+    const auto& cls = t.classes[t.ranks[r].cls];
+    EXPECT_EQ(g->class_ranks[t.ranks[r].cls], 8 * st) << "rank " << r;
+    std::map<uint32_t, P2p> by_id;
+    for (const auto& s : cls.streams) {
+      for (const auto& n : s.nodes) {
+        if (n.kind != NodeKind::kSend && n.kind != NodeKind::kRecv) continue;
+        if (cls.comm_slots[n.comm_slot] != "ep") continue;
+        EXPECT_NE(n.peer, p) << "rank " << r << " node " << n.id << ": a send or receive to the rank itself";
+        by_id[n.id] = {n.kind == NodeKind::kSend, n.peer, n.bytes};
+      }
+    }
+    std::vector<P2p> got;
+    for (const auto& [id, x] : by_id) got.push_back(x);
+    std::vector<P2p> want;
+    const int q = 1 - p;  // the other member
+    const uint64_t sq = split(st, q), sp = split(st, p), s0 = split(st, 0);
+    for (int it = 0; it < 3; ++it) {
+      // dispatch: send s[q] to q, receive s[p] from q; combine: send s[p], receive s[q]
+      std::vector<P2p> one = {{true, q, sq}, {false, q, sp}, {true, q, sp}, {false, q, sq}};
+      if (p == 0) {
+        // The real rank as recorded: receives s[0] in the dispatch, sends s[0] in the combine; the local-only units
+        // receive from the virtual peer.
+        one = {{true, q, sq}, {false, q, s0}, {true, q, s0}, {false, q, sq}, {false, q, 4096}, {true, q, 0},
+               {false, q, 4096}};
+      } else {
+        // Borrowed: the local-only units send to the real rank what it receives; no zero-size receive where the
+        // real rank sent nothing to this position, a 0-byte one where it sent 0 bytes.
+        one.insert(one.end(), {{true, q, 4096}, {true, q, 4096}, {false, q, 0}});
+      }
+      want.insert(want.end(), one.begin(), one.end());
+    }
+    EXPECT_EQ(got, want) << "rank " << r;
+  }
+  // Ranks of a borrowed class bind their own expert-parallel and pipeline groups.
+  EXPECT_EQ(BoundComm(t, 9, "ep").ranks, (std::vector<int32_t>{8, 9}));
+  EXPECT_EQ(BoundComm(t, 9, "pp").ranks, (std::vector<int32_t>{1, 9}));
+}
+
 // What collect writes when the run ends (launch.cc calls it), and `prism-run graph build` on the same files: replica
 // 0 of an ep 2 job gives a graph, and the line and the warning say what was assumed.
 TEST_F(GraphCli, ReplicaZeroOfAnExpertParallelJobWritesTheGraphAndSaysSo) {
