@@ -739,6 +739,7 @@ std::optional<ReleasePolicy::Prerelease> GraphRelease::Predict(const CommView& c
     }
   }
   pr.floor_ns = static_cast<uint64_t>(std::max<int64_t>(latest, 0));
+  if (lockstep && pr.floor_rank < 0) pr.floor_rank = rank;  // as Decide names it: the rank's own arrival decides
   pr.op = IpcOpOf(NodeOf(inst.rank, inst.node));
   // DurationNs's rule without the shims' durations: the graph's recorded duration, else (-1) the real rank's own
   // model duration, the only shim duration Decide will have for this operation.
@@ -780,7 +781,10 @@ void GraphRelease::SetLockstepSlots(const std::vector<std::string>& slots) {
     const auto& names = trace_.classes[c].comm_slots;
     lockstep_[c].assign(names.size(), false);
     for (size_t k = 0; k < names.size(); ++k)
-      lockstep_[c][k] = std::find(slots.begin(), slots.end(), names[k]) != slots.end();
+      // A second communicator over the same group is the builder's "tp#2": the same slot for this purpose.
+      lockstep_[c][k] = std::any_of(slots.begin(), slots.end(), [&](const std::string& s) {
+        return names[k] == s || names[k].rfind(s + "#", 0) == 0;
+      });
   }
 }
 
@@ -790,6 +794,32 @@ bool GraphRelease::Lockstep(const Inst& i) const {
   const trace::Node& n = NodeOf(i.rank, i.node);
   return n.kind == trace::NodeKind::kColl && cls < lockstep_.size() && n.comm_slot < lockstep_[cls].size() &&
          lockstep_[cls][n.comm_slot];
+}
+
+std::string GraphRelease::ExpertP2pWarning() const {
+  std::string ranks;
+  for (size_t r = 0; r < trace_.ranks.size(); ++r) {
+    if (!IsReal(static_cast<int>(r))) continue;
+    const trace::RankBinding& b = trace_.ranks[r];
+    const trace::RoleClass& rc = trace_.classes[b.cls];
+    const ClassInfo& ci = classes_[b.cls];
+    bool hit = false;
+    for (const auto& [key, ids] : ci.p2p) {
+      const uint32_t slot = std::get<0>(key);
+      if (ids.empty() || slot >= rc.comm_slots.size() || rc.comm_slots[slot].rfind("ep", 0) != 0) continue;
+      if (slot >= b.comms.size()) continue;
+      for (const trace::Comm& c : trace_.comms) {
+        if (c.id != b.comms[slot]) continue;
+        for (int32_t m : c.ranks) hit = hit || !IsReal(m);
+      }
+    }
+    if (hit) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+  }
+  if (ranks.empty()) return "";
+  return "rank(s) " + ranks + " send and receive to virtual peers on an expert-parallel communicator (the MoE "
+         "all-to-all as grouped send/recv): libprism numbers its send and receive to the rank itself there, the "
+         "graph leaves them out, so releases on that communicator follow the wrong graph nodes (docs/status.md, "
+         "limitation 3); iteration times of such a run are not to be trusted";
 }
 
 void GraphRelease::SetReplicaSymmetry(bool on) {

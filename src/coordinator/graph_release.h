@@ -64,6 +64,12 @@ class GraphRelease : public ReleasePolicy {
   // lost 36 of its ~76 ms per iteration that way on the H200). Call before the first Decide.
   void SetLockstepSlots(const std::vector<std::string>& slots);
 
+  // "" or a warning: a real rank has point-to-point operations with virtual peers on an expert-parallel slot ("ep",
+  // the MoE all-to-all as grouped send/recv). libprism numbers the all-to-all's send and receive to the rank itself
+  // on the communicator, the graph leaves them out (local copies), so the rank's n-th operation there is not the
+  // graph's n-th node: its releases on that communicator follow the wrong nodes (docs/status.md limitation 3).
+  std::string ExpertP2pWarning() const;
+
   // Counters, for tests and status.
   struct Stats {
     uint64_t decided = 0;     // releases computed from the graph

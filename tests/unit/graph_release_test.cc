@@ -218,6 +218,7 @@ TEST(GraphRelease, LockstepSlotsReleaseTheRealRankOnItsOwnArrival) {
     ASSERT_TRUE(p.has_value());
     EXPECT_EQ(p->floor_ns, lockstep ? 0u : kT + 2100 * kUs) << "lockstep " << lockstep;
     EXPECT_EQ(p->dur_ns, static_cast<int64_t>(100 * kUs));
+    EXPECT_EQ(p->floor_rank, lockstep ? 0 : 1) << "who decides, as Decide names it";
     EXPECT_EQ(r->stats().lockstep, lockstep ? 1u : 0u);
   }
   // Two real members: both arrivals count, lockstep or not.
@@ -228,11 +229,37 @@ TEST(GraphRelease, LockstepSlotsReleaseTheRealRankOnItsOwnArrival) {
   ReleaseDecision d2 = both->Decide(tp2, 0, {two, 2});
   EXPECT_EQ(d2.release_ns, kT + 400 * kUs);
   EXPECT_EQ(d2.last_rank, 1);
+  // The builder's second communicator over the group ("tp#2") is the same slot here.
+  json g2 = g;
+  for (auto& c : g2["classes"]) c["comm_slots"] = {"tp#2"};
+  for (auto& c : g2["classes"])
+    for (auto& n : c["streams"][0]["nodes"])
+      if (n.contains("comm")) n["comm"] = "tp#2";
+  auto second = Make(g2, {0});
+  second->SetLockstepSlots({"tp"});
+  Arrival a2 = Arrive(0, 7, kAllReduce, 0, kT);
+  EXPECT_EQ(second->Decide(tp, 0, {&a2, 1}).release_ns, kT + 100 * kUs);
   // A slot not named keeps the rule.
   auto other = Make(g, {0});
   other->SetLockstepSlots({"pp"});
   Arrival a = Arrive(0, 7, kAllReduce, 0, kT);
   EXPECT_EQ(other->Decide(tp, 0, {&a, 1}).release_ns, kT + 600 * kUs);
+}
+
+// A real rank with sends and receives to virtual peers on an expert-parallel slot is warned about (the graph leaves
+// out the all-to-all's send and receive to the rank itself, which libprism numbers); a pipeline slot is not.
+TEST(GraphRelease, WarnsAboutPointToPointWithVirtualPeersOnAnExpertSlot) {
+  auto two_rank_p2p = [](const char* slot) {
+    return Graph(2, json::array({{{"id", 0}, {"ranks", {0, 1}}, {"desc", slot}}}),
+                 json::array({Class("r0", {slot}, json::array({P2p("send", slot, 1, 50), P2p("recv", slot, 1, 50)})),
+                              Class("r1", {slot}, json::array({P2p("recv", slot, 0, 50), P2p("send", slot, 0, 50)}))}),
+                 json::array({{{"class", 0}, {"comms", {0}}}, {{"class", 1}, {"comms", {0}}}}));
+  };
+  const std::string w = Make(two_rank_p2p("ep"), {0})->ExpertP2pWarning();
+  EXPECT_NE(w.find("rank(s) 0 send and receive to virtual peers on an expert-parallel communicator"),
+            std::string::npos) << w;
+  EXPECT_EQ(Make(two_rank_p2p("ep"), {0, 1})->ExpertP2pWarning(), "") << "every peer real";
+  EXPECT_EQ(Make(two_rank_p2p("pp"), {0})->ExpertP2pWarning(), "");
 }
 
 TEST(GraphRelease, TwoRealRanksBothArrivalsCount) {
