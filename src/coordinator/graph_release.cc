@@ -623,7 +623,6 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
           }
         }
         ci = latest + DurationNs(parts);
-        ++stats_.lockstep;
       } else {
         ci = Completion(inst, &last);
       }
@@ -657,6 +656,7 @@ ReleaseDecision GraphRelease::Decide(const CommView& comm, uint64_t seq, std::sp
       return !blocked;
     });
   }
+  for (const Inst& inst : units[0]) stats_.lockstep += Lockstep(inst) ? 1 : 0;  // once per decision, not per pass
   if (!blocked) {
     ++stats_.decided;
   } else {

@@ -342,11 +342,8 @@ int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& comma
   // Why in the workers' environment too: the coordinator link reads the plan's variables (as PRISM_GRAPH), and a
   // rank's log then says which what-if it ran under.
   if (!what_if_spec.empty()) plan->env.emplace_back("PRISM_WHAT_IF", what_if_spec);
-  if (!opts.lockstep_slots.empty() && !opts.graph.empty()) {
-    std::string slots;
-    for (const std::string& s : opts.lockstep_slots) slots += (slots.empty() ? "" : ",") + s;
-    plan->env.emplace_back("PRISM_LOCKSTEP_SLOTS", slots);
-  }
+  if (!opts.lockstep_slots.empty() && !opts.graph.empty())
+    plan->env.emplace_back("PRISM_LOCKSTEP_SLOTS", opts.lockstep_slots);
   for (auto [rank, f] : stragglers) {
     const bool real = std::any_of(plan->real.begin(), plan->real.end(), [&](const auto& r) { return r.rank == rank; });
     if (real || rank >= plan->world_size) {

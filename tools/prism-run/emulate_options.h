@@ -19,9 +19,9 @@ struct EmulateOptions {
   std::string topology;
   std::string graph;
   std::vector<std::string> what_if;  // --what-if straggler=R:F (with --graph; docs/fill.md)
-  // fill's slices: communicator slots whose virtual members do not hold a real rank's collectives
-  // (GraphRelease::SetLockstepSlots; fill --lockstep, docs/fill.md "Tensor-parallel lockstep")
-  std::vector<std::string> lockstep_slots;
+  // fill's slices: communicator slots, comma-separated, whose virtual members do not hold a real rank's collectives
+  // (GraphRelease::SetLockstepSlots; fill --lockstep, docs/fill.md "Tensor-parallel lockstep"); "" for none
+  std::string lockstep_slots;
   std::string payload = "mirror";
   std::string payload_dir;       // --payload-dir (recorded payloads of a collect run)
   std::string payload_max_bytes;  // --payload-max-bytes: recorded payloads larger than this are not recorded/replayed

@@ -221,11 +221,7 @@ int RunFill(const FillOptions& o, const std::vector<std::string>& command) {
       e.quiet = o.quiet;
       e.hang_timeout = o.hang_timeout;
       e.payload_max_bytes = o.payload_max_bytes;
-      if (o.lockstep != "none") {
-        std::stringstream ls(o.lockstep);
-        for (std::string slot; std::getline(ls, slot, ',');)
-          if (!slot.empty()) e.lockstep_slots.push_back(slot);
-      }
+      if (o.lockstep != "none") e.lockstep_slots = o.lockstep;  // split where it is used (coordinator_link.cc)
       if (recorded) {
         e.payload = "recorded";
         e.payload_dir = from.string();

@@ -549,12 +549,12 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
     p.call.comm->history.RecordSend(p.call.peer, p.bytes, addr);
   }
   std::sort(sends.begin(), sends.end());
+  // The unit's sends by (comm, bytes), built only when a receive has no exact match (most units never need it).
   std::vector<UnitSend>& by_size = tls.sends_by_size;
-  by_size = sends;
+  bool by_size_built = false;
   auto size_less = [](const UnitSend& a, const UnitSend& b) {
     return a.comm != b.comm ? a.comm < b.comm : a.bytes < b.bytes;
   };
-  std::sort(by_size.begin(), by_size.end(), size_less);
   // The latest send of the unit on (comm, peer, bytes); nullptr if none.
   auto unit_send = [&](const Comm* comm, int32_t peer, uint64_t bytes) -> const UnitSend* {
     UnitSend key{comm, peer, bytes, UINT32_MAX, 0};
@@ -567,23 +567,29 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
       uint64_t addr = 0;
       const Comm* comm = p.call.comm;
       const UnitSend* s = unit_send(comm, p.call.peer, p.bytes);
-      auto on_comm = std::lower_bound(by_size.begin(), by_size.end(), UnitSend{comm, 0, 0, 0, 0}, size_less);
-      const bool unit_sends = on_comm != by_size.end() && on_comm->comm == comm;
-      if (s == nullptr && unit_sends) {
-        // Why not the history when the unit sends on the communicator (an all-to-all with uneven splits, MoE token
-        // dispatch): an older call's buffer has often been reused by torch's caching allocator by now (entries go
-        // only on a real free), and its stale bytes read as bf16 gave NaN gradients. A same-size send of this unit
-        // holds live data (the rank's send to itself first); without one, the random fill (addr 0).
-        s = unit_send(comm, comm->rank, p.bytes);
-        auto it = std::lower_bound(on_comm, by_size.end(), UnitSend{comm, 0, p.bytes, 0, 0}, size_less);
-        if (s == nullptr && it != by_size.end() && it->comm == comm && it->bytes == p.bytes) s = &*it;
-      }
-      if (s != nullptr) {
+      if (s == nullptr) {
+        if (!by_size_built) {
+          by_size = sends;
+          std::sort(by_size.begin(), by_size.end(), size_less);
+          by_size_built = true;
+        }
+        auto on_comm = std::lower_bound(by_size.begin(), by_size.end(), UnitSend{comm, 0, 0, 0, 0}, size_less);
+        if (on_comm != by_size.end() && on_comm->comm == comm) {
+          // Why not the history when the unit sends on the communicator (an all-to-all with uneven splits, MoE
+          // token dispatch): an older call's buffer has often been reused by torch's caching allocator by now
+          // (entries go only on a real free), and its stale bytes read as bf16 gave NaN gradients. A same-size send
+          // of this unit holds live data (the rank's send to itself first); without one, the random fill (addr 0).
+          s = unit_send(comm, comm->rank, p.bytes);
+          auto it = std::lower_bound(on_comm, by_size.end(), UnitSend{comm, 0, p.bytes, 0, 0}, size_less);
+          if (s == nullptr && it != by_size.end() && it->comm == comm && it->bytes == p.bytes) s = &*it;
+          if (s != nullptr) addr = s->addr;
+        } else {
+          // A unit without a send on the communicator (a pipeline stage's lone receive): its own earlier send.
+          std::lock_guard<std::mutex> lock(p.call.comm->mu);
+          p.call.comm->history.Find(p.call.peer, p.bytes, &addr);
+        }
+      } else {
         addr = s->addr;
-      } else if (!unit_sends) {
-        // A unit without a send on the communicator (a pipeline stage's lone receive): its own earlier send.
-        std::lock_guard<std::mutex> lock(p.call.comm->mu);
-        p.call.comm->history.Find(p.call.peer, p.bytes, &addr);
       }
       p.desc.mirror_send_addr = addr;
     }
