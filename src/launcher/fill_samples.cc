@@ -40,6 +40,19 @@ void FillSamples::Add(const trace::Trace& t, uint32_t cls) {
   cs.samples.push_back(ComputeDurations(t.classes[cls]));
 }
 
+void FillSamples::AddFrom(const trace::Trace& t, uint32_t src, uint32_t dst) {
+  if (src >= t.classes.size() || dst >= t.classes.size()) return;
+  if (classes_.size() < t.classes.size()) classes_.resize(t.classes.size());
+  ClassSamples& cs = classes_[dst];
+  auto shape = ShapeOf(t.classes[src]);
+  if (shape != ShapeOf(t.classes[dst])) return;
+  if (shape != cs.shape) {
+    cs.shape = std::move(shape);
+    cs.samples.clear();
+  }
+  cs.samples.push_back(ComputeDurations(t.classes[src]));
+}
+
 size_t FillSamples::Count(uint32_t cls) const { return cls < classes_.size() ? classes_[cls].samples.size() : 0; }
 
 size_t FillSamples::Apply(trace::Trace* t) const {

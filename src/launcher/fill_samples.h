@@ -20,6 +20,9 @@ class FillSamples {
   // Adds class `cls` of `t` as a new sample. A class whose streams differ in shape from the earlier samples (other
   // streams, other node counts, kinds or ids) starts over from this one. Out-of-range classes are ignored.
   void Add(const trace::Trace& t, uint32_t cls);
+  // Adds class `src` of `t` as a sample of class `dst` (a symmetric position timed by src's slice; the caller has
+  // checked that the two have the same operations in the same order). Same rules as Add for dst's shape.
+  void AddFrom(const trace::Trace& t, uint32_t src, uint32_t dst);
   // Sets every compute node's dur_us in `t` to the median of that node's samples (an even count: the mean of the two
   // middle ones), for every class with a sample of the same shape; other nodes and classes stay as they are.
   // Returns the number of classes changed.

@@ -95,6 +95,48 @@ std::optional<json> LoadReport(const std::string& path, std::string* error) {
   return j;
 }
 
+std::string PolicyLines(const json& rep) {
+  std::ostringstream o;
+  auto it = rep.find("policy");
+  if (it == rep.end() || !it->is_string()) return "";
+  const std::string policy = it->get<std::string>();
+  auto text = [&](const json& j, const char* k) -> std::string {
+    return j.is_object() && j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string();
+  };
+  if (policy == "mirror") {
+    o << "policy mirror: quick, NOT faithful (a virtual peer arrives when its real counterpart does: no pipeline "
+         "bubble, no stragglers); the default policy, graph, collects and fills the job's graph\n";
+  } else if (policy == "graph") {
+    o << "policy graph: virtual ranks replayed from " << text(rep, "graph") << "\n";
+    const json& cache = rep.contains("graph_cache") ? rep["graph_cache"] : json();
+    if (cache.is_object())
+      o << "graph cache " << (cache.value("hit", false) ? "hit" : "miss (collected and filled in this run)") << ": "
+        << text(cache, "dir") << "\n";
+    const json& fill = rep.contains("fill") ? rep["fill"] : json();
+    if (fill.is_object() && fill.contains("rounds")) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "after %d round(s), last move %.2f %% (tolerance %.2f %%)",
+                    fill.value("rounds", 0), fill.value("last_moved_pct", -1.0), fill.value("tolerance_pct", -1.0));
+      o << "fill " << (fill.value("converged", false) ? "converged " : "NOT converged ") << buf << "\n";
+    }
+    const json& stages = rep.contains("stages") ? rep["stages"] : json();
+    if (stages.is_array() && !stages.empty()) {
+      o << "stages:";
+      for (const json& st : stages) {
+        if (!st.is_object()) continue;
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " %s %.1f s%s", text(st, "name").c_str(), st.value("wall_s", 0.0),
+                      st.value("cached", false) ? " (cached)" : "");
+        o << buf;
+      }
+      o << "\n";
+    }
+  } else {
+    o << "policy " << policy << "\n";
+  }
+  return o.str();
+}
+
 std::string ShowReport(const json& rep, size_t max_rows) {
   std::ostringstream o;
   auto str = [&](const char* k) -> std::string {
@@ -102,6 +144,7 @@ std::string ShowReport(const json& rep, size_t max_rows) {
     if (it == rep.end()) return "?";
     return it->is_string() ? it->get<std::string>() : it->dump();
   };
+  o << PolicyLines(rep);
   o << "mode " << str("mode") << ", world " << str("world_size");
   if (rep.contains("status")) o << ", status " << str("status");
   if (rep.contains("exit_code") && !rep["exit_code"].is_null()) o << " (exit " << str("exit_code") << ")";

@@ -14,6 +14,9 @@ namespace prism::launcher {
 std::optional<nlohmann::json> LoadReport(const std::string& path, std::string* error);
 
 // A table for people: the run's summary, one row per rank (capped at `max_rows`), warnings.
+// The report's first lines in words: which policy produced the numbers, the graph, cache hit or miss, the fill's
+// convergence and each stage's wall time ("" when report.json has no "policy").
+std::string PolicyLines(const nlohmann::json& report);
 std::string ShowReport(const nlohmann::json& report, size_t max_rows = 64);
 
 struct DiffResult {

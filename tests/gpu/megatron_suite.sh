@@ -166,6 +166,55 @@ megatron_moe_collect() {
   done
   return $ok
 }
+# default (issue 23): the one command a user types, `prism-run --ranks 0 torchrun ...` with no policy option, twice
+# with one graph cache: the first run collects, fills (until 0.5 %, at most 4 rounds) and emulates rank 0 against the
+# filled graph; the second hits the cache and starts the real rank at once. DEFAULT_SHAPE: w64 (FILL_MODEL=medium for
+# the GPU-bound model), w128pp4 (the 4-stage bubble), moe (tiny MoE tp1 pp2 ep2: real routing; rank 0's max
+# allocated against the collect's rank 0). The detail: each stage's wall time, the fill's rounds and last move, rank 0
+# against simulate of the filled graph (graph_comparison), its pipeline wait, the second run's hit and the seconds
+# from its start to "rank 0 started". PASS: fill converged, |steady median error| <= 2 % (w64, w128pp4), second run a
+# hit that started rank 0 within 60 s, and for moe max allocated equal to the MB.
+default_expr='"iter %.2f ms; pp wait %.2f ms/it; fill %s after %s round(s), last move %.2f %%; stages %s; vs simulate(graph) median %s %%, steady medians %s %%, steady total %s %%" % (1e3*(r["iteration_time_s"] or 0), 1e3*(r["ranks"][0].get("wait_per_iteration_s") or {}).get("PIPELINE_MODEL_PARALLEL_GROUP", 0), "converged" if r["fill"]["converged"] else "NOT converged", r["fill"]["rounds"], r["fill"]["last_moved_pct"], " ".join("%s=%.0fs" % (s["name"], s["wall_s"]) for s in r["stages"]), *[("%+.2f" % g[k]) if g else "-" for g in [(r.get("graph_comparison") or {}).get("ranks", [None])[0]] for k in ("median_error_pct", "steady_median_error_pct", "steady_total_error_pct")])'
+stamp_lines() { while IFS= read -r l; do printf '%s %s\n' "$EPOCHREALTIME" "$l"; done; }
+megatron_default() {
+  local -a job
+  case ${DEFAULT_SHAPE:-w64} in
+    moe) shape_tag=w16_moe
+         job=(torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_TINY_ARGS[@]}"
+           --num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --swiglu --disable-bias-linear
+           --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2
+           --global-batch-size 16 --train-iters 10) ;;
+    *) FILL_SHAPE=${DEFAULT_SHAPE:-w64} fill_shape || return 1; job=("${shape_job[@]}") ;;
+  esac
+  local name=megatron_${shape_tag}_default dir=$out/megatron_${shape_tag}_default cache=$out/graph-cache
+  mkdir -p "$dir"
+  local t0=$EPOCHREALTIME run
+  for run in 1 2; do
+    (cd "$MEGATRON" && env -u PRISM_POLICY timeout -s INT -k 20 "${DEFAULT_TIMEOUT:-480}" "$PRISM_RUN" --ranks 0 \
+       --graph-cache "$cache" --quiet --out "$dir/run$run" "${job[@]}") 2>&1 | stamp_lines > "$out/$name.run$run.out"
+    [ -f "$dir/run$run/report.json" ] || { echo "run $run: no report.json"; tail -20 "$out/$name.run$run.out"; return 1; }
+  done
+  local r1=$dir/run1/report.json r2=$dir/run2/report.json ok=0
+  echo "run1: $(json_get "$r1" "$default_expr")" > "$out/$name.detail"
+  local start2 first2
+  start2=$(head -1 "$out/$name.run2.out" | cut -d' ' -f1)
+  first2=$(grep -m1 'prism: rank 0 started' "$out/$name.run2.out" | cut -d' ' -f1)
+  echo "run2: cache $(json_get "$r2" '"hit" if r["graph_cache"]["hit"] else "MISS"'), rank 0 started $($PYTHON -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" "$start2" "${first2:-0}") s after prism-run's first line; $(json_get "$r2" "$default_expr")" >> "$out/$name.detail"
+  json_get "$r1" 'r["fill"]["converged"]' | grep -q True || ok=1
+  json_get "$r2" 'r["graph_cache"]["hit"]' | grep -q True || ok=1
+  $PYTHON -c "import sys; sys.exit(0 if 0 < float(sys.argv[2]) - float(sys.argv[1]) < 60 else 1)" "$start2" "${first2:-0}" || ok=1
+  if [ "${DEFAULT_SHAPE:-w64}" = moe ]; then
+    local col; col=$(json_get "$r1" 'r["graph_cache"]["dir"]')/collect
+    local a b
+    a=$(grep -ohE "max allocated: [0-9.]+" "$col"/logs/rank0.log | tail -1 | awk '{print $3}')
+    b=$(grep -ohE "max allocated: [0-9.]+" "$dir"/run1/logs/rank0.log | tail -1 | awk '{print $3}')
+    echo "moe rank 0 max allocated: collect (real routing) ${a:-?} MB, default ${b:-?} MB" >> "$out/$name.detail"
+    [ -n "$a" ] && [ "$a" = "$b" ] || ok=1
+  else
+    json_get "$r1" 'abs(r["graph_comparison"]["ranks"][0]["steady_median_error_pct"]) <= 2' | grep -q True || ok=1
+  fi
+  return $ok
+}
 megatron_fill_contrast_case() { megatron_fill_contrast > "$out/megatron_${shape_tag}_fill_contrast.detail"; }
 megatron_cases=${MEGATRON_CASES:-w64r0 w64r63 w64r01 w1024r0 mem}
 for c in $megatron_cases; do
@@ -178,6 +227,7 @@ for c in $megatron_cases; do
     fill) fill_shape && check "megatron_${shape_tag}_fill" megatron_fill ;;
     contrast) fill_shape && check "megatron_${shape_tag}_fill_contrast" megatron_fill_contrast_case ;;
     moe) check megatron_w16_moe_collect megatron_moe_collect ;;
+    default) check "megatron_${DEFAULT_SHAPE:-w64}${FILL_MODEL:+_$FILL_MODEL}_default" megatron_default ;;
     ops1024) check torch_ops_prism_w1024_rank5 ops_prism torch_ops_prism_w1024_rank5 128 ;;
     ops8192) check torch_ops_prism_w8192_rank5 ops_prism torch_ops_prism_w8192_rank5 1024 ;;
     w64r63rec) PRISM_ARGS="--payload recorded --payload-dir $out/megatron_w64_collect" \

@@ -10,6 +10,9 @@ suites=("$@"); ((${#suites[@]})) || suites=(shim megatron)
 export PRISM_BUILD=${PRISM_BUILD:-$PWD/build}
 export PRISM_RUN=$PRISM_BUILD/bin/prism-run PRISM_LIB=$PRISM_BUILD/lib/libprism.so
 export NCCL_NVLS_ENABLE=0 NCCL_NVLINK_SHARP_ENABLE=0 PYTHONUNBUFFERED=1
+# The suites' cases measure one emulation each (mirror unless they pass --graph); the default procedure's own cases
+# (megatron_suite.sh "default") unset it.
+export PRISM_POLICY=${PRISM_POLICY:-mirror}
 table=$out/table.txt; : > "$table"
 # check NAME CMD...: runs CMD, records PASS/FAIL; CMD may append "detail" lines to $out/NAME.detail
 check() {

@@ -953,7 +953,7 @@ TEST(FlightRecorderTorchAnalyzer, ReadsAPrismRunsDumps) {
   auto run = [&](const std::string& name, const std::string& env) {
     fs::path out = FreshDir("torch-run-" + name);
     std::string c = "env " + env + " PRISM_FR_VIRTUAL=groups PYTHON_EXEC=python3 " + prism_run + " --out " +
-                    out.string() + " --ranks 0,5 --gpus 2 --no-preload --hang-timeout 1 torchrun --nnodes 2 " +
+                    out.string() + " --ranks 0,5 --gpus 2 --policy mirror --no-preload --hang-timeout 1 torchrun --nnodes 2 " +
                     "--nproc-per-node 4 " + PRISM_SOURCE_DIR + "/tests/data/launcher/fake_shim.py >" + out.string() +
                     ".log 2>&1";
     int st = std::system(c.c_str());

@@ -85,7 +85,7 @@ TEST_F(HangE2E, SkippedCollectiveIsAMismatchAndStopsTheJob) {
   fs::path out = FreshDir("skip");
   std::string log;
   int rc = RunPrism("FAKE_ITERS=50 FAKE_SKIP_RANK=5 FAKE_SKIP_ITER=2 FAKE_SKIP_OP=0",
-                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --no-preload --hang-timeout 1 torchrun "
+                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --policy mirror --no-preload --hang-timeout 1 torchrun "
                     "--nnodes 2 --nproc-per-node 4 " + Shim(),
                     &log);
   EXPECT_EQ(rc, 4) << log;
@@ -146,7 +146,7 @@ TEST_F(HangE2E, SizeMismatch) {
   fs::path out = FreshDir("size");
   std::string log;
   int rc = RunPrism("FAKE_ITERS=50 FAKE_SIZE_RANK=5 FAKE_SIZE_ITER=1",
-                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --no-preload --hang-timeout 1 torchrun "
+                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --policy mirror --no-preload --hang-timeout 1 torchrun "
                     "--nnodes 2 --nproc-per-node 4 " + Shim(),
                     &log);
   EXPECT_EQ(rc, 4) << log;
@@ -164,7 +164,7 @@ TEST_F(HangE2E, P2pSendSendIsACycle) {
   fs::path out = FreshDir("p2p");
   std::string log;
   int rc = RunPrism("FAKE_COMM=p2p:0,5 FAKE_OPS=send:4096,recv:4096",
-                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --no-preload --hang-timeout 1 torchrun "
+                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --policy mirror --no-preload --hang-timeout 1 torchrun "
                     "--nnodes 2 --nproc-per-node 4 " + Shim(),
                     &log);
   EXPECT_EQ(rc, 4) << log;
@@ -186,7 +186,7 @@ TEST_F(HangE2E, ExchangedSendSendIsACycle) {
   fs::path out = FreshDir("xp2p");
   std::string log;
   int rc = RunPrism("FAKE_COMM=p2p:0,5 FAKE_OPS=send:4096,recv:4096 FAKE_EXCHANGE=1 FAKE_WAIT_S=30",
-                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --no-preload --hang-timeout 1 torchrun "
+                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --policy mirror --no-preload --hang-timeout 1 torchrun "
                     "--nnodes 2 --nproc-per-node 4 " + Shim(),
                     &log);
   EXPECT_EQ(rc, 4) << log;
@@ -216,7 +216,7 @@ TEST_F(HangE2E, ExchangedSendAndReceiveInOrderDoNotHang) {
   std::string log;
   int rc = RunPrism("FAKE_COMM=p2p:0,5 FAKE_OPS=send:4096,recv:4096 FAKE_EXCHANGE=1 FAKE_RECV_FIRST_RANK=5 "
                     "FAKE_ITERS=3 FAKE_WAIT_S=30",
-                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --no-preload --hang-timeout 1 torchrun "
+                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --policy mirror --no-preload --hang-timeout 1 torchrun "
                     "--nnodes 2 --nproc-per-node 4 " + Shim(),
                     &log);
   EXPECT_EQ(rc, 0) << log;
@@ -232,7 +232,7 @@ TEST_F(HangE2E, ExchangedCollectiveWaitsForAMemberThatLeft) {
   fs::path out = FreshDir("xcoll");
   std::string log;
   int rc = RunPrism("FAKE_EXCHANGE=1 FAKE_ITERS=50 FAKE_STOP_RANK=5 FAKE_STOP_ITER=2 FAKE_WAIT_S=30",
-                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --no-preload --hang-timeout 1 torchrun "
+                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --policy mirror --no-preload --hang-timeout 1 torchrun "
                     "--nnodes 2 --nproc-per-node 4 " + Shim(),
                     &log);
   EXPECT_EQ(rc, 4) << log;
@@ -260,7 +260,7 @@ TEST_F(HangE2E, WaitKeepsTheJobRunning) {
   fs::path out = FreshDir("wait");
   fs::create_directories(out);
   std::vector<std::string> args = {std::getenv("PRISM_RUN"), "--out", out.string(), "--ranks", "0,5", "--gpus", "2",
-                                   "--no-preload", "--hang-timeout", "1", "--on-hang", "wait", "torchrun",
+                                   "--policy", "mirror", "--no-preload", "--hang-timeout", "1", "--on-hang", "wait", "torchrun",
                                    "--nnodes", "2", "--nproc-per-node", "4", Shim()};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

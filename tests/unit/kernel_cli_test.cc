@@ -156,7 +156,7 @@ class KernelRun : public KernelCli {
   RunResult Run(const fs::path& out, const std::string& cupti) {
     const std::string worker = std::string(PRISM_SOURCE_DIR) + "/tests/data/kernels/worker.py";
     std::string cmd = "env PYTHON_EXEC=python3 PRISM_CUPTI_LIBRARY=" + cupti + " " + std::getenv("PRISM_RUN") +
-                      " --kernels --quiet --out " + out.string() + " --ranks 0 --gpus 1 --hang-timeout 0 torchrun "
+                      " --policy mirror --kernels --quiet --out " + out.string() + " --ranks 0 --gpus 1 --hang-timeout 0 torchrun "
                       "--nproc-per-node 1 " + worker + " 2>&1";
     RunResult r;
     FILE* f = popen(cmd.c_str(), "r");

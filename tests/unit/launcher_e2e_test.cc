@@ -72,7 +72,7 @@ TEST_F(LauncherE2E, TwoRealRanksOfEight) {
   fs::path out = FreshDir("ok");
   std::string log;
   int rc = RunPrism("FAKE_ITERS=4 FAKE_ITER_MS=20 FAKE_USER_VAR=kept",
-                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --no-preload torchrun --nnodes 2 "
+                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --policy mirror --no-preload torchrun --nnodes 2 "
                     "--nproc-per-node 4 " + Worker() + " --tensor-model-parallel-size 2 --lr 0.1",
                     &log);
   ASSERT_EQ(rc, 0) << log;
@@ -189,9 +189,9 @@ TEST_F(LauncherE2E, GraphRunIsComparedWithSimulateOfTheGraph) {
                                     " --what-if straggler=0:1.5" + job, &log);
   EXPECT_EQ(rc, 2) << log;
   EXPECT_NE(log.find("runs for real"), std::string::npos) << log;
-  rc = RunPrism("FAKE_ITERS=1", "--out " + out.string() + " --ranks 0 --gpus 1 --what-if straggler=4:1.5" + job, &log);
+  rc = RunPrism("FAKE_ITERS=1", "--out " + out.string() + " --ranks 0 --gpus 1 --policy mirror --what-if straggler=4:1.5" + job, &log);
   EXPECT_EQ(rc, 2) << log;
-  EXPECT_NE(log.find("--what-if needs --graph"), std::string::npos) << log;
+  EXPECT_NE(log.find("--what-if needs a graph"), std::string::npos) << log;
   rc = RunPrism("FAKE_ITERS=1", "--out " + out.string() + " --ranks 0 --gpus 1 --graph " + graph +
                                     " --what-if bw-scale=2" + job, &log);
   EXPECT_EQ(rc, 2) << log;
@@ -203,7 +203,7 @@ TEST_F(LauncherE2E, FailingRankGivesItsStatusAndLogTail) {
   fs::path out = FreshDir("fail");
   std::string log;
   int rc = RunPrism("FAKE_ITERS=200 FAKE_ITER_MS=20 FAKE_FAIL_RANK=5 FAKE_FAIL_AFTER=2",
-                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --no-preload torchrun --nnodes 2 "
+                    "--out " + out.string() + " --ranks 0,5 --gpus 2 --policy mirror --no-preload torchrun --nnodes 2 "
                     "--nproc-per-node 4 " + Worker(),
                     &log);
   EXPECT_EQ(rc, 3) << log;  // the job's own status
@@ -227,7 +227,7 @@ TEST_F(LauncherE2E, IterationsStopsTheJobAfterKIterations) {
   std::string log;
   const auto t0 = std::chrono::steady_clock::now();
   int rc = RunPrism("FAKE_ITERS=100000 FAKE_ITER_MS=20",
-                    "--out " + out.string() + " --ranks 0,1 --gpus 1 --no-preload --iterations 5 torchrun "
+                    "--out " + out.string() + " --ranks 0,1 --gpus 1 --policy mirror --no-preload --iterations 5 torchrun "
                     "--nproc-per-node 2 " + Worker(),
                     &log);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -246,7 +246,7 @@ TEST_F(LauncherE2E, IterationsStopsTheJobAfterKIterations) {
   fs::remove_all(out);
   // A job that ends by itself before K iterations is not "stopped after K".
   rc = RunPrism("FAKE_ITERS=3 FAKE_ITER_MS=5",
-                "--out " + out.string() + " --ranks 0,1 --gpus 1 --no-preload --iterations 10 torchrun "
+                "--out " + out.string() + " --ranks 0,1 --gpus 1 --policy mirror --no-preload --iterations 10 torchrun "
                 "--nproc-per-node 2 " + Worker(),
                 &log);
   ASSERT_EQ(rc, 0) << log;
@@ -259,7 +259,7 @@ TEST_F(LauncherE2E, IterationsStopsTheJobAfterKIterations) {
 TEST_F(LauncherE2E, CtrlCStopsCleanlyAndKeepsTheReport) {
   fs::path out = FreshDir("int");
   std::vector<std::string> args = {std::getenv("PRISM_RUN"), "--out", out.string(), "--ranks", "0,1", "--gpus", "1",
-                                   "--no-preload", "--quiet", "torchrun", "--nproc-per-node", "2", Worker()};
+                                   "--policy", "mirror", "--no-preload", "--quiet", "torchrun", "--nproc-per-node", "2", Worker()};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -317,7 +317,7 @@ TEST_F(LauncherE2E, CtrlCStopsCleanlyAndKeepsTheReport) {
 TEST_F(LauncherE2E, CommandThatCannotStart) {
   fs::path out = FreshDir("nostart");
   std::string log;
-  int rc = RunPrism("", "--out " + out.string() + " --no-preload torchrun --no-python /nonexistent/job.sh", &log);
+  int rc = RunPrism("", "--out " + out.string() + " --policy mirror --no-preload torchrun --no-python /nonexistent/job.sh", &log);
   EXPECT_EQ(rc, 127) << log;
   EXPECT_NE(log.find("cannot start rank 0"), std::string::npos) << log;
   json rep = ReadJson(out / "report.json");

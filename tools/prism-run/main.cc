@@ -5,15 +5,6 @@
 
 #include "subcommands.h"
 
-namespace prism::cli {
-
-int NotBuilt(const std::string& name, const std::string& issue) {
-  std::fprintf(stderr, "prism-run %s: not built yet (%s); see docs/cli.md\n", name.c_str(), issue.c_str());
-  return kExitNotBuilt;
-}
-
-}  // namespace prism::cli
-
 int main(int argc, char** argv) {
   using namespace prism::cli;
   CLI::App app{

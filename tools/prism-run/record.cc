@@ -33,7 +33,7 @@ void AddRecord(CLI::App& app, int* rc) {
     }
     EmulateOptions e = ToEmulateOptions(o, "prism-record");
     e.all_real = true;
-    *rc = RunEmulate(e, command);
+    *rc = launcher::Emulate(e, command);
     if (o.dry_run) return;
     std::error_code ec;
     fs::path out = fs::absolute(e.out, ec);

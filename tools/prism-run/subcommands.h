@@ -6,7 +6,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "launcher/emulate.h"
+
 namespace prism::cli {
+
+using launcher::EmulateOptions;
 
 // Exit codes shared by all subcommands.
 inline constexpr int kExitOk = 0;
@@ -31,11 +35,8 @@ void AddGraph(CLI::App& app, int* rc);
 void AddCalibrate(CLI::App& app, int* rc);
 
 // Emulate is the default mode (`prism-run [OPTIONS] torchrun ...`): its options live on the top-level app.
-struct EmulateOptions;
+// RunEmulate picks the policy from them and calls the library (launcher/stages.h or launcher/emulate.h).
 EmulateOptions* AddEmulateOptions(CLI::App& app);
 int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& command);
-
-// Prints "prism-run <name>: not built yet (...)" and returns kExitNotBuilt.
-int NotBuilt(const std::string& name, const std::string& issue);
 
 }  // namespace prism::cli

@@ -8,6 +8,10 @@ As one worker of `prism-run ... torchrun ... fake_worker.py ARGS` it:
   3. writes the rank event file libprism would write ($PRISM_OUT_DIR/rank<R>.events.jsonl: hello, comm, op,
      iter, bye) for FAKE_ITERS iterations of FAKE_ITER_MS * (1 + local rank) milliseconds;
   4. exits 3 after printing "boom" when its rank is FAKE_FAIL_RANK (after FAKE_FAIL_AFTER iterations).
+With FAKE_EVENTS_FROM=DIR it instead writes DIR/rank<R>.events.jsonl as its event file (a recorded run's, e.g.
+tests/data/graph/megatron_w64_collect), with every time stretched by FAKE_SCALE (default 1) from the file's first
+stamp, and the payload file prism asked for (FAKE_FAIL_IF_GRAPH=1: exits 3 when given a graph) (PRISM_RECORD_PAYLOADS) with just its header: the stage driver's tests
+(collect -> fill -> emulate) run on it. FAKE_ALTERNATE=FILE stretches every other run of a rank (counted in FILE.rank<R>) by 1.3.
 """
 import json
 import os
@@ -30,6 +34,37 @@ def store_add_init():
     return struct.unpack("<I", echo)[0] == os.getpid() & 0xFFFFFFFF, count
 
 
+def replay_events(rank, out):
+    src = os.path.join(os.environ["FAKE_EVENTS_FROM"], "rank%d.events.jsonl" % rank)
+    scale = float(os.environ.get("FAKE_SCALE", "1"))
+    counter = os.environ.get("FAKE_ALTERNATE")
+    if counter:
+        counter += ".rank%d" % rank
+        n = int(open(counter).read() or "0") if os.path.exists(counter) else 0
+        with open(counter, "w") as f:
+            f.write(str(n + 1))
+        scale *= 1.3 if n % 2 else 1.0
+    if not os.path.exists(src):
+        print("fake worker: no recorded events for rank %d in %s" % (rank, src), file=sys.stderr, flush=True)
+        return 5
+    lines = [json.loads(l) for l in open(src) if l.strip()]
+    t0 = next((l["t_ns"] for l in lines if "t_ns" in l), 0)
+    with open(os.path.join(out, "rank%d.events.jsonl" % rank), "w") as ev:
+        for l in lines:
+            for k in ("t_ns", "arrival_ns", "release_ns", "opened_ns"):
+                if isinstance(l.get(k), int) and l[k] > 0:
+                    l[k] = t0 + int((l[k] - t0) * scale)
+            if isinstance(l.get("dur_ns"), int):
+                l["dur_ns"] = int(l["dur_ns"] * scale)
+            ev.write(json.dumps(l) + "\n")
+    payloads = os.environ.get("PRISM_RECORD_PAYLOADS")
+    if payloads:
+        with open(payloads, "wb") as f:
+            f.write(b"PRSMPAY1")
+    print("fake worker rank %d replayed %d event lines (x%.2f)" % (rank, len(lines), scale), flush=True)
+    return 0
+
+
 def main():
     rank = int(os.environ["RANK"])
     out = os.environ["PRISM_OUT_DIR"]
@@ -37,12 +72,18 @@ def main():
              "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
              "CUDA_VISIBLE_DEVICES", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ENABLE_MONITORING",
              "TORCH_NCCL_RANKS_PER_ROOT", "CUDA_MODULE_LOADING", "PRISM_RANK", "PRISM_WORLD_SIZE", "PRISM_LAYOUT",
-             "PRISM_GPUS_PER_NODE", "PRISM_COORD_SOCKET", "LD_PRELOAD", "FAKE_USER_VAR"]
+             "PRISM_GPUS_PER_NODE", "PRISM_COORD_SOCKET", "LD_PRELOAD", "FAKE_USER_VAR", "PRISM_GRAPH",
+             "PRISM_PAYLOAD_FILE", "PRISM_RECORD_PAYLOADS", "PRISM_LOCKSTEP_SLOTS"]
     info = {"argv": sys.argv, "env": {n: os.environ.get(n) for n in names}}
     if os.environ.get("FAKE_STORE", "1") == "1":
         info["ping_ok"], info["init_count"] = store_add_init()
     with open(os.path.join(out, "fake_rank%d.json" % rank), "w") as f:
         json.dump(info, f)
+    if os.environ.get("FAKE_FAIL_IF_GRAPH") and os.environ.get("PRISM_GRAPH"):
+        print("boom: rank %d fails when given a graph" % rank, file=sys.stderr, flush=True)
+        return 3
+    if os.environ.get("FAKE_EVENTS_FROM"):
+        return replay_events(rank, out)
 
     iters = int(os.environ.get("FAKE_ITERS", "4"))
     iter_ms = float(os.environ.get("FAKE_ITER_MS", "20"))

@@ -1,0 +1,62 @@
+// Stages 2 and 3 of the paper's procedure on this host (docs/fill.md): `prism-run fill`, and the fill stage of the
+// default procedure (launcher/stages.h).
+//
+// From a collect run (its event files, payloads and report.json), every class's representative rank runs for real
+// alone (one rank per slice on one GPU; with G GPUs a tensor-parallel group per slice, its communicator on the real
+// NCCL) while the coordinator replays every other rank from the graph as filled so far (GraphRelease). After each
+// slice the class's nodes are rebuilt from that run's event file: compute gaps measured on the GPU between the
+// slice's communication points, so time spent waiting for a virtual peer lies inside the communication window, not
+// in the compute nodes; each compute node is then the median over every slice that ran the class so far
+// (launcher/fill_samples.h). Rounds repeat while `simulate`'s iteration time moves by more than the tolerance
+// (cross-slice calibration: each slice ran against its neighbours' previous estimates). Output: OUT/filled.prism
+// and OUT/fill.json.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "coordinator/world.h"
+
+namespace prism::launcher {
+
+struct FillOptions {
+  std::string from;  // the collect run's directory
+  std::string out;
+  std::string topology;
+  double tolerance_pct = 0.5;
+  int max_rounds = 3;
+  int gpus = 0;
+  double hang_timeout = 120;
+  bool quiet = true;
+  bool no_preload = false;
+  int iterations = 0;       // > 0: each slice stops its job after this many iterations (emulate --iterations)  // the slices' workers run without libprism (launch tests only)
+  std::string payload_max_bytes;
+  // Slots whose virtual members do not hold the slice's real rank (GraphRelease::SetLockstepSlots); "none": all do.
+  std::string lockstep = "tp";
+  // Tensor-parallel positions of one group whose graphs have the same shape share the slice of its first position
+  // (docs/fill.md "Symmetric tensor-parallel positions"): false runs every class's own slice.
+  bool share_symmetric_tp = false;
+  std::string prefix = "prism fill: ";  // how its lines start
+};
+
+struct FillResult {
+  int exit_code = 0;
+  std::string graph;      // OUT/filled.prism
+  std::string summary;    // OUT/fill.json
+  bool converged = false;
+  int rounds = 0;         // rounds run
+  double last_moved_pct = -1;
+  double bare_s = -1, uncalibrated_s = -1, calibrated_s = -1;
+  int slices_run = 0;
+  int classes = 0;
+  int shared_classes = 0;  // classes timed by a symmetric position's slice
+};
+
+FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command);
+
+// The slices of one round. One GPU: one rank per slice. G GPUs: the classes' ranks grouped by tensor-parallel group
+// (the same coordinates but tp), each group cut into chunks of at most G ranks, so that a slice's tensor-parallel
+// communicator has only real members on distinct GPUs and runs on the real NCCL.
+std::vector<std::vector<int>> FillSlices(const std::vector<int>& reps, const world::World& w, int gpus);
+
+}  // namespace prism::launcher

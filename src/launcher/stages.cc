@@ -1,0 +1,286 @@
+#include "launcher/stages.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "launcher/collect.h"
+#include "launcher/fill.h"
+#include "launcher/graph_cache.h"
+#include "launcher/report_compare.h"
+#include "prism/report.h"
+
+namespace prism::launcher {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+using Clk = std::chrono::steady_clock;
+
+double Since(Clk::time_point t) { return std::chrono::duration<double>(Clk::now() - t).count(); }
+
+std::string Clock(double s) {
+  const long t = std::lround(std::max(0.0, s));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
+  return buf;
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+// The collect's options: what of the user's options applies to it (placement, model of the target, limits).
+EmulateOptions CollectOptionsOf(const StagedOptions& o, const std::string& out, int iterations) {
+  EmulateOptions c;
+  c.out = out;
+  c.layout = o.emulate.layout;
+  c.topology = o.emulate.topology;
+  c.gpus = o.emulate.gpus;
+  c.hang_timeout = std::max(120.0, o.emulate.hang_timeout);
+  c.payload_max_bytes = o.emulate.payload_max_bytes;
+  c.iterations = iterations;
+  c.no_preload = o.emulate.no_preload;
+  c.quiet = true;
+  c.print_report = false;
+  return c;
+}
+
+json CacheJson(const std::string& root, const CacheEntry& e, const GraphKey& k, bool hit) {
+  return {{"root", root}, {"dir", e.dir}, {"key", k.digest}, {"hit", hit}, {"graph", e.graph},
+          {"collected", e.collected}};
+}
+
+json FillJson(const json& state) {
+  if (!state.is_object() || !state.contains("fill") || !state["fill"].is_object()) return nullptr;
+  const json& f = state["fill"];
+  json out = json::object();
+  for (const char* k : {"rounds", "converged", "last_moved_pct", "tolerance_pct", "max_rounds",
+                        "calibrated_iteration_time_s", "slices_run", "shared_classes", "wall_s"})
+    if (f.contains(k)) out[k] = f[k];
+  return out;
+}
+
+}  // namespace
+
+int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
+  const auto t0 = Clk::now();
+  std::string error;
+  PlanSummary ps;
+  if (!SummarizePlan(o.emulate, command, &ps, &error)) {
+    std::fprintf(stderr, "prism-run: %s\n", error.c_str());
+    return kExitBadInput;
+  }
+  const int iterations = o.emulate.iterations > 0 ? o.emulate.iterations : o.graph_iterations;
+  GraphKeyInput ki;
+  ki.world_size = ps.world_size;
+  ki.gpus_per_node = ps.gpus_per_node;
+  ki.layout_spec = ps.layout_spec;
+  ki.script_key = ps.script_key;
+  ki.script_path = ps.script_path;
+  ki.cwd = ps.cwd;
+  ki.environment = o.environment;
+  ki.topology = o.emulate.topology;
+  ki.gpus = ps.gpus;
+  ki.payload_max_bytes = o.emulate.payload_max_bytes;
+  ki.iterations = iterations;
+  ki.gpu_models = HostGpuModels();
+  const GraphKey key = MakeGraphKey(ki);
+  const std::string root = GraphCacheRoot(o.cache_root);
+  CacheEntry entry = LookupEntry(root, key);
+  bool hit = entry.filled && !o.refresh;
+
+  // The collect's real ranks (replica 0, and its expert-parallel peers when ep > 1), for the plan and the lines.
+  const bool real_routing = ps.ep > 1;
+  EmulateOptions cprobe = CollectOptionsOf(o, entry.collect_dir, iterations);
+  cprobe.one_replica = true;
+  cprobe.real_routing = real_routing;
+  cprobe.ranks.clear();
+  PlanSummary cps;
+  if (!SummarizePlan(cprobe, command, &cps, &error)) {
+    std::fprintf(stderr, "prism-run: the collect stage: %s\n", error.c_str());
+    return kExitBadInput;
+  }
+  const std::string collect_what = "ranks " + RankList(cps.real_ranks) + " (data-parallel replica 0" +
+                                   (real_routing ? " and its expert-parallel peers: real routing" : "") + ")";
+  json stages = json::array();
+  stages.push_back({{"name", "collect"}, {"ranks", cps.real_ranks}, {"real_routing", real_routing},
+                    {"iterations", iterations}, {"swap", o.collect_swap}, {"cached", hit || entry.collected}});
+  stages.push_back({{"name", "fill"}, {"tolerance_pct", o.tolerance_pct}, {"max_rounds", o.max_rounds},
+                    {"cached", hit}});
+  stages.push_back({{"name", "emulate"}, {"ranks", ps.real_ranks},
+                    {"payload", o.payload_given ? o.emulate.payload : "recorded"}});
+
+  if (o.emulate.dry_run) {
+    EmulateOptions e = o.emulate;
+    e.plan_extra = {{"policy", "graph"}, {"stages", stages}, {"graph_cache", CacheJson(root, entry, key, hit)}};
+    if (!e.json) {
+      std::printf("policy graph (the faithful default; --policy mirror is the quick one): 3 stages\n"
+                  "  1. collect: %s for real, %d iterations%s\n"
+                  "  2. fill: rounds of slices until the estimate moves by at most %.2f %% (at most %d rounds)%s\n"
+                  "  3. emulate: rank(s) %s against the filled graph, %s payloads\n"
+                  "graph cache: %s (%s)\n\nthe emulation's plan:\n",
+                  collect_what.c_str(), iterations, hit || entry.collected ? " [cached]" : "", o.tolerance_pct,
+                  o.max_rounds, hit ? " [cached]" : "", RankList(ps.real_ranks).c_str(),
+                  o.payload_given ? o.emulate.payload.c_str() : "the collect's recorded", entry.dir.c_str(),
+                  hit ? "hit: the run starts at stage 3" : (o.refresh ? "refresh: a new graph" : "miss"));
+    }
+    return Emulate(e, command);
+  }
+
+  std::printf("prism: policy graph (the faithful default): collect -> fill -> emulate; graph cache %s (%s)\n",
+              entry.dir.c_str(),
+              hit ? "hit" : o.refresh ? "refresh requested" : entry.collected ? "collect cached, fill missing" : "miss");
+  std::fflush(stdout);
+  double collect_s = 0, fill_s = 0;
+  if (!hit) {
+    EntryLock lock;
+    if (!lock.Acquire(entry.dir, [&] {
+          std::printf("prism: another prism-run is building this graph (%s/lock): waiting for it\n", entry.dir.c_str());
+          std::fflush(stdout);
+        }, &error)) {
+      std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
+      return kExitFailure;
+    }
+    entry = LookupEntry(root, key);
+    if (o.refresh && !ResetEntry(&entry, &error)) {
+      std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
+      return kExitFailure;
+    }
+    hit = entry.filled;
+    if (!entry.collected) {
+      if (!ResetEntry(&entry, &error)) {
+        std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
+        return kExitFailure;
+      }
+      const auto s0 = Clk::now();
+      std::printf("prism: stage 1/3 collect: %s for real, %d iterations; elapsed %s\n", collect_what.c_str(),
+                  iterations, Clock(Since(t0)).c_str());
+      std::fflush(stdout);
+      EmulateOptions c = CollectOptionsOf(o, entry.collect_dir, iterations);
+      c.swap.enabled = o.collect_swap == "on";
+      if (c.swap.enabled) c.no_passthrough = true;  // a process holding a real NCCL communicator cannot be swapped
+      CollectResult cr = Collect(c, real_routing, false, command);
+      if (cr.exit_code != 0 && cr.out_of_memory && o.collect_swap == "auto") {
+        std::printf("prism: stage 1/3 collect: the replica's ranks ran out of GPU memory together: collecting again "
+                    "with context switching (docs/collect.md)\n");
+        std::fflush(stdout);
+        std::error_code ec;
+        fs::remove_all(entry.collect_dir, ec);
+        c.swap.enabled = true;
+        c.no_passthrough = true;
+        cr = Collect(c, real_routing, false, command);
+        stages[0]["swap"] = "on (retried after out of memory)";
+      }
+      collect_s = Since(s0);
+      if (cr.exit_code != 0 || cr.graph.empty()) {
+        std::printf("prism: stage 1/3 collect %s (exit %d) after %s; its output: %s; nothing was cached\n",
+                    cr.exit_code == kExitInterrupted ? "interrupted" : "FAILED", cr.exit_code, Clock(collect_s).c_str(),
+                    entry.collect_dir.c_str());
+        return cr.exit_code != 0 ? cr.exit_code : kExitFailure;
+      }
+      json info = {{"wall_s", collect_s}, {"dir", entry.collect_dir}, {"ranks", cps.real_ranks},
+                   {"payload_bytes", cr.payload_bytes}, {"swap", c.swap.enabled}};
+      if (!RecordStage(&entry, key, "collect", info, &error))
+        std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
+      std::printf("prism: stage 1/3 collect: done in %s\n", Clock(collect_s).c_str());
+    } else {
+      std::printf("prism: stage 1/3 collect: cached (%s)\n", entry.collect_dir.c_str());
+    }
+    stages[0]["cached"] = collect_s == 0;
+    if (!entry.filled) {
+      std::error_code ec;
+      fs::remove_all(entry.fill_dir, ec);
+      const auto s0 = Clk::now();
+      std::printf("prism: stage 2/3 fill: until the estimate moves by at most %.2f %% (at most %d rounds); elapsed "
+                  "%s\n", o.tolerance_pct, o.max_rounds, Clock(Since(t0)).c_str());
+      std::fflush(stdout);
+      FillOptions f;
+      f.from = entry.collect_dir;
+      f.out = entry.fill_dir;
+      f.topology = o.emulate.topology;
+      f.tolerance_pct = o.tolerance_pct;
+      f.max_rounds = o.max_rounds;
+      f.gpus = o.emulate.gpus;
+      f.hang_timeout = std::max(120.0, o.emulate.hang_timeout);
+      f.no_preload = o.emulate.no_preload;
+      f.payload_max_bytes = o.emulate.payload_max_bytes;
+      f.iterations = iterations;
+      f.share_symmetric_tp = true;
+      FillResult fr = RunFill(f, command);
+      fill_s = Since(s0);
+      if (fr.exit_code != 0) {
+        std::printf("prism: stage 2/3 fill %s (exit %d) after %s; the collect stays cached (%s): the same command "
+                    "resumes at the fill\n",
+                    fr.exit_code == kExitInterrupted ? "interrupted" : "FAILED", fr.exit_code, Clock(fill_s).c_str(),
+                    entry.collect_dir.c_str());
+        return fr.exit_code;
+      }
+      json info = {{"wall_s", fill_s}, {"rounds", fr.rounds}, {"converged", fr.converged},
+                   {"last_moved_pct", fr.last_moved_pct}, {"tolerance_pct", o.tolerance_pct},
+                   {"max_rounds", o.max_rounds}, {"slices_run", fr.slices_run}, {"classes", fr.classes},
+                   {"shared_classes", fr.shared_classes}, {"bare_iteration_time_s", fr.bare_s},
+                   {"uncalibrated_iteration_time_s", fr.uncalibrated_s},
+                   {"calibrated_iteration_time_s", fr.calibrated_s}, {"graph", fr.graph}};
+      if (!RecordStage(&entry, key, "fill", info, &error))
+        std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
+      std::printf("prism: stage 2/3 fill: done in %s, %s after %d round(s) (last move %.2f %%)\n", Clock(fill_s).c_str(),
+                  fr.converged ? "converged" : "NOT converged", fr.rounds, fr.last_moved_pct);
+    }
+  } else {
+    std::printf("prism: stage 1/3 collect: cached (%s)\nprism: stage 2/3 fill: cached (%s)\n",
+                entry.collect_dir.c_str(), entry.fill_dir.c_str());
+  }
+  stages[0]["wall_s"] = collect_s;
+  stages[1]["wall_s"] = fill_s;
+  stages[1]["cached"] = fill_s == 0;
+  const json fill = FillJson(entry.state);
+
+  // Stage 3: the requested ranks against the filled graph, each with its class's recorded payloads.
+  EmulateOptions e = o.emulate;
+  e.graph = entry.graph;
+  std::error_code aec;
+  e.out = e.out.empty() ? DefaultOutDir() : fs::absolute(e.out, aec).string();
+  std::string payload_note;
+  if (!o.payload_given) {
+    EmulateOptions probe = e;
+    probe.payload = "recorded";
+    probe.payload_dir = entry.collect_dir;
+    PlanSummary unused;
+    std::string perr;
+    if (SummarizePlan(probe, command, &unused, &perr)) {
+      e.payload = "recorded";
+      e.payload_dir = entry.collect_dir;
+    } else {
+      payload_note = perr;
+      stages[2]["payload"] = "mirror";
+      std::printf("prism: stage 3/3 emulate: no recorded payloads for every requested rank (%s): mirror payloads\n",
+                  perr.c_str());
+    }
+  }
+  json cache = CacheJson(root, entry, key, hit);
+  e.report_extra = {{"policy", "graph"}, {"graph", entry.graph}, {"graph_cache", cache}, {"fill", fill}};
+  e.print_report = false;
+  const auto s0 = Clk::now();
+  std::printf("prism: stage 3/3 emulate: rank(s) %s against %s (%s payloads); elapsed %s\n",
+              RankList(ps.real_ranks).c_str(), entry.graph.c_str(), e.payload.c_str(), Clock(Since(t0)).c_str());
+  std::fflush(stdout);
+  const int rc = Emulate(e, command);
+  stages[2]["wall_s"] = Since(s0);
+  stages[2]["cached"] = false;
+  const std::string rep_path = (fs::path(e.out) / std::string(report::kFileName)).string();
+  if (fs::exists(rep_path)) {
+    if (!MergeIntoReport(rep_path, {{"stages", stages}, {"procedure_wall_s", Since(t0)}}, &error))
+      std::printf("prism: report.json: %s\n", error.c_str());
+    if (auto rep = LoadReport(rep_path, &error)) std::printf("\n%s", ShowReport(*rep, 16).c_str());
+    std::printf("prism: report %s (exit %d)\n", rep_path.c_str(), rc);
+  }
+  return rc;
+}
+
+}  // namespace prism::launcher
