@@ -261,7 +261,15 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
   std::fflush(stdout);
 
   json rounds = json::array();
+  json progress = json::array();  // the slices that ended well: {round, slice}, in order (resume)
   double prev = bare, first_round = -1, last = bare, slice_time = 0;
+  size_t ran_here = 0;  // slices this process ran (the estimate of what is left)
+  double earlier_wall = 0;  // a resumed fill's time before this process
+  auto slice_dir = [&](int round, const std::vector<int>& sl) {
+    std::string tag = RankList(sl);
+    std::replace(tag.begin(), tag.end(), ',', '_');
+    return out / ("round" + std::to_string(round)) / ("rank" + tag);
+  };
   auto write_summary = [&](bool complete) {
     json summary = {{"from", from.string()},
                     {"graph", current.string()},
@@ -276,14 +284,64 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
                     {"converged", res.converged},
                     {"last_moved_pct", res.last_moved_pct},
                     {"complete", complete},
-                    {"wall_s", elapsed()},
-                    {"rounds", rounds}};
+                    {"wall_s", earlier_wall + elapsed()},
+                    {"rounds", rounds},
+                    {"progress", progress}};
     std::string e;
     if (!WriteFileAtomic(res.summary, summary.dump(2) + "\n", &e)) std::fprintf(stderr, "%s%s\n", o.prefix.c_str(), e.c_str());
   };
   int round = 1;
+  size_t first_slice = 0;
+  if (o.resume) {
+    // An earlier fill of the same collect stopped part way (fill.json "complete": false): its slices' event files
+    // are samples as good as new ones. Replay them in order, then go on after the last.
+    const json old = LoadJson(out / "fill.json");
+    const bool same = old.is_object() && !old.value("complete", true) && old.contains("progress") &&
+                      old["progress"].is_array() && old.value("slices_per_round", size_t{0}) == slices.size() &&
+                      old.contains("classes") && old["classes"] == json(g0->class_ranks);
+    if (same) {
+      earlier_wall = old.value("wall_s", 0.0);
+      for (const json& p : old["progress"]) {
+        const int r = p.value("round", 0);
+        const size_t si = p.value("slice", size_t{0});
+        if (r < 1 || si >= slices.size()) break;
+        const fs::path dir = slice_dir(r, slices[si]);
+        bool ok = true;
+        for (int rank : slices[si]) {
+          fs::copy_file(dir / prism::events::FileName(rank), ev_dir / prism::events::FileName(rank),
+                        fs::copy_options::overwrite_existing, ec);
+          ok = ok && !ec;
+        }
+        if (!ok || !rebuild(&slices[si], &error)) break;
+        progress.push_back(p);
+        round = r;
+        first_slice = si + 1;
+        ++res.slices_run;
+      }
+      if (old.contains("rounds") && old["rounds"].is_array())
+        for (const json& rr : old["rounds"]) {
+          if (!rr.is_object() || rr.value("round", 0) > round) break;
+          rounds.push_back(rr);
+          last = rr.value("iteration_time_s", last);
+          if (first_round < 0) first_round = last;
+          res.rounds = rr.value("round", 0);
+          res.last_moved_pct = rr.value("moved_pct", -1.0);
+        }
+      // A round whose slices all ran and whose estimate was taken: the next one starts fresh.
+      if (first_slice >= slices.size() && res.rounds == round) {
+        ++round;
+        first_slice = 0;
+      }
+      prev = bare;  // the estimate the round being continued is compared with: the round before it
+      for (const json& rr : rounds)
+        if (rr.value("round", 0) == round - 1) prev = rr.value("iteration_time_s", bare);
+      if (!progress.empty())
+        std::printf("%sresuming: %zu slice(s) of the earlier fill reused, from round %d slice %zu\n", o.prefix.c_str(),
+                    progress.size(), round, first_slice + 1);
+    }
+  }
   for (; round <= o.max_rounds; ++round) {
-    for (size_t si = 0; si < slices.size(); ++si) {
+    for (size_t si = first_slice; si < slices.size(); ++si) {
       const std::vector<int>& sl = slices[si];
       const std::string list = RankList(sl);
       EmulateOptions e;
@@ -305,22 +363,20 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
         e.payload_dir = from.string();
       }
       const std::string what = (sl.size() == 1 ? "rank " : "ranks ") + list;
-      std::string tag = list;
-      std::replace(tag.begin(), tag.end(), ',', '_');
-      fs::path slice = out / ("round" + std::to_string(round)) / ("rank" + tag);
+      const fs::path slice = slice_dir(round, sl);
       e.out = slice.string();
       // What is left: this round's remaining slices, and one more round while none could have converged.
-      const size_t done = static_cast<size_t>(round - 1) * slices.size() + si;
       const size_t left = slices.size() - si + (round < 2 ? slices.size() : 0);
-      std::string eta = done == 0 ? "" : ", about " + Clock(slice_time / static_cast<double>(done) *
-                                                            static_cast<double>(left)) + " left";
+      std::string eta = ran_here == 0 ? "" : ", about " + Clock(slice_time / static_cast<double>(ran_here) *
+                                                                static_cast<double>(left)) + " left";
       std::printf("%sround %d, slice %s (%zu of %zu; others replay %s); elapsed %s%s%s\n", o.prefix.c_str(), round,
                   what.c_str(), si + 1, slices.size(), current.filename().c_str(), Clock(elapsed()).c_str(),
-                  eta.c_str(), round < 2 && done > 0 ? " (at least 2 rounds)" : "");
+                  eta.c_str(), round < 2 && ran_here > 0 ? " (at least 2 rounds)" : "");
       std::fflush(stdout);
       const auto s0 = Clk::now();
       int rc = Emulate(e, command);
       slice_time += std::chrono::duration<double>(Clk::now() - s0).count();
+      ++ran_here;
       ++res.slices_run;
       if (rc != 0) {
         write_summary(false);
@@ -336,7 +392,10 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
         if (ec) return Fail(o, res, "rank " + std::to_string(r) + " wrote no event file in " + slice.string(), 1);
       }
       if (!rebuild(&sl, &error)) return Fail(o, res, "after the slice of " + what + ": " + error, 1);
+      progress.push_back({{"round", round}, {"slice", si}});
+      write_summary(false);
     }
+    first_slice = 0;
     last = SimulateIteration(current.string(), (out / ("sim-round" + std::to_string(round))).string(), o.topology,
                              &error);
     if (last < 0) return Fail(o, res, error, 1);

@@ -36,6 +36,9 @@ struct FillOptions {
   // Tensor-parallel positions of one group whose graphs have the same shape share the slice of its first position
   // (docs/fill.md "Symmetric tensor-parallel positions"): false runs every class's own slice.
   bool share_symmetric_tp = false;
+  // An earlier fill into `out` of the same collect that stopped part way (fill.json "complete": false) is continued:
+  // its finished slices are reused as samples and the fill goes on after the last of them.
+  bool resume = false;
   std::string prefix = "prism fill: ";  // how its lines start
 };
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include "launcher/collect.h"
 #include "launcher/fill.h"
@@ -194,8 +195,6 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
     }
     stages[0]["cached"] = collect_s == 0;
     if (!entry.filled) {
-      std::error_code ec;
-      fs::remove_all(entry.fill_dir, ec);
       const auto s0 = Clk::now();
       std::printf("prism: stage 2/3 fill: until the estimate moves by at most %.2f %% (at most %d rounds); elapsed "
                   "%s\n", o.tolerance_pct, o.max_rounds, Clock(Since(t0)).c_str());
@@ -212,8 +211,13 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
       f.payload_max_bytes = o.emulate.payload_max_bytes;
       f.iterations = iterations;
       f.share_symmetric_tp = true;
+      f.resume = true;  // a fill this entry began and did not finish (Ctrl-C, a failed slice) goes on where it stopped
       FillResult fr = RunFill(f, command);
       fill_s = Since(s0);
+      const json fj = [&] {
+        std::ifstream in(fr.summary);
+        return in ? json::parse(in, nullptr, false) : json();
+      }();
       if (fr.exit_code != 0) {
         std::printf("prism: stage 2/3 fill %s (exit %d) after %s; the collect stays cached (%s): the same command "
                     "resumes at the fill\n",
@@ -221,7 +225,8 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
                     entry.collect_dir.c_str());
         return fr.exit_code;
       }
-      json info = {{"wall_s", fill_s}, {"rounds", fr.rounds}, {"converged", fr.converged},
+      const double fill_total = fj.is_object() ? fj.value("wall_s", fill_s) : fill_s;
+      json info = {{"wall_s", fill_total}, {"rounds", fr.rounds}, {"converged", fr.converged},
                    {"last_moved_pct", fr.last_moved_pct}, {"tolerance_pct", o.tolerance_pct},
                    {"max_rounds", o.max_rounds}, {"slices_run", fr.slices_run}, {"classes", fr.classes},
                    {"shared_classes", fr.shared_classes}, {"bare_iteration_time_s", fr.bare_s},
@@ -238,6 +243,12 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
   }
   stages[0]["wall_s"] = collect_s;
   stages[1]["wall_s"] = fill_s;
+  // What building the graph took when it was built (the collect's, and the fill's over all its runs).
+  for (size_t i = 0; i < 2; ++i) {
+    const char* name = i == 0 ? "collect" : "fill";
+    if (entry.state.contains(name) && entry.state[name].is_object() && entry.state[name].contains("wall_s"))
+      stages[i]["built_s"] = entry.state[name]["wall_s"];
+  }
   stages[1]["cached"] = fill_s == 0;
   const json fill = FillJson(entry.state);
 

@@ -224,6 +224,29 @@ TEST_F(StagesE2E, AFailedFillKeepsTheCollectAndTheNextRunResumesThere) {
   fs::remove_all(out);
 }
 
+// A fill stopped part way (here: its third slice fails) goes on where it stopped: the next run reuses the slices
+// that ended well and runs only the rest; the result is the same converged graph.
+TEST_F(StagesE2E, AnInterruptedFillResumesAfterItsLastFinishedSlice) {
+  const fs::path out = FreshDir("resume-mid");
+  const fs::path counter = cache_.string() + "-graph-runs";
+  const std::string env = "FAKE_EVENTS_FROM=" + kRecorded;
+  std::string log;
+  int rc = RunPrism(env + " FAKE_FAIL_IF_GRAPH=" + counter.string() + ":2", Common(out) + "--ranks 0 " + Job(), &log);
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_NE(log.find("round 2, slice rank 0 (1 of 2"), std::string::npos) << log;
+  EXPECT_NE(log.find("the collect stays cached"), std::string::npos) << log;
+  rc = RunPrism(env, Common(out) + "--ranks 0 " + Job(), &log);
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_NE(log.find("resuming: 2 slice(s) of the earlier fill reused, from round 2 slice 1"), std::string::npos) << log;
+  EXPECT_EQ(log.find("round 1, slice"), std::string::npos) << log;
+  EXPECT_NE(log.find("converged after 2 round(s)"), std::string::npos) << log;
+  json rep = ReadJson(out / "report.json");
+  EXPECT_EQ(rep["fill"]["rounds"], 2);
+  EXPECT_EQ(rep["fill"]["converged"], true);
+  fs::remove_all(out);
+  fs::remove(counter);
+}
+
 TEST_F(StagesE2E, AFillThatKeepsMovingSaysItDidNotConverge) {
   const fs::path out = FreshDir("noconv");
   const fs::path counter = cache_.string() + "-counter";

@@ -46,6 +46,8 @@ void AddFill(CLI::App& app, int* rc) {
   sub->add_flag("--every-class", co.every_class,
                 "run a slice for every class; by default a tensor-parallel position whose graph has the same "
                 "operations in the same order as its group's first takes that slice's compute (docs/fill.md)");
+  sub->add_flag("--resume", o.resume,
+                "continue an earlier fill into the same --out that stopped part way: its finished slices are reused");
   sub->add_option("--iterations", o.iterations, "stop each slice's job after K iterations (0: run it out)")
       ->check(CLI::NonNegativeNumber);
   sub->callback([sub, rc] {

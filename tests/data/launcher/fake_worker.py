@@ -10,7 +10,7 @@ As one worker of `prism-run ... torchrun ... fake_worker.py ARGS` it:
   4. exits 3 after printing "boom" when its rank is FAKE_FAIL_RANK (after FAKE_FAIL_AFTER iterations).
 With FAKE_EVENTS_FROM=DIR it instead writes DIR/rank<R>.events.jsonl as its event file (a recorded run's, e.g.
 tests/data/graph/megatron_w64_collect), with every time stretched by FAKE_SCALE (default 1) from the file's first
-stamp, and the payload file prism asked for (FAKE_FAIL_IF_GRAPH=1: exits 3 when given a graph) (PRISM_RECORD_PAYLOADS) with just its header: the stage driver's tests
+stamp, and the payload file prism asked for (FAKE_FAIL_IF_GRAPH=1: exits 3 when given a graph; =FILE:N after N such runs) (PRISM_RECORD_PAYLOADS) with just its header: the stage driver's tests
 (collect -> fill -> emulate) run on it. FAKE_ALTERNATE=FILE stretches every other run of a rank (counted in FILE.rank<R>) by 1.3.
 """
 import json
@@ -80,8 +80,18 @@ def main():
     with open(os.path.join(out, "fake_rank%d.json" % rank), "w") as f:
         json.dump(info, f)
     if os.environ.get("FAKE_FAIL_IF_GRAPH") and os.environ.get("PRISM_GRAPH"):
-        print("boom: rank %d fails when given a graph" % rank, file=sys.stderr, flush=True)
-        return 3
+        # FAKE_FAIL_IF_GRAPH=1: every run given a graph fails; =FILE:N: the first N such runs (counted in FILE) pass.
+        spec = os.environ["FAKE_FAIL_IF_GRAPH"]
+        fail = True
+        if ":" in spec:
+            path, n = spec.rsplit(":", 1)
+            done = int(open(path).read() or "0") if os.path.exists(path) else 0
+            with open(path, "w") as f:
+                f.write(str(done + 1))
+            fail = done >= int(n)
+        if fail:
+            print("boom: rank %d fails when given a graph" % rank, file=sys.stderr, flush=True)
+            return 3
     if os.environ.get("FAKE_EVENTS_FROM"):
         return replay_events(rank, out)
 
