@@ -14,6 +14,8 @@
 //           first use); sseq: the unit's position among its stream's units; exchanged: operations of the unit whose
 //           output came from other real members' data; ops (nops > 1): the unit's operations in issue order, at most
 //           16, [{op, dtype, bytes, peer, root, comm_id, seq}] (peer/root communicator ranks, -1 if none);
+//           seq -1: a send or receive to the rank itself, a local copy that takes no sequence number (the op line's
+//           seq is its first numbered operation's; -1 when the unit holds only such copies);
 //           ops_truncated: 1 when the list is incomplete (more than 16 operations, or lost before the line was written)
 //   wait   {type, stream, next, on, after}: the stream's unit `next` (and the work before it, after its previous
 //           unit) waits for unit `after` of stream `on` (cudaEventRecord on `on`, cudaStreamWaitEvent on `stream`)

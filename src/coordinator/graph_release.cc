@@ -796,32 +796,6 @@ bool GraphRelease::Lockstep(const Inst& i) const {
          lockstep_[cls][n.comm_slot];
 }
 
-std::string GraphRelease::ExpertP2pWarning() const {
-  std::string ranks;
-  for (size_t r = 0; r < trace_.ranks.size(); ++r) {
-    if (!IsReal(static_cast<int>(r))) continue;
-    const trace::RankBinding& b = trace_.ranks[r];
-    const trace::RoleClass& rc = trace_.classes[b.cls];
-    const ClassInfo& ci = classes_[b.cls];
-    bool hit = false;
-    for (const auto& [key, ids] : ci.p2p) {
-      const uint32_t slot = std::get<0>(key);
-      if (ids.empty() || slot >= rc.comm_slots.size() || rc.comm_slots[slot].rfind("ep", 0) != 0) continue;
-      if (slot >= b.comms.size()) continue;
-      for (const trace::Comm& c : trace_.comms) {
-        if (c.id != b.comms[slot]) continue;
-        for (int32_t m : c.ranks) hit = hit || !IsReal(m);
-      }
-    }
-    if (hit) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
-  }
-  if (ranks.empty()) return "";
-  return "rank(s) " + ranks + " send and receive to virtual peers on an expert-parallel communicator (the MoE "
-         "all-to-all as grouped send/recv): libprism numbers its send and receive to the rank itself there, the "
-         "graph leaves them out, so releases on that communicator follow the wrong graph nodes (docs/status.md, "
-         "limitation 3); iteration times of such a run are not to be trusted";
-}
-
 void GraphRelease::SetReplicaSymmetry(bool on) {
   std::lock_guard<std::mutex> lock(mu_);
   symmetry_ = on;

@@ -8,7 +8,8 @@
 // virtual node that needs a real rank's operation not reported yet is not advanced (conservative).
 //
 // Mapping: a real rank's communicator matches the graph communicator with the same members; the real rank's
-// per-communicator sequence number s (0-based, every operation on the communicator counts) is the s-th
+// per-communicator sequence number s (0-based, every operation on the communicator counts but a send or receive to
+// the rank itself: a local copy, which libprism does not number and the graph has no node for) is the s-th
 // communication node bound to that communicator in the rank's class (streams in order), the graph repeated when
 // s runs past its end (repetition s / K, K = the class's nodes on that slot). docs/coordinator.md, "Virtual
 // ranks following a graph", has the model and its assumptions.
@@ -63,12 +64,6 @@ class GraphRelease : public ReleasePolicy {
   // ahead behind it, so the GPU gap measured after the gate opens loses host time (the medium GPT's stage-0 class
   // lost 36 of its ~76 ms per iteration that way on the H200). Call before the first Decide.
   void SetLockstepSlots(const std::vector<std::string>& slots);
-
-  // "" or a warning: a real rank has point-to-point operations with virtual peers on an expert-parallel slot ("ep",
-  // the MoE all-to-all as grouped send/recv). libprism numbers the all-to-all's send and receive to the rank itself
-  // on the communicator, the graph leaves them out (local copies), so the rank's n-th operation there is not the
-  // graph's n-th node: its releases on that communicator follow the wrong nodes (docs/status.md limitation 3).
-  std::string ExpertP2pWarning() const;
 
   // Counters, for tests and status.
   struct Stats {

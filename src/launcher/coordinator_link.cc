@@ -87,9 +87,6 @@ class LocalCoordinator : public CoordinatorLink {
           return false;
         }
       }
-      if (std::string w = graph_release_->ExpertP2pWarning(); !w.empty()) {
-        std::fprintf(stderr, "prism-run: warning: %s\n", w.c_str());
-      }
       if (std::string l = EnvOf(*plan, "PRISM_LOCKSTEP_SLOTS"); !l.empty()) {
         std::vector<std::string> slots;
         std::stringstream ss(l);

@@ -160,7 +160,9 @@ struct Unit {
   const ObservedOp* op = nullptr;
   int64_t iter = 0;
   std::vector<Piece> pieces;
-  std::vector<Piece> local;  // sends and receives to the rank itself: no nodes, but they count in the sequence
+  // Sends and receives to the rank itself: no nodes. Their seq is -1 (libprism does not number them); in files
+  // written before that they have one, and count in the sequence check.
+  std::vector<Piece> local;
 };
 
 // A built unit, for the event file's "wait" lines: its nodes and the compute nodes of the gap that ends where it
@@ -322,7 +324,7 @@ class Builder {
 void Builder::IndexRealOps() {
   for (const RankEventLog& log : logs_) {
     for (const ObservedOp& op : log.ops) {
-      if (!op.passthrough || op.nops != 1) continue;
+      if (!op.passthrough || op.nops != 1 || op.seq < 0) continue;
       auto c = log.comms.find(op.comm_id);
       if (c == log.comms.end() || c->second.key.empty()) continue;
       // Why members too: the key names the communicator on every member, but a file may reuse it for another group.
@@ -690,7 +692,11 @@ bool Builder::Expand(const RankEventLog& log, const ObservedOp& op, std::vector<
         local->push_back(p);
         return true;
       }
+      if (seq < 0)
+        return Fail(where(comm, seq) + ": a " + name + " to peer " + std::to_string(peer) +
+                    " without a sequence number (only a send or receive to the rank itself has none)");
     } else {
+      if (seq < 0) return Fail(where(comm, seq) + ": " + name + " without a sequence number");
       p.kind = NodeKind::kColl;
       p.op = trace::ParseCollOp(name);
       if (p.op == CollOp::kInvalid)
@@ -714,12 +720,14 @@ bool Builder::Expand(const RankEventLog& log, const ObservedOp& op, std::vector<
     for (size_t i = 0; i < op.ops.size(); ++i) {
       const ObservedSubOp& s = op.ops[i];
       int64_t comm = s.comm_id >= 0 ? s.comm_id : op.comm_id;
-      int64_t seq = s.seq >= 0 ? s.seq : op.seq + static_cast<int64_t>(i);
-      if (!make(s.op, s.dtype.empty() ? op.dtype : s.dtype, s.bytes, s.peer, s.root, comm, seq)) return false;
+      if (!make(s.op, s.dtype.empty() ? op.dtype : s.dtype, s.bytes, s.peer, s.root, comm, s.seq)) return false;
     }
     return true;
   }
   if (op.nops <= 1) return make(op.op, op.dtype, op.bytes, op.peer, op.root, op.comm_id, op.seq);
+  if (op.seq < 0)
+    return Fail(where(op.comm_id, op.seq) + ": a unit of " + std::to_string(op.nops) + " copies to the rank itself "
+                "without per-operation detail (\"ops\")");
 
   // A fused unit without per-operation detail: split what can be split without guessing more than sizes.
   const ObservedComm* c = comm_of(op.comm_id);
@@ -916,6 +924,7 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
     });
     std::map<int64_t, int64_t> last_seq;
     for (const Unit& u : units) {
+      if (u.op->seq < 0) continue;  // only copies to itself (made nodes for a class that borrows them): unnumbered
       auto [it, fresh] = last_seq.try_emplace(u.op->comm_id, u.op->seq);
       if (!fresh && u.op->seq <= it->second)
         return Fail(rank_s + ": on one stream, communicator " + std::to_string(u.op->comm_id) + "'s operation seq " +
@@ -928,19 +937,16 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
   {
     std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> by_comm;  // comm -> (seq, count)
     auto add_unit = [&](const Unit& u) {
-      std::map<int64_t, int64_t> per;
-      for (const auto* v : {&u.pieces, &u.local})
-        for (const Piece& p : *v) per[p.comm_id]++;
-      for (auto& [comm, count] : per) {
-        int64_t s = u.op->seq;
-        if (comm != u.op->comm_id) {
-          s = INT64_MAX;
-          for (const auto* v : {&u.pieces, &u.local})
-            for (const Piece& p : *v)
-              if (p.comm_id == comm) s = std::min(s, p.seq);
+      std::map<int64_t, int64_t> per, first;  // comm -> numbered operations, the lowest sequence
+      for (const auto* v : {&u.pieces, &u.local}) {
+        for (const Piece& p : *v) {
+          if (p.seq < 0) continue;  // a copy to itself, unnumbered
+          per[p.comm_id]++;
+          auto [f, fresh] = first.try_emplace(p.comm_id, p.seq);
+          if (!fresh) f->second = std::min(f->second, p.seq);
         }
-        by_comm[comm].push_back({s, count});
       }
+      for (auto& [comm, count] : per) by_comm[comm].push_back({first.at(comm), count});
     };
     for (auto& [key, units] : streams)
       for (const Unit& u : units) add_unit(u);
@@ -1074,7 +1080,7 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
         node.bytes = p.bytes;
         node.dtype = p.dtype;
         node.iter = static_cast<uint32_t>(u.iter);
-        node.name = "seq " + std::to_string(p.seq);
+        node.name = p.seq >= 0 ? "seq " + std::to_string(p.seq) : "copy to itself, borrowed";
         if (u.op->passthrough && u.op->nops == 1) {
           // Measured on the real NCCL (prism-run record): from the last member's arrival to the first release.
           auto c = log.comms.find(u.op->comm_id);
@@ -1341,7 +1347,9 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
     o.passthrough = Int(j, "passthrough", 0) != 0;
     o.nops = static_cast<int32_t>(std::max<int64_t>(1, Int(j, "nops", 1)));
     o.line = line_no;
-    if (o.comm_id < 0 || o.seq < 0 || o.op.empty()) return malformed("op line without comm_id, seq or op");
+    // seq -1: a unit of only sends and receives to the rank itself (libprism numbers no such copy).
+    if (o.comm_id < 0 || !j.contains("seq") || o.seq < -1 || o.op.empty())
+      return malformed("op line without comm_id, seq or op");
     auto ops = j.find("ops");
     if (ops != j.end() && ops->is_array()) {
       for (const json& x : *ops) {
@@ -1353,7 +1361,8 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
         s.peer = static_cast<int32_t>(Int(x, "peer", -1));
         s.root = static_cast<int32_t>(Int(x, "root", -1));
         s.comm_id = Int(x, "comm_id", -1);
-        s.seq = Int(x, "seq", -1);
+        // Files before per-operation sequences: the unit's numbers in turn (every operation was numbered then).
+        s.seq = x.contains("seq") ? Int(x, "seq", -1) : o.seq + static_cast<int64_t>(o.ops.size());
         if (s.op.empty()) return malformed("\"ops\" entry without op");
         o.ops.push_back(std::move(s));
       }

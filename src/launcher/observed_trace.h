@@ -41,13 +41,13 @@ struct ObservedSubOp {
   int32_t peer = -1;    // communicator rank (send/recv)
   int32_t root = -1;    // communicator rank (broadcast/reduce)
   int64_t comm_id = -1;
-  int64_t seq = -1;
+  int64_t seq = -1;     // -1: a send or receive to the rank itself, a local copy libprism does not number
 };
 
 // One "op" line: a unit of one or more operations on one stream that complete together.
 struct ObservedOp {
   int64_t comm_id = -1;
-  int64_t seq = -1;
+  int64_t seq = -1;  // of its first numbered operation; -1: the unit holds only copies to the rank itself
   std::string op;  // "group" when the unit mixes kinds
   std::string dtype;
   uint64_t bytes = 0;  // the whole unit's

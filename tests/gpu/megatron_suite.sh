@@ -142,7 +142,10 @@ megatron_fill_contrast() {
 # classes borrow the ep-0 ranks' nodes, EP symmetry assumed) and with it (ranks 0, 1, 8, 9: every class its own). Both
 # must write observed.prism with 4 classes and simulate it; the detail has the real ranks, the borrowed classes and
 # both simulated iteration times (MOE_MODES="plain routing" by default; MOE_ITERS 5). --disable-bias-linear: Megatron's MoE experts apply the router's probabilities in a
-# weighted SwiGLU fusion that refuses a bias (NotImplementedError on the H200, 2026-11-30).
+# weighted SwiGLU fusion that refuses a bias (NotImplementedError on the H200, 2026-11-30). After the routing collect,
+# rank MOE_GRAPH_RANK (default 0; none: skip) runs against its graph with its expert-parallel peers virtual
+# (docs/status.md limitation 3: its all-to-all's copies to itself are not numbered, so its releases follow the graph):
+# the detail gets its "emulated vs simulate(graph)" and "graph replay" lines (0 blocked, 0 unmatched expected).
 megatron_moe_collect() {
   local name=megatron_w16_moe_collect ok=0 mode
   local -a job=(torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_TINY_ARGS[@]}"
@@ -163,6 +166,14 @@ megatron_moe_collect() {
     echo "$mode: $(json_get "$dir/report.json" '"ranks %s, %s iterations, %.1f ms/iteration" % ([x["rank"] for x in r["ranks"]], r["iterations"], 1e3 * (r["iteration_time_s"] or 0))');" \
       "$(grep -h 'observed graph\|mirrored\|borrow' "$out/$name.$mode.out" | grep -v '^\[' | tail -2 | tr '\n' ' ')" \
       "simulate $(json_get "$dir/simulate/report.json" '"%.2f ms" % (1e3 * r["iteration_time_s"])' 2>/dev/null)" >> "$out/$name.detail"
+    local gr=${MOE_GRAPH_RANK:-0}
+    if [ "$mode" = routing ] && [ "$gr" != none ]; then
+      (cd "$MEGATRON" && timeout -s INT -k 20 "${MEGATRON_TIMEOUT:-300}" "$PRISM_RUN" --ranks "$gr" \
+         --graph "$dir/observed.prism" --out "${dir}_graph_rank$gr" "${job[@]}") > "$out/$name.graph$gr.out" 2>&1 \
+        || { echo "routing: --graph rank $gr exit $?" >> "$out/$name.detail"; ok=1; continue; }
+      echo "routing --graph rank $gr: $(grep -h 'emulated vs simulate(graph)\|graph replay:' "$out/$name.graph$gr.out" \
+        | tr '\n' ' ')" >> "$out/$name.detail"
+    fi
   done
   return $ok
 }

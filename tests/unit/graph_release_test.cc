@@ -246,22 +246,6 @@ TEST(GraphRelease, LockstepSlotsReleaseTheRealRankOnItsOwnArrival) {
   EXPECT_EQ(other->Decide(tp, 0, {&a, 1}).release_ns, kT + 600 * kUs);
 }
 
-// A real rank with sends and receives to virtual peers on an expert-parallel slot is warned about (the graph leaves
-// out the all-to-all's send and receive to the rank itself, which libprism numbers); a pipeline slot is not.
-TEST(GraphRelease, WarnsAboutPointToPointWithVirtualPeersOnAnExpertSlot) {
-  auto two_rank_p2p = [](const char* slot) {
-    return Graph(2, json::array({{{"id", 0}, {"ranks", {0, 1}}, {"desc", slot}}}),
-                 json::array({Class("r0", {slot}, json::array({P2p("send", slot, 1, 50), P2p("recv", slot, 1, 50)})),
-                              Class("r1", {slot}, json::array({P2p("recv", slot, 0, 50), P2p("send", slot, 0, 50)}))}),
-                 json::array({{{"class", 0}, {"comms", {0}}}, {{"class", 1}, {"comms", {0}}}}));
-  };
-  const std::string w = Make(two_rank_p2p("ep"), {0})->ExpertP2pWarning();
-  EXPECT_NE(w.find("rank(s) 0 send and receive to virtual peers on an expert-parallel communicator"),
-            std::string::npos) << w;
-  EXPECT_EQ(Make(two_rank_p2p("ep"), {0, 1})->ExpertP2pWarning(), "") << "every peer real";
-  EXPECT_EQ(Make(two_rank_p2p("pp"), {0})->ExpertP2pWarning(), "");
-}
-
 TEST(GraphRelease, TwoRealRanksBothArrivalsCount) {
   auto g = Make(FourRank(), {0, 1});
   CommView tp = View(5, {0, 1}, {0, 1});

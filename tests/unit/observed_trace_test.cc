@@ -1200,11 +1200,9 @@ TEST(ObservedTrace, World8Ep4FromRankZeroOrFromItsExpertGroup) {
   EXPECT_EQ(BoundComm(g->trace, 7, "ep").ranks, (std::vector<int32_t>{4, 5, 6, 7}));
 }
 
-// collect --real-routing of Megatron's tiny MoE GPT (world 16, pp 2, ep 2: ranks 0, 1, 8, 9). The alltoall token
-// dispatcher's all_to_all_single with uneven splits reaches NCCL as one group of sends and receives on the
-// expert-parallel communicator, including a send to and a receive from the rank itself (a local copy, no
-// communication); a unit can also be nothing but that pair. The graph has no self-peer node and validates.
-TEST(ObservedTrace, MoeGroupedAllToAllSkipsTheRanksSendAndReceiveToItself) {
+// The test below, with the copies to the rank itself numbered (files before libprism left them unnumbered) or not;
+// *nodes: the graph's.
+void MoeGroupedAllToAllSkipsTheCopies(bool numbered, size_t* nodes) {
   const prism::world::World w = MakeEpWorld("pp=2,ep=2", 16);
   JobOptions o;
   o.world = 16;
@@ -1219,25 +1217,27 @@ TEST(ObservedTrace, MoeGroupedAllToAllSkipsTheRanksSendAndReceiveToItself) {
       return json{{"op", op}, {"dtype", "bf16"}, {"bytes", bytes}, {"peer", peer}, {"root", -1}, {"comm_id", 7},
                   {"seq", seq}};
     };
+    const int n = static_cast<int>(members.size());
     for (int it = 0; it < 3; ++it) {
       wr.Compute(kFwdUs);
       // Dispatch: a send to every member, then a receive from every member (torch's order).
       uint64_t total = 0;
       for (int m : members) total += split(r, m) + split(m, r);
-      json d = wr.Op(7, "group", "bf16", total, -1, 1, kSendUs, 2 * static_cast<int>(members.size()));
-      const int64_t s = d["seq"].get<int64_t>();
+      json d = wr.Op(7, "group", "bf16", total, -1, 1, kSendUs, numbered ? 2 * n : 2 * (n - 1));
+      d["nops"] = 2 * n;
+      int64_t s = d["seq"].get<int64_t>();
       d["ops"] = json::array();
-      for (size_t k = 0; k < members.size(); ++k)
-        d["ops"].push_back(sub("send", split(r, members[k]), static_cast<int>(k), s + static_cast<int64_t>(k)));
-      for (size_t k = 0; k < members.size(); ++k)
-        d["ops"].push_back(sub("recv", split(members[k], r), static_cast<int>(k),
-                               s + static_cast<int64_t>(members.size() + k)));
+      auto seq = [&](int k) { return k == me && !numbered ? int64_t{-1} : s++; };
+      for (int k = 0; k < n; ++k) d["ops"].push_back(sub("send", split(r, members[k]), k, seq(k)));
+      for (int k = 0; k < n; ++k) d["ops"].push_back(sub("recv", split(members[k], r), k, seq(k)));
       wr.Emit(d);
       wr.Compute(kFwdUs);
       // Every token stayed on the rank: only the self pair.
-      json l = wr.Op(7, "group", "bf16", 8192, -1, 1, kSendUs, 2);
-      const int64_t ls = l["seq"].get<int64_t>();
-      l["ops"] = json::array({sub("send", 4096, me, ls), sub("recv", 4096, me, ls + 1)});
+      json l = wr.Op(7, "group", "bf16", 8192, -1, 1, kSendUs, numbered ? 2 : 0);
+      l["nops"] = 2;
+      const int64_t ls = numbered ? l["seq"].get<int64_t>() : -1;
+      if (!numbered) l["seq"] = -1;
+      l["ops"] = json::array({sub("send", 4096, me, ls), sub("recv", 4096, me, numbered ? ls + 1 : -1)});
       wr.Emit(l);
       wr.Compute(kBwdUs);
       wr.Emit(wr.Op(7, "allreduce", "bf16", 4096, -1, 1, kTpUs));
@@ -1245,8 +1245,9 @@ TEST(ObservedTrace, MoeGroupedAllToAllSkipsTheRanksSendAndReceiveToItself) {
     }
     RankEventLog log;
     log.rank = r;
-    int64_t n = 0;
-    for (const std::string& line : wr.lines()) prism::launcher::FeedEventLine(&log, line, ++n);
+    int64_t line_no = 0;
+    for (const std::string& line : wr.lines()) prism::launcher::FeedEventLine(&log, line, ++line_no);
+    EXPECT_EQ(log.malformed, 0) << log.first_malformed;
     logs.push_back(std::move(log));
   }
   std::string err;
@@ -1256,6 +1257,7 @@ TEST(ObservedTrace, MoeGroupedAllToAllSkipsTheRanksSendAndReceiveToItself) {
   const std::vector<std::string> errors = prism::replay::ValidateTrace(t);
   EXPECT_TRUE(errors.empty()) << errors.size() << " errors, the first: " << errors.front();
   EXPECT_FALSE(HasWarning(*g, "sequence numbers jump")) << "the self operations still count in the sequence";
+  *nodes = g->nodes;
   for (int r : {0, 1, 8, 9}) {
     const auto& cls = t.classes[t.ranks[r].cls];
     int sends = 0, recvs = 0;
@@ -1275,6 +1277,22 @@ TEST(ObservedTrace, MoeGroupedAllToAllSkipsTheRanksSendAndReceiveToItself) {
   }
 }
 
+// collect --real-routing of Megatron's tiny MoE GPT (world 16, pp 2, ep 2: ranks 0, 1, 8, 9). The alltoall token
+// dispatcher's all_to_all_single with uneven splits reaches NCCL as one group of sends and receives on the
+// expert-parallel communicator, including a send to and a receive from the rank itself (a local copy, no
+// communication); a unit can also be nothing but that pair. The graph has no self-peer node and validates. libprism
+// writes the pair with "seq": -1 (it does not number them; a unit of only the pair has seq -1); files written before
+// that number them like any operation: both build the same graph, and neither warns about a gap in the sequence.
+TEST(ObservedTrace, MoeGroupedAllToAllSkipsTheRanksSendAndReceiveToItself) {
+  size_t nodes[2] = {0, 0};
+  for (bool numbered : {false, true}) {
+    SCOPED_TRACE(numbered ? "copies numbered (files before)" : "copies unnumbered (seq -1)");
+    MoeGroupedAllToAllSkipsTheCopies(numbered, &nodes[numbered]);
+  }
+  EXPECT_EQ(nodes[0], nodes[1]);
+  EXPECT_GT(nodes[0], 0u);
+}
+
 // collect WITHOUT --real-routing of the same job shape (world 16, pp 2, ep 2): ranks 0 and 8 (replica 0, ep 0) run
 // for real, ranks 1 and 9 (ep 1) run virtual under the mirror policy, and the classes pp0-ep1 and pp1-ep1 borrow the
 // ep-0 rank of their stage. The alltoall dispatcher's grouped sends and receives on the expert-parallel communicator
@@ -1283,8 +1301,9 @@ TEST(ObservedTrace, MoeGroupedAllToAllSkipsTheRanksSendAndReceiveToItself) {
 // reverse all-to-all) sends s[0] to every peer and receives s[q] from q. The borrowed class (position 1) sends s[q]
 // and receives s[1] in the dispatch, sends s[1] and receives s[q] in the combine, never to itself. Two more units
 // route every token to the rank itself: without the zero-size send (torch with NCCL < 2.14 skips it) and with it
-// (NCCL >= 2.14: a 0-byte send and receive). A pipeline send/recv between the stages stays as recorded.
-TEST(ObservedTrace, MoeGroupedAllToAllOfBorrowedExpertClassesUnderMirror) {
+// (NCCL >= 2.14: a 0-byte send and receive). A pipeline send/recv between the stages stays as recorded. Both with the
+// copies to the rank itself unnumbered ("seq": -1, libprism) and numbered (files before).
+void MoeBorrowedExpertClasses(bool numbered) {
   const prism::world::World w = MakeEpWorld("pp=2,ep=2", 16);
   JobOptions o;
   o.world = 16;
@@ -1308,11 +1327,16 @@ TEST(ObservedTrace, MoeGroupedAllToAllOfBorrowedExpertClassesUnderMirror) {
       uint64_t total = 0;
       for (const auto* v : {&sends, &recvs})
         for (const auto& [q, b] : *v) total += b;
-      json g = wr.Op(7, "group", "bf16", total, -1, 1, kSendUs, static_cast<int>(sends.size() + recvs.size()));
+      int counted = 0;  // the operations that take a sequence number (position 0 is the rank itself)
+      for (const auto* v : {&sends, &recvs})
+        for (const auto& [q, b] : *v) counted += numbered || q != 0 ? 1 : 0;
+      json g = wr.Op(7, "group", "bf16", total, -1, 1, kSendUs, counted);
+      g["nops"] = sends.size() + recvs.size();
       int64_t s = g["seq"].get<int64_t>();
+      auto seq = [&](int q) { return numbered || q != 0 ? s++ : int64_t{-1}; };
       g["ops"] = json::array();
-      for (const auto& [q, b] : sends) g["ops"].push_back(sub("send", b, q, 7, s++));
-      for (const auto& [q, b] : recvs) g["ops"].push_back(sub("recv", b, q, 7, s++));
+      for (const auto& [q, b] : sends) g["ops"].push_back(sub("send", b, q, 7, seq(q)));
+      for (const auto& [q, b] : recvs) g["ops"].push_back(sub("recv", b, q, 7, seq(q)));
       wr.Emit(g);
     };
     for (int it = 0; it < 3; ++it) {
@@ -1384,6 +1408,45 @@ TEST(ObservedTrace, MoeGroupedAllToAllOfBorrowedExpertClassesUnderMirror) {
   // Ranks of a borrowed class bind their own expert-parallel and pipeline groups.
   EXPECT_EQ(BoundComm(t, 9, "ep").ranks, (std::vector<int32_t>{8, 9}));
   EXPECT_EQ(BoundComm(t, 9, "pp").ranks, (std::vector<int32_t>{1, 9}));
+  EXPECT_FALSE(HasWarning(*g, "sequence numbers jump"));
+}
+
+TEST(ObservedTrace, MoeGroupedAllToAllOfBorrowedExpertClassesUnderMirror) {
+  for (bool numbered : {false, true}) {
+    SCOPED_TRACE(numbered ? "copies numbered (files before)" : "copies unnumbered (seq -1)");
+    MoeBorrowedExpertClasses(numbered);
+  }
+}
+
+// A send or receive to a peer, or a collective, without a sequence number is refused: only a copy to the rank
+// itself has none ("seq": -1).
+TEST(ObservedTrace, OnlyACopyToItselfMayLackASequenceNumber) {
+  const prism::world::World w = MakeEpWorld("ep=2", 2);
+  JobOptions o;
+  o.world = 2;
+  for (const char* bad : {"peer", "collective"}) {
+    SCOPED_TRACE(bad);
+    std::vector<RankEventLog> logs;
+    for (int r : {0, 1}) {
+      RankWriter wr(r, o);
+      wr.Comm(7, "EXPERT_MODEL_PARALLEL_GROUP", {0, 1}, r);
+      wr.Compute(kFwdUs);
+      json op = std::string(bad) == "peer" ? wr.Op(7, "send", "bf16", 4096, 1 - r, 1, kSendUs)
+                                           : wr.Op(7, "allreduce", "bf16", 4096, -1, 1, kSendUs);
+      if (r == 0) op["seq"] = -1;
+      wr.Emit(op);
+      wr.Mark(0);
+      RankEventLog log;
+      log.rank = r;
+      int64_t n = 0;
+      for (const std::string& line : wr.lines()) prism::launcher::FeedEventLine(&log, line, ++n);
+      EXPECT_EQ(log.malformed, 0) << log.first_malformed;
+      logs.push_back(std::move(log));
+    }
+    std::string err;
+    EXPECT_FALSE(BuildObservedTrace(logs, w, {}, &err));
+    EXPECT_NE(err.find("without a sequence number"), std::string::npos) << err;
+  }
 }
 
 // What collect writes when the run ends (launch.cc calls it), and `prism-run graph build` on the same files: replica

@@ -6,14 +6,18 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -27,6 +31,7 @@
 #include "interpose/core/event_log.h"
 #include "interpose/core/progress.h"
 #include "interpose/core/real_symbols.h"
+#include "interpose/core/recorded.h"
 #include "shim_fake_gpu.h"
 
 namespace prism::interpose {
@@ -661,6 +666,331 @@ TEST(ShimCoord, GroupAcrossStreamsPostsEveryUnitBeforeWaitingForItsSends) {
   SetGpuForTest(nullptr);
 }
 
+// torch's all-to-all with uneven splits (Megatron MoE's alltoall token dispatcher) on NCCL: one group of a send to
+// and a receive from every member, the rank itself included. The pair to the rank itself is a local copy and takes no
+// sequence number: the graph has no node for it, and GraphRelease maps a rank's n-th numbered operation on a
+// communicator to the graph's n-th node there. A unit's kOpArrive carries its first peer operation's sequence and
+// counts only the peer operations; a unit of only the copy never reaches the coordinator; the event file writes the
+// copy's "seq" as -1; the receive from itself copies its own send, under every payload policy.
+TEST(ShimCoord, SendAndReceiveToItselfTakeNoSequenceNumber) {
+  std::string path = "/tmp/prism_coord_self_" + std::to_string(getpid()) + ".sock";
+  int lfd = ListenUnix(path);
+  ASSERT_GE(lfd, 0) << path;
+  std::mutex mu;
+  std::vector<std::tuple<uint64_t, uint32_t, uint32_t>> arrived;  // (seq, nops, op)
+  std::vector<uint64_t> recorded;                                 // kOpRecord seqs
+  std::thread server([&] {
+    int fd = accept(lfd, nullptr, nullptr);
+    std::string err;
+    for (;;) {
+      ipc::Frame f;
+      if (ipc::RecvFrame(fd, &f, 1500, &err) != ipc::IoStatus::kOk) break;
+      if (f.type == ipc::MsgType::kCommInit) {
+        nlohmann::json j = nlohmann::json::parse(f.payload);
+        nlohmann::json r = {{"key", j.at("key")}, {"comm_id", 4}, {"members", {0, 1, 2, 3}},
+                            {"real", {false, false, true, false}}};
+        std::string s = r.dump();
+        ipc::SendFrame(fd, ipc::MsgType::kCommInfo, s.data(), s.size(), &err);
+      } else if (f.type == ipc::MsgType::kOpArrive) {
+        ipc::OpArrive a{};
+        ASSERT_TRUE(ipc::DecodePod(f, &a));
+        {
+          std::lock_guard<std::mutex> l(mu);
+          arrived.emplace_back(a.seq, a.nops, a.op);
+        }
+        ipc::OpRelease rel{};
+        rel.comm_id = a.comm_id;
+        rel.seq = a.seq;
+        rel.release_ns = a.arrival_ns + 1000;
+        rel.last_rank = -1;
+        ipc::SendFrame(fd, ipc::MsgType::kOpRelease, &rel, sizeof(rel), &err);
+      } else if (f.type == ipc::MsgType::kOpRecord) {
+        ipc::OpRecord rec{};
+        ASSERT_TRUE(ipc::DecodePod(f, &rec));
+        std::lock_guard<std::mutex> l(mu);
+        recorded.push_back(rec.seq);
+      }
+    }
+    close(fd);
+  });
+
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  auto dir = std::filesystem::temp_directory_path() / ("prism_coord_self_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  Config c;
+  c.rank = 2;  // communicator rank 2 of 4: the pair to itself sits between peer operations
+  c.world_size = 4;
+  c.real_ranks = {2};
+  c.graph = "g.prism";  // a one-real-member communicator goes through the coordinator under --graph
+  c.fixed_dur_us = 1;
+  c.payload = "zeros";
+  c.coord_socket = path;
+  c.out_dir = dir.string();
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  CoordResetForTest();
+  ncclUniqueId id;
+  GetUniqueId(&id);
+  InitArgs a;
+  a.nranks = 4;
+  a.rank = 2;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  ASSERT_TRUE(comm->use_coordinator);
+
+  std::vector<std::vector<float>> to(4), from(4);
+  for (int q = 0; q < 4; ++q) {  // uneven splits; the copy's two sides are of one size
+    to[q].assign(4 + q, static_cast<float>(q));
+    from[q].assign(q == 2 ? 4 + q : 8 + q, -1.f);
+  }
+  auto op = [&](payload::OpKind kind, int peer) {
+    OpCall o;
+    o.op = kind;
+    o.comm = comm;
+    o.peer = peer;
+    std::vector<float>& buf = kind == payload::OpKind::kSend ? to[peer] : from[peer];
+    o.count = buf.size();
+    if (kind == payload::OpKind::kSend) o.send = buf.data();
+    else o.recv = buf.data();
+    return Submit(o);
+  };
+  using payload::OpKind;
+  // Unit 1, torch's order (a send and a receive per member in turn): the copy is the third pair.
+  ASSERT_EQ(GroupStart(), ncclSuccess);
+  for (int q = 0; q < 4; ++q) {
+    ASSERT_EQ(op(OpKind::kSend, q), ncclSuccess);
+    ASSERT_EQ(op(OpKind::kRecv, q), ncclSuccess);
+  }
+  ASSERT_EQ(GroupEnd(), ncclSuccess);
+  // Unit 2: every token stayed on the rank, only the copy.
+  ASSERT_EQ(GroupStart(), ncclSuccess);
+  ASSERT_EQ(op(OpKind::kSend, 2), ncclSuccess);
+  ASSERT_EQ(op(OpKind::kRecv, 2), ncclSuccess);
+  ASSERT_EQ(GroupEnd(), ncclSuccess);
+  // Unit 3: a collective on the same communicator.
+  std::vector<float> x(16, 1.f);
+  OpCall ar;
+  ar.op = OpKind::kAllReduce;
+  ar.comm = comm;
+  ar.count = x.size();
+  ar.send = x.data();
+  ar.recv = x.data();
+  ASSERT_EQ(Submit(ar), ncclSuccess);
+  // Unit 4, every send then every receive.
+  ASSERT_EQ(GroupStart(), ncclSuccess);
+  for (int q = 0; q < 4; ++q) ASSERT_EQ(op(OpKind::kSend, q), ncclSuccess);
+  for (int q = 0; q < 4; ++q) ASSERT_EQ(op(OpKind::kRecv, q), ncclSuccess);
+  ASSERT_EQ(GroupEnd(), ncclSuccess);
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  EXPECT_EQ(comm->seq.load(), 13u) << "6 peer operations, the all-reduce, 6 peer operations";
+  usleep(300000);  // the writer flushes (and sends its kOpRecords) every 200 ms
+  EventLogStop();
+  server.join();
+  close(lfd);
+  unlink(path.c_str());
+
+  // Why sorted: the progress thread sends arrivals and logs releases in the order it finds them, not issue order.
+  std::sort(arrived.begin(), arrived.end());
+  std::sort(recorded.begin(), recorded.end());
+  constexpr uint32_t kMixed = 0, kAllReduceOp = 1;
+  EXPECT_EQ(arrived, (std::vector<std::tuple<uint64_t, uint32_t, uint32_t>>{
+                         {0, 6, kMixed}, {6, 1, kAllReduceOp}, {7, 6, kMixed}}))
+      << "kOpArrive (seq, nops, op): the copy to itself is neither numbered nor counted";
+  EXPECT_EQ(recorded, (std::vector<uint64_t>{0, 6, 7})) << "no kOpRecord for the unit of only the copy";
+
+  std::vector<nlohmann::json> ops;
+  std::ifstream in(EventLogPath());
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") == "op") ops.push_back(std::move(j));
+  }
+  ASSERT_EQ(ops.size(), 4u);
+  std::sort(ops.begin(), ops.end(), [](const nlohmann::json& x, const nlohmann::json& y) {
+    return x.at("arrival_ns").get<uint64_t>() < y.at("arrival_ns").get<uint64_t>();
+  });
+  auto seqs = [](const nlohmann::json& j) {
+    std::vector<int64_t> s;
+    for (const auto& o : j.at("ops")) s.push_back(o.at("seq").get<int64_t>());
+    return s;
+  };
+  EXPECT_EQ(ops[0].at("seq"), 0);
+  EXPECT_EQ(ops[0].at("nops"), 8);
+  EXPECT_EQ(seqs(ops[0]), (std::vector<int64_t>{0, 1, 2, 3, -1, -1, 4, 5}));
+  EXPECT_EQ(ops[1].at("seq"), -1) << "a unit of only the copy has no sequence number";
+  EXPECT_EQ(seqs(ops[1]), (std::vector<int64_t>{-1, -1}));
+  EXPECT_EQ(ops[2].at("seq"), 6);
+  EXPECT_EQ(ops[3].at("seq"), 7);
+  EXPECT_EQ(seqs(ops[3]), (std::vector<int64_t>{7, 8, -1, 9, 10, 11, -1, 12}));
+
+  // Under the zeros policy the receives from virtual peers are zero-filled, the receive from itself copies its send.
+  int self_copies = 0;
+  {
+    std::lock_guard<std::mutex> l(gpu.mu);
+    for (size_t i = 0; i < gpu.steps.size(); ++i) {
+      const payload::Step& st = gpu.steps[i];
+      const uint64_t dst = payload::StepAddr(gpu.descs[i], st.dst_buf, st.dst_offset);
+      if (dst != reinterpret_cast<uint64_t>(from[2].data())) continue;
+      EXPECT_EQ(st.kind, payload::StepKind::kCopy) << "the receive from itself was filled, not copied";
+      if (st.kind != payload::StepKind::kCopy) continue;
+      EXPECT_EQ(payload::StepAddr(gpu.descs[i], st.src_buf, st.src_offset), reinterpret_cast<uint64_t>(to[2].data()));
+      ++self_copies;
+    }
+  }
+  EXPECT_EQ(self_copies, 3) << "units 1, 2 and 4";
+  SetGpuForTest(nullptr);
+  std::filesystem::remove_all(dir);
+}
+
+// collect's exchange (--real-routing: the expert-parallel peers run for real): the copy to itself stays local, never
+// a kOpData round trip through the coordinator, and is not recorded (PRISM_RECORD_PAYLOADS): a payload is named by
+// (communicator, sequence), and the copy has none. The peer operations keep their sequence numbers in the exchange
+// headers and the recording. The unit (real data, point-to-point only) is released locally, as before.
+TEST(ShimCoord, CopyToItselfIsNeitherExchangedNorRecorded) {
+  std::string path = "/tmp/prism_coord_selfx_" + std::to_string(getpid()) + ".sock";
+  int lfd = ListenUnix(path);
+  ASSERT_GE(lfd, 0) << path;
+  std::mutex mu;
+  std::vector<ipc::ExchangeHeader> data;
+  std::atomic<int> arrives{0};
+  std::thread server([&] {
+    int fd = accept(lfd, nullptr, nullptr);
+    std::string err;
+    for (;;) {
+      ipc::Frame f;
+      if (ipc::RecvFrame(fd, &f, 1500, &err) != ipc::IoStatus::kOk) break;
+      if (f.type == ipc::MsgType::kCommInit) {
+        nlohmann::json j = nlohmann::json::parse(f.payload);
+        nlohmann::json r = {{"key", j.at("key")}, {"comm_id", 5}, {"members", {0, 1, 2, 3}},
+                            {"real", {true, true, false, false}}};
+        std::string s = r.dump();
+        ipc::SendFrame(fd, ipc::MsgType::kCommInfo, s.data(), s.size(), &err);
+      } else if (f.type == ipc::MsgType::kOpData) {
+        ipc::ExchangeHeader h{};
+        std::memcpy(&h, f.payload.data(), sizeof(h));
+        {
+          std::lock_guard<std::mutex> l(mu);
+          data.push_back(h);
+        }
+        if (!(h.flags & ipc::kExchangeRecvRequest)) continue;  // a send: no answer (no rendezvous)
+        // Any receive request gets 9.0s of its size from its source.
+        std::vector<float> out(h.count, 9.0f);
+        ipc::ExchangeHeader r = h;
+        r.flags = 0;
+        r.total_bytes = out.size() * sizeof(float);
+        r.offset = 0;
+        std::string payload(reinterpret_cast<const char*>(&r), sizeof(r));
+        payload.append(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+        ipc::SendFrame(fd, ipc::MsgType::kOpResult, payload.data(), payload.size(), &err);
+      } else if (f.type == ipc::MsgType::kOpArrive) {
+        ++arrives;
+        ipc::OpArrive a{};
+        ipc::DecodePod(f, &a);
+        ipc::OpRelease rel{};
+        rel.comm_id = a.comm_id;
+        rel.seq = a.seq;
+        rel.release_ns = a.arrival_ns;
+        rel.last_rank = -1;
+        ipc::SendFrame(fd, ipc::MsgType::kOpRelease, &rel, sizeof(rel), &err);
+      }
+    }
+    close(fd);
+  });
+
+  const std::string rec = "/tmp/prism_coord_selfx_" + std::to_string(getpid()) + ".bin";
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  Config c;
+  c.rank = 0;
+  c.world_size = 4;
+  c.real_ranks = {0, 1};
+  c.fixed_dur_us = 1;
+  c.coord_socket = path;
+  c.record_payloads = rec;
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  CoordResetForTest();
+  ResetRecordedForTest();
+  ncclUniqueId id;
+  GetUniqueId(&id);
+  InitArgs a;
+  a.nranks = 4;
+  a.rank = 0;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  ASSERT_TRUE(comm->use_coordinator);
+  ASSERT_EQ(comm->member_real, (std::vector<uint8_t>{1, 1, 0, 0}));
+
+  std::vector<std::vector<float>> to(4), from(4);
+  for (int q = 0; q < 4; ++q) {
+    to[q].assign(4, static_cast<float>(q + 1));
+    from[q].assign(4, -1.f);
+  }
+  ASSERT_EQ(GroupStart(), ncclSuccess);
+  for (int q = 0; q < 4; ++q) {  // torch's order: the copy to itself (communicator rank 0) first
+    OpCall s;
+    s.op = payload::OpKind::kSend;
+    s.comm = comm;
+    s.peer = q;
+    s.count = 4;
+    s.send = to[q].data();
+    ASSERT_EQ(Submit(s), ncclSuccess);
+    OpCall r = s;
+    r.op = payload::OpKind::kRecv;
+    r.send = nullptr;
+    r.recv = from[q].data();
+    ASSERT_EQ(Submit(r), ncclSuccess);
+  }
+  ASSERT_EQ(GroupEnd(), ncclSuccess);
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  EXPECT_EQ(from[1], std::vector<float>(4, 9.0f)) << "the real peer's data";
+  EXPECT_EQ(comm->seq.load(), 6u);
+  ResetRecordedForTest();  // closes the recording
+  server.join();
+  close(lfd);
+  unlink(path.c_str());
+
+  ASSERT_EQ(data.size(), 2u) << "only the send to and the receive from the real peer go through the coordinator";
+  for (const ipc::ExchangeHeader& h : data) {
+    EXPECT_NE(h.rank, h.peer) << "an exchange of the rank with itself";
+    EXPECT_EQ(h.op == static_cast<uint16_t>(payload::OpKind::kSend) ? h.peer : h.rank, 1);
+  }
+  EXPECT_EQ(data[0].seq, 0u) << "the send to peer 1: the first numbered operation";
+  EXPECT_EQ(data[1].seq, 1u);
+  EXPECT_EQ(arrives.load(), 0) << "a point-to-point unit with real data is released locally";
+  {
+    std::lock_guard<std::mutex> l(gpu.mu);
+    bool self_copied = false;
+    for (size_t i = 0; i < gpu.steps.size(); ++i) {
+      const payload::Step& st = gpu.steps[i];
+      if (st.kind != payload::StepKind::kCopy) continue;
+      if (payload::StepAddr(gpu.descs[i], st.dst_buf, st.dst_offset) == reinterpret_cast<uint64_t>(from[0].data()))
+        self_copied = payload::StepAddr(gpu.descs[i], st.src_buf, st.src_offset) ==
+                      reinterpret_cast<uint64_t>(to[0].data());
+    }
+    EXPECT_TRUE(self_copied) << "the receive from itself copies its own send";
+  }
+  // The recording: one record, the receive from peer 1 at sequence 1.
+  std::ifstream in(rec, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GE(bytes.size(), sizeof(kPayloadMagic));
+  std::vector<RecordHeader> records;
+  for (size_t off = sizeof(kPayloadMagic); off + sizeof(RecordHeader) <= bytes.size();) {
+    RecordHeader h{};
+    std::memcpy(&h, bytes.data() + off, sizeof(h));
+    records.push_back(h);
+    off += sizeof(h) + h.bytes;
+  }
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].seq, 1u);
+  EXPECT_EQ(records[0].op, static_cast<uint16_t>(payload::OpKind::kRecv));
+  EXPECT_EQ(records[0].bytes, 16u);
+  std::remove(rec.c_str());
+  SetGpuForTest(nullptr);
+}
+
 }  // namespace
 }  // namespace prism::interpose
 
@@ -806,6 +1136,8 @@ TEST(ShimCoord, PassthroughCommunicatorRunsOnTheRealNccl) {
   send.comm = comm;
   send.count = 4;
   send.send = buf.data();
+  send.peer = 0;  // a send to itself (the real NCCL copies it) takes no sequence number here either
+  ASSERT_EQ(Submit(send), ncclSuccess);
   send.peer = 1;
   ASSERT_EQ(Submit(send), ncclSuccess);
   ASSERT_EQ(GroupEnd(), ncclSuccess);
@@ -842,6 +1174,10 @@ TEST(ShimCoord, PassthroughCommunicatorRunsOnTheRealNccl) {
   }
   EXPECT_EQ(ops[0].at("sseq"), 0);
   EXPECT_EQ(ops[1].at("sseq"), 1);
+  EXPECT_EQ(ops[1].at("seq"), 1);
+  ASSERT_EQ(ops[1].at("ops").size(), 2u);
+  EXPECT_EQ(ops[1].at("ops")[0].at("seq"), -1);
+  EXPECT_EQ(ops[1].at("ops")[1].at("seq"), 1);
   std::filesystem::remove_all(events_dir);
   server.join();
   close(lfd);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,78 @@ TEST(Recorded, EngineReplaysABroadcastFromAVirtualRoot) {
   call.recv = other.data();
   ASSERT_EQ(Submit(call), ncclSuccess);
   EXPECT_EQ(other, (std::vector<int64_t>(3, 5)));
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  SetGpuForTest(nullptr);
+  ResetRecordedForTest();
+  std::remove(path.c_str());
+}
+
+// The expert-parallel all-to-all under --payload recorded: the receive from a virtual peer replays collect's record of
+// it, named by (communicator, sequence) with the copy to itself unnumbered on both sides; the receive from itself
+// copies this rank's own send (live data), never a record.
+TEST(Recorded, EngineReplaysTheAllToAllsPeerReceiveAndCopiesTheOneFromItself) {
+  const std::string path = TmpPath("c.bin");
+  testing::FakeGpu gpu;
+  SetGpuForTest(&gpu);
+  // collect recorded the receive from peer 1: its send to peer 1 is sequence 0, the receive sequence 1.
+  Config w;
+  w.record_payloads = path;
+  SetConfigForTest(w);
+  ResetRecordedForTest();
+  std::vector<float> recorded(4, 42.f);
+  RecordPayload(0, 1, static_cast<uint16_t>(payload::OpKind::kRecv), static_cast<uint8_t>(ncclFloat32),
+                recorded.data(), 16);
+  ResetRecordedForTest();
+
+  Config c;
+  c.rank = 0;
+  c.world_size = 2;
+  c.payload = "recorded";
+  c.payload_file = path;
+  c.fixed_dur_us = 1;
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  ncclUniqueId id;
+  GetUniqueId(&id);
+  InitArgs a;
+  a.nranks = 2;
+  a.rank = 0;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  std::vector<float> to_self(4, 1.f), to_peer(4, 2.f), from_self(4, -1.f), from_peer(4, -1.f);
+  auto op = [&](payload::OpKind kind, int peer, std::vector<float>& buf) {
+    OpCall o;
+    o.op = kind;
+    o.comm = comm;
+    o.count = buf.size();
+    o.peer = peer;
+    if (kind == payload::OpKind::kSend) o.send = buf.data();
+    else o.recv = buf.data();
+    return Submit(o);
+  };
+  ASSERT_EQ(GroupStart(), ncclSuccess);
+  ASSERT_EQ(op(payload::OpKind::kSend, 0, to_self), ncclSuccess);
+  ASSERT_EQ(op(payload::OpKind::kRecv, 0, from_self), ncclSuccess);
+  ASSERT_EQ(op(payload::OpKind::kSend, 1, to_peer), ncclSuccess);
+  ASSERT_EQ(op(payload::OpKind::kRecv, 1, from_peer), ncclSuccess);
+  ASSERT_EQ(GroupEnd(), ncclSuccess);
+  EXPECT_EQ(from_peer, recorded) << "the receive from the virtual peer is sequence 1, collect's record";
+  bool self_copied = false;
+  {
+    std::lock_guard<std::mutex> l(gpu.mu);
+    for (const auto& cp : gpu.copies)
+      EXPECT_NE(cp.dst, reinterpret_cast<uint64_t>(from_self.data())) << "a record went into the copy to itself";
+    for (size_t i = 0; i < gpu.steps.size(); ++i) {
+      const payload::Step& st = gpu.steps[i];
+      if (st.kind == payload::StepKind::kCopy &&
+          payload::StepAddr(gpu.descs[i], st.dst_buf, st.dst_offset) == reinterpret_cast<uint64_t>(from_self.data()))
+        self_copied = payload::StepAddr(gpu.descs[i], st.src_buf, st.src_offset) ==
+                      reinterpret_cast<uint64_t>(to_self.data());
+    }
+  }
+  EXPECT_TRUE(self_copied) << "the receive from itself copies its own send";
+  EXPECT_EQ(GetRecordedStats().hits, 1u);
   ASSERT_TRUE(ProgressDrain(5000000000ull));
   SetGpuForTest(nullptr);
   ResetRecordedForTest();

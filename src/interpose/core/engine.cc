@@ -135,6 +135,26 @@ payload::Policy PolicyOf() {
 
 bool IsP2p(OpKind op) { return op == OpKind::kSend || op == OpKind::kRecv; }
 
+// A send to or a receive from the rank itself (torch's all-to-all on NCCL holds one of each, the tokens a MoE rank
+// keeps): a local copy, as NCCL runs it. It takes no sequence number on its communicator (kNoSeq). Why: it is no
+// communication, the graph has no node for it (observed_trace.cc), and the coordinator maps a rank's n-th numbered
+// operation on a communicator to the graph's n-th node there (GraphRelease::MapOp); numbered, the copies would shift
+// every later operation onto the wrong node. Nor is it exchanged or recorded: payloads are named by sequence, and its
+// receive copies this rank's own send.
+bool IsSelf(const OpCall& c) { return IsP2p(c.op) && c.peer == c.comm->rank; }
+
+uint64_t NextSeq(const OpCall& c) {
+  return IsSelf(c) ? kNoSeq : c.comm->seq.fetch_add(1, std::memory_order_relaxed);
+}
+
+// The operation a unit is named by (op line, kOpArrive): its first numbered one, else its first.
+template <typename T, typename SeqOf>
+size_t LeadOf(const T* ops, size_t n, SeqOf seq_of) {
+  for (size_t i = 0; i < n; ++i)
+    if (seq_of(ops[i]) != kNoSeq) return i;
+  return 0;
+}
+
 // NCCL's argument checks (enqueue.cc ArgsCheck): type, op, root/peer, buffers.
 ncclResult_t Validate(const OpCall& c) {
   if (c.comm == nullptr) {
@@ -313,14 +333,16 @@ UnitOpEvent UnitOpOf(const OpCall& c, uint64_t seq, uint64_t bytes) {
   return o;
 }
 
+// Whether an operation of `comm` with data can move real data between real members (PRISM_EXCHANGE).
+bool RealDataOn(const Comm* comm, uint64_t count) {
+  return Cfg().exchange && comm->use_coordinator && comm->coord_comm_id != 0 && count != 0 && comm->real_members >= 2;
+}
+
 // Whether an operation moves real data through the coordinator: a collective of a communicator with several real
-// members, or a p2p whose peer is real (docs/payload.md "Exchange").
+// members, or a p2p whose peer is real (docs/payload.md "Exchange"); never a copy to the rank itself (IsSelf).
 XKind ExchangeKindOf(const OpCall& c) {
   const Comm* comm = c.comm;
-  if (!Cfg().exchange || !comm->use_coordinator || comm->coord_comm_id == 0 || c.count == 0 ||
-      comm->real_members < 2) {
-    return XKind::kNone;
-  }
+  if (!RealDataOn(comm, c.count) || IsSelf(c)) return XKind::kNone;
   if (IsP2p(c.op)) {
     if (c.peer < 0 || static_cast<size_t>(c.peer) >= comm->member_real.size() || !comm->member_real[c.peer]) {
       return XKind::kNone;
@@ -533,7 +555,7 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     Prepared p;
     p.call = ops[i];
-    p.seq = ops[i].comm->seq.fetch_add(1, std::memory_order_relaxed);
+    p.seq = NextSeq(ops[i]);
     p.bytes = OperationBytes(ops[i].op, ops[i].count, static_cast<payload::DataType>(ops[i].dtype), ops[i].comm->nranks);
     prep.push_back(p);
   }
@@ -563,6 +585,9 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   };
   for (Prepared& p : prep) {
     p.desc = DescOf(p.call, p.seq);
+    // Why mirror under every policy: the receive from the rank itself is its own send's bytes (NCCL copies them),
+    // data that depends on no virtual peer; the unit's send to itself is its exact match below.
+    if (IsSelf(p.call)) p.desc.policy = payload::Policy::kMirror;
     if (p.call.op == OpKind::kRecv && p.call.count > 0) {
       uint64_t addr = 0;
       const Comm* comm = p.call.comm;
@@ -611,27 +636,31 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   CUresult r = CUDA_SUCCESS;
   // The arrival stamp rides on the first payload step (one launch); earlier operations of the unit have none.
   bool stamped = capturing;
-  bool exchanges = false;
+  bool exchanges = false, real_data = false;
   if (!capturing) {
     for (Prepared& p : prep) {
       p.xkind = ExchangeKindOf(p.call);
       exchanges = exchanges || p.xkind != XKind::kNone;
+      // Why the copy to itself counts here: its unit is routed as when the copy went through the exchange (a p2p
+      // unit with real data is released locally, below), whether or not its peer operations carry data.
+      real_data = real_data || p.xkind != XKind::kNone || (IsSelf(p.call) && RealDataOn(p.call.comm, p.call.count));
     }
   }
-  bool p2p_only_exchange = exchanges;
+  bool p2p_only_exchange = real_data;
   if (exchanges) {
     // Why stamp first: the arrival is when the GPU reached the operation, before the host-side exchange.
     r = gpu.Stamp(stream, slot);
     stamped = true;
     if (r == CUDA_SUCCESS) r = RunExchange(gpu, stream, prep);
-    for (const Prepared& p : prep) {
-      if (!IsP2p(p.call.op)) p2p_only_exchange = false;
-    }
+  }
+  for (const Prepared& p : prep) {
+    if (!IsP2p(p.call.op)) p2p_only_exchange = false;
   }
   if (RecordedOn() && !capturing && r == CUDA_SUCCESS) {
     // Operations that real data did not define: the recorded output of the same operation, where collect has one.
     for (Prepared& p : prep) {
-      if (!p.local || p.call.count == 0 || p.call.op == OpKind::kSend) continue;
+      // A copy to itself is its own send's bytes, never a recording (nor has it the sequence that names one).
+      if (!p.local || p.call.count == 0 || p.call.op == OpKind::kSend || p.seq == kNoSeq) continue;
       // A root's own broadcast/scatter output is its own data, never someone else's recording.
       const bool own_root = (p.call.op == OpKind::kBroadcast || p.call.op == OpKind::kScatter) &&
                             p.call.root == p.call.comm->rank;
@@ -707,6 +736,7 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   for (const Prepared& p : prep) {
     total += p.bytes;
     if (p.call.op != prep[0].call.op) mixed = true;
+    if (IsSelf(p.call)) continue;  // a local copy: no traffic at target scale
     if (IsP2p(p.call.op)) {
       (p.call.op == OpKind::kSend ? p2p_send : p2p_recv) += p.bytes;
       if (p2p_peer < 0) p2p_peer = p.call.comm->GlobalRank(p.call.peer);
@@ -721,7 +751,10 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
     dur += last.dur_ns;
   }
   if (cfg.fixed_dur_us >= 0) dur = last.dur_ns;  // a fixed duration is per unit, not per operation
-  const Comm* c0 = prep[0].call.comm;
+  // The unit is named by its first numbered operation (a unit of only copies to itself has none).
+  const size_t lead = LeadOf(prep.data(), prep.size(), [](const Prepared& p) { return p.seq; });
+  const bool numbered = prep[lead].seq != kNoSeq;
+  const Comm* c0 = prep[lead].call.comm;
   u.slot = slot;
   u.ticket = ticket;
   u.open_slot = open_slot;
@@ -731,12 +764,13 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
                     : cfg.gate == GateKind::kSpin ? gpu.SpinReleaseNs(c0->spin_ctas)
                                                   : gpu.Calibration().wait_release_ns;
   // Why not through the coordinator for an exchanged p2p unit: release matching is by communicator sequence, which
-  // two sides of a pipeline need not share; the exchange already waited for the real peer's data.
-  u.via_coordinator = c0->use_coordinator && !p2p_only_exchange;
+  // two sides of a pipeline need not share; the exchange already waited for the real peer's data. A unit of only
+  // copies to itself is no communication: released locally too.
+  u.via_coordinator = c0->use_coordinator && !p2p_only_exchange && numbered;
   u.coord_comm_id = c0->coord_comm_id;
   u.comm_ops = 0;
-  for (const Prepared& p : prep) u.comm_ops += p.call.comm == c0 ? 1 : 0;
-  FillUnitEvent(prep[0].call, prep[0].seq, n, mixed, total, dur, last, stream, &u.event);
+  for (const Prepared& p : prep) u.comm_ops += p.call.comm == c0 && p.seq != kNoSeq ? 1 : 0;
+  FillUnitEvent(prep[lead].call, prep[lead].seq, n, mixed, total, dur, last, stream, &u.event);
   ReserveUnitOps(&u.event, n);
   for (size_t i = 0; i < u.event.ops_n; ++i) SetUnitOp(u.event, i, UnitOpOf(prep[i].call, prep[i].seq, prep[i].bytes));
   bool xsends = false;  // exchanged sends whose acknowledgement GroupEnd waits for (RunExchange left them pending)
@@ -804,7 +838,8 @@ bool TimeReal(cudaStream_t stream) {
 // Hands the progress thread one passthrough unit: operations `ops` (same stream) between the stamps of `slot` and
 // `end`; it logs them as one op line with the stamps as arrival and release.
 void PushRealUnit(const std::pair<OpCall, uint64_t>* ops, size_t n, uint32_t slot, uint32_t end) {
-  const OpCall& first = ops[0].first;
+  const size_t lead = LeadOf(ops, n, [](const std::pair<OpCall, uint64_t>& o) { return o.second; });
+  const OpCall& first = ops[lead].first;
   const Comm* c0 = first.comm;
   GateUnit u;
   u.slot = slot;
@@ -828,14 +863,15 @@ void PushRealUnit(const std::pair<OpCall, uint64_t>* ops, size_t n, uint32_t slo
   }
   u.dur_ns = dur;
   u.comm_ops = 0;
-  for (size_t k = 0; k < n; ++k) u.comm_ops += ops[k].first.comm == c0 ? 1 : 0;
-  FillUnitEvent(first, ops[0].second, n, mixed, total, dur, last, reinterpret_cast<CUstream>(first.stream), &u.event);
+  for (size_t k = 0; k < n; ++k) u.comm_ops += ops[k].first.comm == c0 && ops[k].second != kNoSeq ? 1 : 0;
+  FillUnitEvent(first, ops[lead].second, n, mixed, total, dur, last, reinterpret_cast<CUstream>(first.stream),
+                &u.event);
   u.event.passthrough = true;
   ProgressPush(u);
 }
 
 ncclResult_t SubmitReal(const OpCall& c) {
-  const uint64_t seq = c.comm->seq.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t seq = NextSeq(c);
   if (tls.depth > 0) {
     // Why only when the outermost level reached the real NCCL: then the real operations launch at its end, where
     // GroupEnd stamps around them; otherwise they ran at an inner level's end and are not timed.
@@ -991,6 +1027,7 @@ ncclResult_t GroupSimulateEnd(ncclSimInfo_t* info) {
   if (--tls.depth > 0) return ncclSuccess;
   double us = 0;
   for (const OpCall& c : tls.group) {
+    if (IsSelf(c)) continue;  // a local copy, as RunUnit times it
     uint64_t bytes = OperationBytes(c.op, c.count, static_cast<payload::DataType>(c.dtype), c.comm->nranks);
     us += OperationCost(c.comm->cost.get(), c.op, bytes, static_cast<payload::DataType>(c.dtype), -1, -1).dur_ns / 1e3;
   }

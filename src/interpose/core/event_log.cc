@@ -99,6 +99,9 @@ bool ReadUnitOps(const OpEvent& e, UnitOpEvent* out) {
   return r.next.load(std::memory_order_relaxed) - e.ops_at <= UnitOpRing::kEntries;
 }
 
+// The event file's "seq": -1 for none (kNoSeq).
+long long SeqOut(uint64_t seq) { return seq == kNoSeq ? -1 : static_cast<long long>(seq); }
+
 void WriteOp(FILE* f, const OpEvent& e) {
   char gate[128] = "";
   int at = 0;
@@ -109,11 +112,11 @@ void WriteOp(FILE* f, const OpEvent& e) {
                   static_cast<unsigned long long>(e.gate_written_ns), static_cast<unsigned long long>(e.gate_open_ns));
   }
   std::fprintf(f,
-               "{\"type\":\"op\",\"comm_id\":%u,\"seq\":%llu,\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,"
+               "{\"type\":\"op\",\"comm_id\":%u,\"seq\":%lld,\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,"
                "\"peer\":%d,\"arrival_ns\":%llu,\"release_ns\":%llu,\"model_dur_ns\":%llu,\"wait_on_rank\":%d,"
                "\"algo\":%u,\"proto\":%u,\"nops\":%u,\"root\":%d,\"stream\":%u,\"sseq\":%u,\"exchanged\":%u,"
                "\"cost\":\"%s\"%s%s",
-               e.comm_id, static_cast<unsigned long long>(e.seq), OpName(e.op), DtypeName(e.dtype),
+               e.comm_id, SeqOut(e.seq), OpName(e.op), DtypeName(e.dtype),
                static_cast<unsigned long long>(e.bytes), e.peer, static_cast<unsigned long long>(e.arrival_ns),
                static_cast<unsigned long long>(e.release_ns), static_cast<unsigned long long>(e.model_dur_ns),
                e.wait_on_rank, e.algo, e.proto, e.nops, e.root, e.stream, e.stream_seq, e.exchanged,
@@ -125,9 +128,9 @@ void WriteOp(FILE* f, const OpEvent& e) {
       std::fputs(",\"ops\":[", f);
       for (size_t i = 0; i < n; ++i) {
         const UnitOpEvent& o = ops[i];
-        std::fprintf(f, "%s{\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,\"peer\":%d,\"root\":%d,\"comm_id\":%u,\"seq\":%llu}",
+        std::fprintf(f, "%s{\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,\"peer\":%d,\"root\":%d,\"comm_id\":%u,\"seq\":%lld}",
                      i ? "," : "", OpName(o.op), DtypeName(o.dtype), static_cast<unsigned long long>(o.bytes), o.peer,
-                     o.root, o.comm_id, static_cast<unsigned long long>(o.seq));
+                     o.root, o.comm_id, SeqOut(o.seq));
       }
       std::fputc(']', f);
       if (n < e.nops) std::fputs(",\"ops_truncated\":1", f);
@@ -201,7 +204,9 @@ void Run() {
     for (const std::string& l : lines) std::fputs(l.c_str(), w.file);
     for (const OpEvent& e : ops) {
       WriteOp(w.file, e);
-      CoordSendRecord(e);
+      // Why not a unit of only copies to itself: it has no sequence number, and the hang diagnosis takes a record
+      // as the rank having passed every operation up to the record's (comm, seq).
+      if (e.seq != kNoSeq) CoordSendRecord(e);
     }
     lines.clear();
     ops.clear();

@@ -17,10 +17,14 @@ namespace prism::interpose {
 // "ops_truncated".
 inline constexpr size_t kMaxUnitOps = 16;
 
+// The sequence number of a send or receive to the rank itself: a local copy, which takes none (engine.cc IsSelf).
+// Written as -1 ("seq" of an op line of only such copies, and of their "ops" entries).
+inline constexpr uint64_t kNoSeq = UINT64_MAX;
+
 // One operation of a unit of several (the op line's "ops" entry).
 struct UnitOpEvent {
   uint32_t comm_id = 0;  // process-local communicator id
-  uint64_t seq = 0;      // its sequence number on that communicator
+  uint64_t seq = 0;      // its sequence number on that communicator (kNoSeq: a copy to the rank itself)
   uint8_t op = 0;        // payload::OpKind
   uint8_t dtype = 0;     // ncclDataType_t
   uint64_t bytes = 0;
@@ -31,7 +35,7 @@ struct UnitOpEvent {
 struct OpEvent {
   uint32_t comm_id = 0;       // process-local communicator id (the event file's)
   uint32_t coord_comm_id = 0; // the coordinator's id of that communicator (kOpRecord's comm_id), 0 when none
-  uint64_t seq = 0;
+  uint64_t seq = 0;           // of the unit's first numbered operation; kNoSeq: the unit holds only copies to itself
   uint8_t op = 0;       // payload::OpKind; 0xff = a group of several kinds
   uint8_t dtype = 0;    // payload::DataType
   uint8_t algo = 0;     // cost model NcclAlgo + 1 (0 unknown)
