@@ -1,5 +1,5 @@
 // The compute durations a fill has measured for each class, one sample per slice that ran a rank of the class, and
-// their per-node median (tools/prism-run/fill.cc; docs/fill.md "Rounds and noise").
+// their per-node median (launcher/fill.h; docs/fill.md "Rounds and noise").
 //
 // Why: the graph builder takes the waits on virtual peers out of a slice's compute (the release stamps), so every
 // slice of a class measures the same compute again, with the run-to-run noise of the machine (~5 % per iteration on
