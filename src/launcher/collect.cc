@@ -10,9 +10,10 @@
 #include "coordinator/swap_scheduler.h"
 #include "coordinator/world.h"
 #include "launcher/emulate.h"
-#include "launcher/observed_trace.h"
+#include "analysis/observed_trace.h"
 
 namespace prism::launcher {
+using namespace ::prism::analysis;  // the post-run analysis (src/analysis) this file calls
 namespace fs = std::filesystem;
 using nlohmann::json;
 

@@ -18,9 +18,10 @@
 #include "coordinator/graph_release.h"
 #include "replay/simulate.h"
 #include "coordinator/store_client.h"
-#include "launcher/megatron_membership.h"
+#include "analysis/megatron_membership.h"
 
 namespace prism::launcher {
+using namespace ::prism::analysis;  // the post-run analysis (src/analysis) this file calls
 namespace {
 
 constexpr int kRemoteLingerMs = 2000;

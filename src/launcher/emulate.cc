@@ -15,15 +15,16 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/store_client.h"
 #include "launcher/coordinator_link.h"
-#include "launcher/graph_compare.h"
+#include "analysis/graph_compare.h"
 #include "launcher/launch.h"
 #include "launcher/plan.h"
-#include "launcher/report_compare.h"
+#include "analysis/report_compare.h"
 #include "prism/report.h"
 #include "replay/simulate.h"
 #include "replay/trace_io.h"
 
 namespace prism::launcher {
+using namespace ::prism::analysis;  // the post-run analysis (src/analysis) this file calls
 
 namespace fs = std::filesystem;
 
@@ -71,7 +72,7 @@ std::string SelfExe() {
 }
 
 // After an emulation with a graph: simulate the graph for the same topology and what-ifs, compare every real rank's
-// measured iterations with it (launcher/graph_compare.h), print one line per rank and add "graph_comparison" to
+// measured iterations with it (analysis/graph_compare.h), print one line per rank and add "graph_comparison" to
 // report.json. A failure is reported and leaves the report as it was.
 void CompareRunWithGraph(const std::string& graph, const std::string& topology,
                          const std::vector<std::pair<int32_t, double>>& stragglers, const std::string& rep_path) {

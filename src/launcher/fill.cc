@@ -14,14 +14,15 @@
 
 #include "common/atomic_file.h"
 #include "launcher/emulate.h"
-#include "launcher/fill_samples.h"
-#include "launcher/observed_trace.h"
+#include "analysis/fill_samples.h"
+#include "analysis/observed_trace.h"
 #include "prism/events.h"
 #include "prism/report.h"
 #include "replay/simulate.h"
 #include "replay/trace_io.h"
 
 namespace prism::launcher {
+using namespace ::prism::analysis;  // the post-run analysis (src/analysis) this file calls
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 

@@ -7,7 +7,7 @@
 // slice the class's nodes are rebuilt from that run's event file: compute gaps measured on the GPU between the
 // slice's communication points, so time spent waiting for a virtual peer lies inside the communication window, not
 // in the compute nodes; each compute node is then the median over every slice that ran the class so far
-// (launcher/fill_samples.h). Rounds repeat while `simulate`'s iteration time moves by more than the tolerance
+// (analysis/fill_samples.h). Rounds repeat while `simulate`'s iteration time moves by more than the tolerance
 // (cross-slice calibration: each slice ran against its neighbours' previous estimates). Output: OUT/filled.prism
 // and OUT/fill.json.
 #pragma once

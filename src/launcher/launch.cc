@@ -20,13 +20,14 @@
 #include <functional>
 
 #include "coordinator/world.h"
-#include "launcher/observed_trace.h"
-#include "launcher/run_report.h"
+#include "analysis/observed_trace.h"
+#include "analysis/run_report.h"
 #include "prism/report.h"
 
 extern char** environ;
 
 namespace prism::launcher {
+using namespace ::prism::analysis;  // the post-run analysis (src/analysis) this file calls
 namespace {
 
 // Labels a communicator by the Megatron groups (of the plan's layout) with exactly its members, in order;

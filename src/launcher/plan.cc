@@ -11,9 +11,10 @@
 #include <set>
 #include <sstream>
 
-#include "launcher/observed_trace.h"
+#include "analysis/observed_trace.h"
 
 namespace prism::launcher {
+using namespace ::prism::analysis;  // the post-run analysis (src/analysis) this file calls
 namespace {
 
 namespace fs = std::filesystem;

@@ -10,10 +10,11 @@
 #include "launcher/collect.h"
 #include "launcher/fill.h"
 #include "launcher/graph_cache.h"
-#include "launcher/report_compare.h"
+#include "analysis/report_compare.h"
 #include "prism/report.h"
 
 namespace prism::launcher {
+using namespace ::prism::analysis;  // the post-run analysis (src/analysis) this file calls
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 

@@ -1,8 +1,8 @@
-#include "launcher/fill_samples.h"
+#include "analysis/fill_samples.h"
 
 #include <gtest/gtest.h>
 
-namespace prism::launcher {
+namespace prism::analysis {
 namespace {
 
 using trace::NodeKind;
@@ -83,4 +83,4 @@ TEST(FillSamples, AClassOfAnotherShapeStartsOverAndOtherClassesStayAsTheyAre) {
 }
 
 }  // namespace
-}  // namespace prism::launcher
+}  // namespace prism::analysis

@@ -32,7 +32,7 @@
 #include "interpose/core/coord_client.h"
 #include "interpose/core/engine.h"
 #include "interpose/core/progress.h"
-#include "launcher/observed_trace.h"
+#include "analysis/observed_trace.h"
 #include "shim_fake_gpu.h"
 
 namespace prism {
@@ -58,7 +58,7 @@ constexpr Timing kTiming[2] = {{1000, 400, 500, 300}, {1500, 900, 1000, 300}};
 uint64_t Split(int from, int to) { return 1024u * static_cast<uint64_t>(1 + from + 2 * to); }
 
 // The event file of rank `r` (0 or 1) as libprism writes it: the copy to itself listed with "seq": -1.
-launcher::RankEventLog EventLog(int r) {
+analysis::RankEventLog EventLog(int r) {
   std::vector<std::string> lines;
   lines.push_back(json{{"type", "hello"}, {"v", 1}, {"rank", r}, {"world_size", 4}, {"pid", 100 + r}, {"host", "h"},
                        {"gpu", r}, {"t_ns", 0}}
@@ -118,10 +118,10 @@ launcher::RankEventLog EventLog(int r) {
     unit(kDp, "allreduce", kArUs, json::array(), 4096, 1);
     mark(it);
   }
-  launcher::RankEventLog log;
+  analysis::RankEventLog log;
   log.rank = r;
   int64_t n = 0;
-  for (const std::string& l : lines) launcher::FeedEventLine(&log, l, ++n);
+  for (const std::string& l : lines) analysis::FeedEventLine(&log, l, ++n);
   return log;
 }
 
@@ -191,7 +191,7 @@ TEST(GraphClosedLoopMoe, RealRankWhoseUnitsHoldCopiesToItselfIsReleasedAsTheGrap
   ASSERT_TRUE(w) << err;
   ASSERT_EQ(w->GroupOf("ep", 0), (std::vector<int>{0, 1}));
   // What `collect --real-routing` writes for this job: ranks 0 and 1, one of each expert-parallel class.
-  auto g = launcher::BuildObservedTrace({EventLog(0), EventLog(1)}, *w, {}, &err);
+  auto g = analysis::BuildObservedTrace({EventLog(0), EventLog(1)}, *w, {}, &err);
   ASSERT_TRUE(g) << err;
   trace::Trace t = g->trace;
   // Why recorded durations: the decisions then follow the graph alone (not the shim's cost model).

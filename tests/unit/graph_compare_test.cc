@@ -1,4 +1,4 @@
-#include "launcher/graph_compare.h"
+#include "analysis/graph_compare.h"
 #include "replay/trace_io.h"
 
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace prism::launcher {
+namespace prism::analysis {
 namespace {
 
 // Measured on the GPU (2026-11-29, build 289b321, docs/fill.md): Megatron tiny GPT world 64, rank 0 emulated with
@@ -219,4 +219,4 @@ TEST(GraphCompare, NothingToCompareIsAnError) {
 }
 
 }  // namespace
-}  // namespace prism::launcher
+}  // namespace prism::analysis

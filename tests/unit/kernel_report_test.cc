@@ -1,4 +1,4 @@
-// The launcher's side of kernel records (src/launcher/kernel_report.h) on synthetic kernel and event files: parsing,
+// The launcher's side of kernel records (src/analysis/kernel_report.h) on synthetic kernel and event files: parsing,
 // the clock alignment (sync lines, then libprism's stamp kernels against their stamps), CUDA graph launches and
 // NVTX in trace.json, kernel names, and the per-kernel comparison of `prism-run report kernels`.
 #include <gtest/gtest.h>
@@ -12,13 +12,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "launcher/kernel_report.h"
-#include "launcher/run_report.h"
+#include "analysis/kernel_report.h"
+#include "analysis/run_report.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-namespace pl = prism::launcher;
+namespace pl = prism::analysis;
 using nlohmann::json;
 
 fs::path FreshDir(const std::string& name) {

@@ -15,15 +15,15 @@
 
 #include "interpose/core/config.h"
 #include "interpose/core/gpu.h"
-#include "interpose/core/kernel_format.h"
+#include "prism/kernels.h"
 #include "interpose/core/kernel_trace.h"
-#include "launcher/kernel_report.h"
+#include "analysis/kernel_report.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 namespace pi = prism::interpose;
-namespace pl = prism::launcher;
+namespace pl = prism::analysis;
 
 [[maybe_unused]] std::string ReadText(const fs::path& p) {
   std::ifstream in(p);

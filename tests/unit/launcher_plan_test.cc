@@ -13,10 +13,13 @@
 #include <map>
 #include <sstream>
 
-#include "launcher/megatron_membership.h"
-#include "launcher/observed_trace.h"
+#include "analysis/megatron_membership.h"
+#include "analysis/observed_trace.h"
 
 namespace prism::launcher {
+using analysis::CoversEveryClass;
+using analysis::CoversEveryClassOrEpStandIn;
+using analysis::MegatronMembership;
 namespace {
 
 std::vector<std::string> Words(const std::string& line) {

@@ -1,4 +1,4 @@
-// The observed PrismTrace built from real ranks' event files (src/launcher/observed_trace.h): synthetic event
+// The observed PrismTrace built from real ranks' event files (src/analysis/observed_trace.h): synthetic event
 // files of a tp=2 pp=2 Megatron-style job (tensor-parallel broadcast and all-reduces, pipeline send/recv between
 // the stages, a data-parallel all-reduce, iteration marks), world 8 and 64; classes, bindings, compute gaps,
 // iterations, fused units, every refusal; and `prism-run graph build` + `prism-run simulate` on the result.
@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/world.h"
-#include "launcher/observed_trace.h"
+#include "analysis/observed_trace.h"
 #include "prism/report.h"
 #include "replay/trace_io.h"
 #include "replay/trace_validate.h"
@@ -28,10 +28,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using prism::launcher::BuildObservedTrace;
-using prism::launcher::ObservedTrace;
-using prism::launcher::ObservedTraceOptions;
-using prism::launcher::RankEventLog;
+using prism::analysis::BuildObservedTrace;
+using prism::analysis::ObservedTrace;
+using prism::analysis::ObservedTraceOptions;
+using prism::analysis::RankEventLog;
 using prism::trace::NodeKind;
 
 constexpr int64_t kBase = 1700000000000000000;  // Unix-epoch ns, as the GPU's %globaltimer gives
@@ -178,7 +178,7 @@ std::vector<RankEventLog> Logs(const JobOptions& o, const std::vector<int>& rank
     RankEventLog log;
     log.rank = r;
     int64_t n = 0;
-    for (const std::string& l : w.lines()) prism::launcher::FeedEventLine(&log, l, ++n);
+    for (const std::string& l : w.lines()) prism::analysis::FeedEventLine(&log, l, ++n);
     logs.push_back(std::move(log));
   }
   return logs;
@@ -346,7 +346,7 @@ TEST(ObservedTrace, WithoutStreamFieldOneStreamOrOnePerCommunicator) {
     EXPECT_EQ(c.streams[0].name, "stream");
   }
   ObservedTraceOptions per;
-  per.stream_fallback = prism::launcher::StreamFallback::kPerComm;
+  per.stream_fallback = prism::analysis::StreamFallback::kPerComm;
   auto pc = Build(o, ReplicaZero(8), &err, per);
   ASSERT_TRUE(pc) << err;
   std::vector<std::string> names;
@@ -571,8 +571,8 @@ TEST(ObservedTrace, FusedUnitOnLargerCommunicatorNeedsDetail) {
   JobOptions o;
   auto logs = Logs(o, ReplicaZero(8));
   // A fused exchange on the 2-member dp group is fine; on a 4-member one it cannot be split.
-  logs[0].comms[7] = prism::launcher::ObservedComm{7, "k7", "MODEL_PARALLEL_GROUP", "", 4, 0, {0, 1, 4, 5}};
-  prism::launcher::ObservedOp op;
+  logs[0].comms[7] = prism::analysis::ObservedComm{7, "k7", "MODEL_PARALLEL_GROUP", "", 4, 0, {0, 1, 4, 5}};
+  prism::analysis::ObservedOp op;
   op.comm_id = 7;
   op.seq = 0;
   op.op = "group";
@@ -626,7 +626,7 @@ std::vector<RankEventLog> PipelineLogs(bool detail) {
     RankEventLog log;
     log.rank = r;
     int64_t n = 0;
-    for (const std::string& l : w.lines()) prism::launcher::FeedEventLine(&log, l, ++n);
+    for (const std::string& l : w.lines()) prism::analysis::FeedEventLine(&log, l, ++n);
     logs.push_back(std::move(log));
   }
   return logs;
@@ -695,8 +695,8 @@ TEST(ObservedTrace, OtherCommunicatorsMoveToEachReplica) {
   // A communicator of ranks 0 and 5 that is no Megatron group, with one all-reduce in the first iteration on each.
   for (auto& log : logs) {
     if (log.rank != 0 && log.rank != 5) continue;
-    log.comms[9] = prism::launcher::ObservedComm{9, "custom", "my_pair", "", 2, log.rank == 0 ? 0 : 1, {0, 5}};
-    prism::launcher::ObservedOp op;
+    log.comms[9] = prism::analysis::ObservedComm{9, "custom", "my_pair", "", 2, log.rank == 0 ? 0 : 1, {0, 5}};
+    prism::analysis::ObservedOp op;
     op.comm_id = 9;
     op.seq = 0;
     op.op = "allreduce";
@@ -734,10 +734,10 @@ TEST(ObservedTrace, SlotsFollowDescriptionsAndTheWorld) {
   // pp = 2, told apart by its description), one all-reduce each.
   for (auto& log : logs) {
     const int pp = log.rank / 4, tp = log.rank % 2;
-    log.comms[10] = prism::launcher::ObservedComm{10, "w", "default_pg", "0", 8, log.rank, {0, 1, 2, 3, 4, 5, 6, 7}};
-    log.comms[11] = prism::launcher::ObservedComm{11, "e", "EMBEDDING_GROUP", "", 2, pp, {tp, tp + 4}};
+    log.comms[10] = prism::analysis::ObservedComm{10, "w", "default_pg", "0", 8, log.rank, {0, 1, 2, 3, 4, 5, 6, 7}};
+    log.comms[11] = prism::analysis::ObservedComm{11, "e", "EMBEDDING_GROUP", "", 2, pp, {tp, tp + 4}};
     for (int c : {10, 11}) {
-      prism::launcher::ObservedOp op;
+      prism::analysis::ObservedOp op;
       op.comm_id = c;
       op.seq = 0;
       op.op = "allreduce";
@@ -762,7 +762,7 @@ TEST(ObservedTrace, SlotsFollowDescriptionsAndTheWorld) {
 TEST(ObservedTrace, PointToPointAcrossReplicasCannotShareAClass) {
   JobOptions o;
   auto logs = Logs(o, ReplicaZero(8));
-  prism::launcher::ObservedOp op;
+  prism::analysis::ObservedOp op;
   op.comm_id = 2;  // the dp group [0, 2]: rank 0 sends to communicator rank 1
   op.seq = 3;
   op.op = "send";
@@ -786,7 +786,7 @@ TEST(ObservedTrace, KeepsOnlyIterationsEveryRankCompleted) {
   ASSERT_EQ(l5.rank, 5);
   l5.marks.pop_back();
   // Rank 0 has operations after its last mark (a fourth iteration that never ended).
-  prism::launcher::ObservedOp late = logs[0].ops.back();
+  prism::analysis::ObservedOp late = logs[0].ops.back();
   late.arrival_ns = logs[0].marks.back().t_ns + 10;
   late.release_ns = late.arrival_ns + 10;
   late.seq += 100;
@@ -807,10 +807,10 @@ TEST(ObservedTrace, KeepsOnlyIterationsEveryRankCompleted) {
 TEST(ObservedTrace, MalformedLinesAndUnknownTypesAreSkipped) {
   RankEventLog log;
   log.rank = 0;
-  prism::launcher::FeedEventLine(&log, "{not json", 1);
-  prism::launcher::FeedEventLine(&log, R"({"type":"future","x":1})", 2);
-  prism::launcher::FeedEventLine(&log, R"({"type":"op","comm_id":0})", 3);
-  prism::launcher::FeedEventLine(&log, "   ", 4);
+  prism::analysis::FeedEventLine(&log, "{not json", 1);
+  prism::analysis::FeedEventLine(&log, R"({"type":"future","x":1})", 2);
+  prism::analysis::FeedEventLine(&log, R"({"type":"op","comm_id":0})", 3);
+  prism::analysis::FeedEventLine(&log, "   ", 4);
   EXPECT_EQ(log.malformed, 2);
   EXPECT_NE(log.first_malformed.find("line 1"), std::string::npos);
   EXPECT_TRUE(log.ops.empty());
@@ -929,17 +929,17 @@ TEST_F(GraphCli, EmulateWritesTheObservedTraceOnlyWhenCovered) {
   JobOptions o;
   WriteRun(o, /*report=*/false);
   prism::world::World w = MakeWorld(8);
-  std::string line = prism::launcher::WriteObservedTrace(P(""), w, {0});
+  std::string line = prism::analysis::WriteObservedTrace(P(""), w, {0});
   EXPECT_NE(line.find("not written: the real ranks cover 1 of 4 classes"), std::string::npos) << line;
   EXPECT_FALSE(fs::exists(P("observed.prism")));
-  line = prism::launcher::WriteObservedTrace(P(""), w, {5, 4, 1, 0});
+  line = prism::analysis::WriteObservedTrace(P(""), w, {5, 4, 1, 0});
   EXPECT_EQ(line.rfind("observed graph " + P("observed.prism") + ": 4 classes", 0), 0u) << line;
   prism::trace::Trace t;
   std::string err;
   EXPECT_TRUE(prism::replay::ReadTrace(P("observed.prism"), &t, &err)) << err;
   // A build that fails says so in one line.
   fs::remove(P("rank5.events.jsonl"));
-  line = prism::launcher::WriteObservedTrace(P(""), w, {0, 1, 4, 5});
+  line = prism::analysis::WriteObservedTrace(P(""), w, {0, 1, 4, 5});
   EXPECT_NE(line.find("not written: cannot open"), std::string::npos) << line;
   EXPECT_EQ(line.find('\n'), std::string::npos) << line;
 }
@@ -1034,14 +1034,14 @@ void AddEpAllToAll(std::vector<RankEventLog>* logs, const prism::world::World& w
   for (auto& log : *logs) {
     const std::vector<int> members = w.GroupOf("ep", log.rank);
     const int me = static_cast<int>(std::find(members.begin(), members.end(), log.rank) - members.begin());
-    log.comms[7] = prism::launcher::ObservedComm{
+    log.comms[7] = prism::analysis::ObservedComm{
         7, "ep", "EXPERT_MODEL_PARALLEL_GROUP", "", static_cast<int>(members.size()), me, members};
-    std::vector<prism::launcher::ObservedOp> first;
+    std::vector<prism::analysis::ObservedOp> first;
     for (const auto& op : log.ops)
       if (op.comm_id == 0 && op.op == "broadcast") first.push_back(op);
     int64_t seq = 0;
     for (const auto& b : first) {
-      prism::launcher::ObservedOp op;
+      prism::analysis::ObservedOp op;
       op.comm_id = 7;
       op.seq = seq++;
       op.op = "alltoall";
@@ -1115,10 +1115,10 @@ TEST(ObservedTrace, ExpertClassesWithoutARealRankMirrorTheirEpZeroRank) {
   EXPECT_FALSE(BuildObservedTrace(stage0, w, {}, &err));
   EXPECT_NE(err.find("tp=0 pp=1 ep=0"), std::string::npos) << err;
   size_t mirrored = 0;
-  EXPECT_FALSE(prism::launcher::CoversEveryClass(w, ReplicaZero(64)));
-  EXPECT_TRUE(prism::launcher::CoversEveryClassOrEpStandIn(w, ReplicaZero(64), &mirrored));
+  EXPECT_FALSE(prism::analysis::CoversEveryClass(w, ReplicaZero(64)));
+  EXPECT_TRUE(prism::analysis::CoversEveryClassOrEpStandIn(w, ReplicaZero(64), &mirrored));
   EXPECT_EQ(mirrored, 4u);
-  EXPECT_FALSE(prism::launcher::CoversEveryClassOrEpStandIn(w, {0, 1}));
+  EXPECT_FALSE(prism::analysis::CoversEveryClassOrEpStandIn(w, {0, 1}));
 }
 
 // With the expert-parallel peers' events too (collect --real-routing: ranks 0-3 and 32-35) every class is its own.
@@ -1155,14 +1155,14 @@ TEST(ObservedTrace, World8Ep4FromRankZeroOrFromItsExpertGroup) {
     log.rank = r;
     const int ep = r % 4, edp = r / 4;
     std::vector<int> ep_members = {4 * edp, 4 * edp + 1, 4 * edp + 2, 4 * edp + 3};
-    log.comms[0] = prism::launcher::ObservedComm{0, "e", "EXPERT_MODEL_PARALLEL_GROUP", "", 4, ep, ep_members};
-    log.comms[1] = prism::launcher::ObservedComm{1, "x", "EXPERT_DATA_PARALLEL_GROUP", "", 2, edp, {ep, ep + 4}};
-    log.comms[2] = prism::launcher::ObservedComm{2, "d", "DATA_PARALLEL_GROUP", "", 8, r, {0, 1, 2, 3, 4, 5, 6, 7}};
+    log.comms[0] = prism::analysis::ObservedComm{0, "e", "EXPERT_MODEL_PARALLEL_GROUP", "", 4, ep, ep_members};
+    log.comms[1] = prism::analysis::ObservedComm{1, "x", "EXPERT_DATA_PARALLEL_GROUP", "", 2, edp, {ep, ep + 4}};
+    log.comms[2] = prism::analysis::ObservedComm{2, "d", "DATA_PARALLEL_GROUP", "", 8, r, {0, 1, 2, 3, 4, 5, 6, 7}};
     int64_t t = kBase;
     for (int it = 0; it < 2; ++it) {
       int64_t seq = it;
       for (int c : {0, 1, 2}) {
-        prism::launcher::ObservedOp op;
+        prism::analysis::ObservedOp op;
         op.comm_id = c;
         op.seq = seq;
         op.op = c == 0 ? "alltoall" : "allreduce";
@@ -1246,7 +1246,7 @@ void MoeGroupedAllToAllSkipsTheCopies(bool numbered, size_t* nodes) {
     RankEventLog log;
     log.rank = r;
     int64_t line_no = 0;
-    for (const std::string& line : wr.lines()) prism::launcher::FeedEventLine(&log, line, ++line_no);
+    for (const std::string& line : wr.lines()) prism::analysis::FeedEventLine(&log, line, ++line_no);
     EXPECT_EQ(log.malformed, 0) << log.first_malformed;
     logs.push_back(std::move(log));
   }
@@ -1356,7 +1356,7 @@ void MoeBorrowedExpertClasses(bool numbered) {
     RankEventLog log;
     log.rank = r;
     int64_t n = 0;
-    for (const std::string& line : wr.lines()) prism::launcher::FeedEventLine(&log, line, ++n);
+    for (const std::string& line : wr.lines()) prism::analysis::FeedEventLine(&log, line, ++n);
     logs.push_back(std::move(log));
   }
   std::string err;
@@ -1439,7 +1439,7 @@ TEST(ObservedTrace, OnlyACopyToItselfMayLackASequenceNumber) {
       RankEventLog log;
       log.rank = r;
       int64_t n = 0;
-      for (const std::string& line : wr.lines()) prism::launcher::FeedEventLine(&log, line, ++n);
+      for (const std::string& line : wr.lines()) prism::analysis::FeedEventLine(&log, line, ++n);
       EXPECT_EQ(log.malformed, 0) << log.first_malformed;
       logs.push_back(std::move(log));
     }
@@ -1456,7 +1456,7 @@ TEST_F(GraphCli, ReplicaZeroOfAnExpertParallelJobWritesTheGraphAndSaysSo) {
   o.world = 64;
   WriteRun(o, /*report=*/false);
   const prism::world::World w = MakeEpWorld("tp=2,pp=2,ep=2", 64);
-  std::string line = prism::launcher::WriteObservedTrace(P(""), w, ReplicaZero(64));
+  std::string line = prism::analysis::WriteObservedTrace(P(""), w, ReplicaZero(64));
   EXPECT_EQ(line.rfind("observed graph " + P("observed.prism") + ": 8 classes", 0), 0u) << line;
   EXPECT_NE(line.find("4 expert-parallel class(es)"), std::string::npos) << line;
   EXPECT_NE(line.find("--real-routing"), std::string::npos) << line;

@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "launcher/report_compare.h"
-#include "launcher/run_report.h"
+#include "analysis/report_compare.h"
+#include "analysis/run_report.h"
 
-namespace prism::launcher {
+namespace prism::analysis {
 namespace {
 
 namespace fs = std::filesystem;
@@ -328,4 +328,4 @@ TEST(ReportCli, ShowAndDiffExitCodes) {
 }
 
 }  // namespace
-}  // namespace prism::launcher
+}  // namespace prism::analysis

@@ -2,9 +2,9 @@
 // labeler built from the Megatron layout).
 #include <gtest/gtest.h>
 
-#include "launcher/run_report.h"
+#include "analysis/run_report.h"
 
-namespace prism::launcher {
+namespace prism::analysis {
 namespace {
 
 TEST(RunReportLabel, UnnamedCommIsLabelledFromItsMembers) {
@@ -23,4 +23,4 @@ TEST(RunReportLabel, UnnamedCommIsLabelledFromItsMembers) {
 }
 
 }  // namespace
-}  // namespace prism::launcher
+}  // namespace prism::analysis

@@ -12,7 +12,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/graph_release.h"
 #include "coordinator/world.h"
-#include "launcher/megatron_membership.h"
+#include "analysis/megatron_membership.h"
 #include "subcommands.h"
 
 namespace prism::cli {
@@ -52,7 +52,7 @@ int RunCoordinator(const CoordinatorCli& o) {
     return kExitBadInput;
   }
   // Megatron's groups from --layout: only a fallback, the Python hook's registrations win (docs/coordinator.md).
-  std::unique_ptr<launcher::MegatronMembership> membership;
+  std::unique_ptr<analysis::MegatronMembership> membership;
   if (!o.layout.empty()) {
     auto layout = world::ParseLayout(o.layout, &error);
     if (!layout || !world::ResolveLayout(&*layout, o.world_size, "--world-size", &error)) {
@@ -64,7 +64,7 @@ int RunCoordinator(const CoordinatorCli& o) {
       std::fprintf(stderr, "prism-run coordinator: --layout '%s': %s\n", o.layout.c_str(), error.c_str());
       return kExitBadInput;
     }
-    membership = std::make_unique<launcher::MegatronMembership>(*w);
+    membership = std::make_unique<analysis::MegatronMembership>(*w);
     opts.membership = membership.get();
   }
   opts.store_host = o.host;

@@ -1,4 +1,4 @@
-// prism-run graph build DIR: the observed PrismTrace of a run from its event files (src/launcher/observed_trace.h).
+// prism-run graph build DIR: the observed PrismTrace of a run from its event files (src/analysis/observed_trace.h).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "launcher/observed_trace.h"
+#include "analysis/observed_trace.h"
 #include "launcher/plan.h"
 #include "prism/events.h"
 #include "prism/report.h"
@@ -44,7 +44,7 @@ json LoadJson(const fs::path& p) {
 
 // World size from the first hello line of any event file in `dir` (0 when none says).
 int WorldSizeFromEvents(const std::string& dir) {
-  for (int r : launcher::EventFileRanks(dir)) {
+  for (int r : analysis::EventFileRanks(dir)) {
     std::ifstream in(fs::path(dir) / events::FileName(r));
     std::string line;
     while (std::getline(in, line)) {
@@ -94,7 +94,7 @@ int RunGraphBuild(const GraphBuildArgs& a) {
   auto world = world::World::Make(layout, gpus, &error);
   if (!world) return fail(error, kExitBadInput);
 
-  launcher::ObservedTraceOptions o;
+  analysis::ObservedTraceOptions o;
   if (!a.ranks.empty()) {
     auto r = launcher::ParseRankList(a.ranks, world_size, &error);
     if (!r) return fail("--ranks: " + error, kExitBadInput);
@@ -103,9 +103,9 @@ int RunGraphBuild(const GraphBuildArgs& a) {
   o.skip_iterations = a.skip_iterations;
   o.max_iterations = a.iterations;
   if (a.stream_fallback == "one") {
-    o.stream_fallback = launcher::StreamFallback::kOne;
+    o.stream_fallback = analysis::StreamFallback::kOne;
   } else if (a.stream_fallback == "per-comm") {
-    o.stream_fallback = launcher::StreamFallback::kPerComm;
+    o.stream_fallback = analysis::StreamFallback::kPerComm;
   } else {
     return fail("--stream-fallback must be one or per-comm, not '" + a.stream_fallback + "'", kExitBadInput);
   }
@@ -117,7 +117,7 @@ int RunGraphBuild(const GraphBuildArgs& a) {
   }
   o.validate = a.validate;
 
-  auto g = launcher::BuildObservedTrace(a.dir, *world, o, &error);
+  auto g = analysis::BuildObservedTrace(a.dir, *world, o, &error);
   if (!g) return fail(error, error.find("does not validate") != std::string::npos ? kExitFailure : kExitBadInput);
 
   std::string out = a.out.empty() ? (fs::path(a.dir) / "observed.prism").string() : a.out;

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "launcher/kernel_report.h"
-#include "launcher/report_compare.h"
+#include "analysis/kernel_report.h"
+#include "analysis/report_compare.h"
 #include "subcommands.h"
 
 namespace prism::cli {
@@ -70,7 +70,7 @@ void AddReportKernels(CLI::App* report, int* rc) {
     int ra = rank >= 0 ? rank : a.rank;
     int rb = rank_b >= 0 ? rank_b : (rank >= 0 ? rank : b.rank);
     if (ra < 0 || rb < 0) {
-      const std::vector<int> in_a = launcher::KernelRanksIn(a.dir), in_b = launcher::KernelRanksIn(b.dir);
+      const std::vector<int> in_a = analysis::KernelRanksIn(a.dir), in_b = analysis::KernelRanksIn(b.dir);
       auto has = [](const std::vector<int>& v, int r) { return std::find(v.begin(), v.end(), r) != v.end(); };
       if (ra < 0 && rb < 0) {
         for (int r : in_a) {
@@ -94,17 +94,17 @@ void AddReportKernels(CLI::App* report, int* rc) {
         return;
       }
     }
-    auto ka = launcher::LoadRankKernels(a.dir, ra, &error);
-    std::optional<launcher::RankKernels> kb;
-    if (ka) kb = launcher::LoadRankKernels(b.dir, rb, &error);
+    auto ka = analysis::LoadRankKernels(a.dir, ra, &error);
+    std::optional<analysis::RankKernels> kb;
+    if (ka) kb = analysis::LoadRankKernels(b.dir, rb, &error);
     if (!ka || !kb) {
       std::fprintf(stderr, "prism-run report kernels: %s\n", error.c_str());
       *rc = kExitBadInput;
       return;
     }
-    launcher::KernelCompareOptions opts;
+    analysis::KernelCompareOptions opts;
     opts.skip = skip;
-    auto cmp = launcher::CompareKernels(*ka, *kb, opts, &error);
+    auto cmp = analysis::CompareKernels(*ka, *kb, opts, &error);
     if (!cmp) {
       std::fprintf(stderr, "prism-run report kernels: %s\n", error.c_str());
       *rc = kExitBadInput;
@@ -115,7 +115,7 @@ void AddReportKernels(CLI::App* report, int* rc) {
     if (json_out) {
       std::printf("%s\n", cmp->dump(2).c_str());
     } else {
-      std::printf("%s", launcher::KernelCompareText(*cmp, rows).c_str());
+      std::printf("%s", analysis::KernelCompareText(*cmp, rows).c_str());
     }
     *rc = kExitOk;
   });
@@ -134,13 +134,13 @@ void AddReport(CLI::App& app, int* rc) {
   show->add_option("--rows", show_rows, "rank rows to print")->capture_default_str();
   show->callback([rc] {
     std::string error;
-    auto rep = launcher::LoadReport(show_path, &error);
+    auto rep = analysis::LoadReport(show_path, &error);
     if (!rep) {
       std::fprintf(stderr, "prism-run report show: %s\n", error.c_str());
       *rc = kExitBadInput;
       return;
     }
-    std::printf("%s", launcher::ShowReport(*rep, static_cast<size_t>(show_rows)).c_str());
+    std::printf("%s", analysis::ShowReport(*rep, static_cast<size_t>(show_rows)).c_str());
     *rc = kExitOk;
   });
 
@@ -155,15 +155,15 @@ void AddReport(CLI::App& app, int* rc) {
       ->check(CLI::NonNegativeNumber);
   diff->callback([rc] {
     std::string error;
-    auto a = launcher::LoadReport(a_path, &error);
+    auto a = analysis::LoadReport(a_path, &error);
     std::optional<nlohmann::json> b;
-    if (a) b = launcher::LoadReport(b_path, &error);
+    if (a) b = analysis::LoadReport(b_path, &error);
     if (!a || !b) {
       std::fprintf(stderr, "prism-run report diff: %s\n", error.c_str());
       *rc = kExitBadInput;
       return;
     }
-    auto d = launcher::DiffReports(*a, *b, max_regression, &error);
+    auto d = analysis::DiffReports(*a, *b, max_regression, &error);
     if (!d) {
       std::fprintf(stderr, "prism-run report diff: %s\n", error.c_str());
       *rc = kExitBadInput;

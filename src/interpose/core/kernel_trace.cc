@@ -25,7 +25,7 @@
 #include "interpose/core/config.h"
 #include "interpose/core/event_log.h"
 #include "interpose/core/gpu.h"
-#include "interpose/core/kernel_format.h"
+#include "prism/kernels.h"
 #include "interpose/core/real_symbols.h"
 
 // Without the CUPTI headers (or with -DPRISM_NO_CUPTI, to check that build) tracing reports itself off.

@@ -1,6 +1,6 @@
 // Kernel-level timeline of a real rank (PRISM_KERNELS, `prism-run --kernels`; docs/kernels.md): CUPTI's activity
 // API records every kernel, memcpy and memset (and NVTX ranges with PRISM_KERNELS=nvtx) of the process into
-// $PRISM_OUT_DIR/rank<R>.kernels.jsonl (format: core/kernel_format.h).
+// $PRISM_OUT_DIR/rank<R>.kernels.jsonl (format: include/prism/kernels.h).
 //
 // Off the hot path: CUPTI fills buffers we hand it and delivers completed ones on its own worker thread; that
 // callback only queues them, and a writer thread of ours turns records into lines. libcupti is dlopen'ed at run

@@ -13,7 +13,7 @@
 
 #include "prism/trace.h"
 
-namespace prism::launcher {
+namespace prism::analysis {
 
 class FillSamples {
  public:
@@ -38,4 +38,4 @@ class FillSamples {
   std::vector<ClassSamples> classes_;
 };
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis

@@ -29,7 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace prism::launcher {
+namespace prism::analysis {
 
 struct IterationSample {
   int64_t iteration = 0;
@@ -139,4 +139,4 @@ bool WriteJsonAtomic(const std::string& path, const nlohmann::json& j, std::stri
 // "158.6 MB", "1.2 GB" (decimal units).
 std::string HumanBytes(int64_t bytes);
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis

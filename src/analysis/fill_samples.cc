@@ -1,8 +1,8 @@
-#include "launcher/fill_samples.h"
+#include "analysis/fill_samples.h"
 
 #include <algorithm>
 
-namespace prism::launcher {
+namespace prism::analysis {
 namespace {
 
 std::vector<std::vector<uint32_t>> ShapeOf(const trace::RoleClass& rc) {
@@ -76,4 +76,4 @@ size_t FillSamples::Apply(trace::Trace* t) const {
   return changed;
 }
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis

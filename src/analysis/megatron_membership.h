@@ -14,7 +14,7 @@
 #include "coordinator/virtual_ranks.h"
 #include "coordinator/world.h"
 
-namespace prism::launcher {
+namespace prism::analysis {
 
 class MegatronMembership : public coord::GroupMembership {
  public:
@@ -29,4 +29,4 @@ class MegatronMembership : public coord::GroupMembership {
   int first_name_;
 };
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace prism::launcher {
+namespace prism::analysis {
 
 // Loads DIR/report.json, or the file itself when `path` is a file. Checks the keys every report has
 // (world_size, mode, ranks); nullopt with *error naming the file and the problem otherwise.
@@ -30,4 +30,4 @@ struct DiffResult {
 std::optional<DiffResult> DiffReports(const nlohmann::json& a, const nlohmann::json& b, double max_regression_pct,
                                       std::string* error);
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis

@@ -1,4 +1,4 @@
-#include "launcher/kernel_report.h"
+#include "analysis/kernel_report.h"
 
 #include <algorithm>
 #include <cctype>
@@ -14,11 +14,11 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "interpose/core/kernel_format.h"
-#include "launcher/run_report.h"
+#include "prism/kernels.h"
+#include "analysis/run_report.h"
 #include "prism/events.h"
 
-namespace prism::launcher {
+namespace prism::analysis {
 namespace {
 
 namespace fs = std::filesystem;
@@ -976,4 +976,4 @@ std::string KernelCompareText(const json& c, int rows) {
   return o.str();
 }
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis

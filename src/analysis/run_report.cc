@@ -1,4 +1,4 @@
-#include "launcher/run_report.h"
+#include "analysis/run_report.h"
 
 #include <algorithm>
 #include <climits>
@@ -8,11 +8,11 @@
 #include <set>
 #include <sstream>
 
-#include "launcher/kernel_report.h"
+#include "analysis/kernel_report.h"
 #include "prism/events.h"
 #include "prism/report.h"
 
-namespace prism::launcher {
+namespace prism::analysis {
 namespace {
 
 namespace fs = std::filesystem;
@@ -441,4 +441,4 @@ json RunReport::BuildTrace() const {
   return trace;
 }
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis

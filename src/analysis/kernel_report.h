@@ -1,5 +1,5 @@
 // Reads the kernel files libprism writes under PRISM_KERNELS (rank<R>.kernels.jsonl, src/interpose/core/
-// kernel_format.h), puts their records on the clock of the rank's op and iteration events, and builds
+// prism/kernels.h), puts their records on the clock of the rank's op and iteration events, and builds
 //   - the kernel part of trace.json (one thread per CUDA stream next to the rank's collectives and gates, CUDA
 //     graph launches, NVTX ranges), and
 //   - `prism-run report kernels A B`: per kernel, count per iteration, median duration and launch offset within the
@@ -22,7 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace prism::launcher {
+namespace prism::analysis {
 
 struct KernelSync {
   int64_t host_ns = 0;
@@ -151,4 +151,4 @@ std::optional<nlohmann::json> CompareKernels(const RankKernels& a, const RankKer
 // The same for people: header, one row per kernel (the `rows` largest by time in A, then B), summary.
 std::string KernelCompareText(const nlohmann::json& cmp, int rows);
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis

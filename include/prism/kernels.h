@@ -1,5 +1,5 @@
 // The kernel file of a real rank: $PRISM_OUT_DIR/rank<R>.kernels.jsonl, written by libprism when PRISM_KERNELS is
-// set (core/kernel_trace.cc, CUPTI's activity API) and read by the launcher (src/launcher/kernel_report.h: trace.json
+// set (src/interpose/core/kernel_trace.cc, CUPTI's activity API) and read by the launcher (src/launcher/kernel_report.h: trace.json
 // and `prism-run report kernels`). Header-only and free of CUDA so both sides share the names. docs/kernels.md has
 // the full format; in short, one JSON object per line (key "type"):
 //

@@ -1,4 +1,4 @@
-#include "launcher/graph_compare.h"
+#include "analysis/graph_compare.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "replay/topology.h"
 #include "replay/trace_io.h"
 
-namespace prism::launcher {
+namespace prism::analysis {
 
 namespace {
 
@@ -285,4 +285,4 @@ std::string Describe(const RankGraphComparison& c) {
   return buf;
 }
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis

@@ -1,4 +1,4 @@
-#include "launcher/observed_trace.h"
+#include "analysis/observed_trace.h"
 
 #include <algorithm>
 #include <array>
@@ -15,12 +15,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "launcher/megatron_membership.h"
+#include "analysis/megatron_membership.h"
 #include "prism/events.h"
 #include "replay/trace_io.h"
 #include "replay/trace_validate.h"
 
-namespace prism::launcher {
+namespace prism::analysis {
 namespace {
 
 namespace fs = std::filesystem;
@@ -1527,4 +1527,4 @@ std::optional<ObservedTrace> BuildObservedTrace(const std::string& dir, const wo
   return BuildObservedTrace(logs, world, options, error);
 }
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis

@@ -1,8 +1,8 @@
-#include "launcher/megatron_membership.h"
+#include "analysis/megatron_membership.h"
 
 #include <charconv>
 
-namespace prism::launcher {
+namespace prism::analysis {
 
 MegatronMembership::MegatronMembership(const world::World& world, int first_name)
     : groups_(world.MegatronGroups()), first_name_(first_name) {}
@@ -27,4 +27,4 @@ std::string_view MegatronMembership::Desc(std::string_view name) const {
   return g ? std::string_view(g->desc) : std::string_view();
 }
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis

@@ -1,4 +1,4 @@
-#include "launcher/report_compare.h"
+#include "analysis/report_compare.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,10 +9,10 @@
 #include <sstream>
 #include <vector>
 
-#include "launcher/run_report.h"
+#include "analysis/run_report.h"
 #include "prism/report.h"
 
-namespace prism::launcher {
+namespace prism::analysis {
 namespace {
 
 namespace fs = std::filesystem;
@@ -253,4 +253,4 @@ std::optional<DiffResult> DiffReports(const json& a, const json& b, double pct, 
   return d;
 }
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis

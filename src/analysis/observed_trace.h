@@ -31,7 +31,7 @@
 #include "coordinator/world.h"
 #include "prism/trace.h"
 
-namespace prism::launcher {
+namespace prism::analysis {
 
 // One operation of a fused unit, as the op line's "ops" array lists it (when the shim writes it).
 struct ObservedSubOp {
@@ -182,4 +182,4 @@ std::vector<int> EventFileRanks(const std::string& dir);
 // are). For messages.
 std::string ClassCoordinates(const world::World& world, int rank);
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis

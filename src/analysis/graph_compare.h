@@ -21,7 +21,7 @@
 
 #include "prism/trace.h"
 
-namespace prism::launcher {
+namespace prism::analysis {
 
 struct IterationPair {
   int iteration = 0;        // live iteration number
@@ -94,4 +94,4 @@ nlohmann::json ToJson(const RankGraphComparison& c);
 // mean |error| 1.19 %, median 270.4 vs 274.0 ms (-1.32 %)".
 std::string Describe(const RankGraphComparison& c);
 
-}  // namespace prism::launcher
+}  // namespace prism::analysis
