@@ -7,7 +7,7 @@
 //   comm   {type, comm_id, key, desc, nranks, rank, members:[global ranks] (if known)}
 //   op     {type, comm_id, seq, op, dtype, bytes, peer, arrival_ns, release_ns, model_dur_ns, wait_on_rank,
 //           algo, proto, nops, root, stream, sseq, exchanged, cost[, opened_ns, ops, ops_truncated]}
-//           opened_ns (gated units; absent in files written before 2026-11-30 and for units without a gate): when
+//           opened_ns (gated units; absent for units without a gate and in files of older libprism builds): when
 //           the gate opened, GPU clock (the host time the gate word was written, converted, plus the gate's release
 //           latency); later than release_ns by the time the release came late (the coordinator's decision latency)
 //           nops: operations fused in the unit (a group); root: of a rooted op (-1 otherwise); stream: process-local index of the CUDA stream (order of

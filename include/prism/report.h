@@ -26,7 +26,7 @@ inline constexpr std::string_view kWait = "wait_s";  // object: communicator des
 inline constexpr std::string_view kWaitPerIteration = "wait_per_iteration_s";
 // Seconds the rank's gates opened after their decided release time (op lines' opened_ns - max(release_ns,
 // arrival_ns), clamped at 0): mostly the coordinator's decision latency under --graph. Only when the rank's op lines
-// carry opened_ns (libprism from 2026-11-30). The per-iteration key: the median over measured iterations, as
+// carry opened_ns. The per-iteration key: the median over measured iterations, as
 // wait_per_iteration_s (an operation counts in the iteration in which it arrived).
 inline constexpr std::string_view kCoordinatorLatency = "coordinator_latency_s";
 inline constexpr std::string_view kCoordinatorLatencyPerIteration = "coordinator_latency_per_iteration_s";

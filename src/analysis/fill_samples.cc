@@ -53,6 +53,20 @@ void FillSamples::AddFrom(const trace::Trace& t, uint32_t src, uint32_t dst) {
   cs.samples.push_back(ComputeDurations(t.classes[src]));
 }
 
+double FillSamples::SpreadPct(uint32_t cls) const {
+  if (cls >= classes_.size() || classes_[cls].samples.size() < 2) return 0;
+  std::vector<double> totals;
+  for (const auto& s : classes_[cls].samples) {
+    double t = 0;
+    for (double d : s) t += d > 0 ? d : 0;
+    totals.push_back(t);
+  }
+  std::sort(totals.begin(), totals.end());
+  const size_t m = totals.size() / 2;
+  const double median = totals.size() % 2 ? totals[m] : 0.5 * (totals[m - 1] + totals[m]);
+  return median > 0 ? 100.0 * (totals.back() - totals.front()) / median : 0;
+}
+
 size_t FillSamples::Count(uint32_t cls) const { return cls < classes_.size() ? classes_[cls].samples.size() : 0; }
 
 size_t FillSamples::Apply(trace::Trace* t) const {

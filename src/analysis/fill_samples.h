@@ -29,6 +29,10 @@ class FillSamples {
   size_t Apply(trace::Trace* t) const;
   // The samples held for class `cls` (0 when none).
   size_t Count(uint32_t cls) const;
+  // How much the class's compute moved between its samples: (largest - smallest) / median of each sample's summed
+  // compute, in percent; 0 with fewer than two samples. The fill's tolerance cannot be met below it.
+  double SpreadPct(uint32_t cls) const;
+  size_t Classes() const { return classes_.size(); }
 
  private:
   struct ClassSamples {

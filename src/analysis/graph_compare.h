@@ -39,8 +39,8 @@ struct RankGraphComparison {
   double steady_emulated_median_s = 0, steady_simulated_median_s = 0;  // over the steady pairs
   double steady_median_error_pct = 0;  // the first against the second
   // The steady iterations' total time, emulated against simulated: what the run took for them. Why besides the
-  // medians: with few iterations of a bimodal spread the medians can land on different modes (the 2026-11-30 GPU
-  // run: +10.6 % between medians, +3.4 % in total, +0.2 % median per-iteration error).
+  // medians: with few iterations of a bimodal spread the medians can land on different modes (docs/fill.md, "Emulated
+  // vs simulated").
   double steady_emulated_total_s = 0, steady_simulated_total_s = 0;
   double steady_total_error_pct = 0;
 };
@@ -70,9 +70,8 @@ std::optional<nlohmann::json> SimulateGraph(const trace::Trace& t, const std::st
                                             const std::vector<std::pair<int32_t, double>>& stragglers,
                                             std::string* error);
 
-// The own-speed comparison. A rank's compute speed can move between runs by more than the replay's error (the tiny
-// Megatron model on the H200, 2026-11-30: one rank's compute 17.8 to 31.0 ms per iteration in consecutive runs on an
-// idle machine), so beside the graph's own durations the emulation is also compared with simulate where each real
+// The own-speed comparison. A rank's compute speed can move between runs by more than the replay's error (a
+// launch-bound model's compute follows the host's load; docs/results/fill.md), so beside the graph's own durations the emulation is also compared with simulate where each real
 // rank's compute is scaled to what it measured in this run.
 //
 // RunComputePerIteration: `rank`'s compute per iteration in a run's trace.json (launcher's format: "iteration"

@@ -117,7 +117,13 @@ std::string PolicyLines(const json& rep) {
       char buf[160];
       std::snprintf(buf, sizeof buf, "after %d round(s), last move %.2f %% (tolerance %.2f %%)",
                     fill.value("rounds", 0), fill.value("last_moved_pct", -1.0), fill.value("tolerance_pct", -1.0));
-      o << "fill " << (fill.value("converged", false) ? "converged " : "NOT converged ") << buf << "\n";
+      o << "fill " << (fill.value("converged", false) ? "converged " : "NOT converged ") << buf;
+      if (fill.value("compute_spread_pct", 0.0) > 0) {
+        std::snprintf(buf, sizeof buf, "; a class's compute moved %.1f %% between its slices",
+                      fill.value("compute_spread_pct", 0.0));
+        o << buf;
+      }
+      o << "\n";
     }
     const json& stages = rep.contains("stages") ? rep["stages"] : json();
     if (stages.is_array() && !stages.empty()) {

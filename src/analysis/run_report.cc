@@ -1,5 +1,7 @@
 #include "analysis/run_report.h"
 
+#include "common/atomic_file.h"
+
 #include <algorithm>
 #include <climits>
 #include <cstdio>
@@ -95,26 +97,7 @@ std::string HumanBytes(int64_t bytes) {
 }
 
 bool WriteJsonAtomic(const std::string& path, const json& j, std::string* error) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) {
-      *error = "cannot write " + tmp;
-      return false;
-    }
-    out << j.dump(2) << "\n";
-    if (!out.flush()) {
-      *error = "cannot write " + tmp;
-      return false;
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    *error = "cannot rename " + tmp + " to " + path + ": " + ec.message();
-    return false;
-  }
-  return true;
+  return WriteFileAtomic(path, j.dump(2) + "\n", error);
 }
 
 RunReport::RunReport(std::string out_dir, int world_size, std::vector<int> real_ranks)

@@ -219,8 +219,8 @@ std::vector<RoomAnswer> SwapScheduler::TakeRoomAnswers(uint64_t now_ns) {
 
 std::string SwapScheduler::DoesNotFit() const {
   // What the started ranks hold (on a GPU: their footprints; swapped out: what they left in host RAM) against what the
-  // GPUs' caps and the host budget hold together. Why: the 2026-11-30 big case (8 ranks of 22-34 GiB, 132.8 GiB cap,
-  // 100 GiB host budget) could never fit, in any order; the refusals alone did not say so.
+  // GPUs' caps and the host budget hold together. Why: ranks that can never fit together, in any order, are otherwise
+  // refused one request at a time without saying why (docs/collect.md, context switching).
   if (cfg_.host_cap_bytes == 0 || cfg_.gpu_cap_bytes == 0) return std::string();
   uint64_t need = 0;
   std::set<std::string> gpus;
@@ -442,7 +442,7 @@ std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint6
   // another rank's room request when no blocked one can go. Those fewest others wait for first, then those that do not
   // wait for `keep` (the rank the room is for), then the largest (frees most), then the highest rank. Why the second
   // key: a rank that waits for the incoming one would block it at once (a tensor-parallel pair swapped for each
-  // other, one swap per pair collective: the 2026-11-30 GPU case swap_big, whose stage-0 ranks were the largest).
+  // other, one swap per pair collective, when the pair are the largest ranks).
   auto pick = [&](const Rank* keep, bool for_room) -> Rank* {
     Rank* best = nullptr;
     std::tuple<int, bool, uint64_t, int> best_key{};

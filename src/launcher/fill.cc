@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
+#include "common/text.h"
 #include "launcher/emulate.h"
 #include "analysis/fill_samples.h"
 #include "analysis/observed_trace.h"
@@ -77,19 +78,6 @@ std::optional<world::World> WorldFromReport(const fs::path& dir, std::string* er
   auto w = world::World::Make(layout, gpus, error);
   if (!w) return std::nullopt;
   return std::move(*w);
-}
-
-std::string RankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
-  return s;
-}
-
-std::string Clock(double s) {
-  const long t = std::lround(std::max(0.0, s));
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
-  return buf;
 }
 
 // Same operations in the same order on the same slots: class b can take class a's compute durations.
@@ -256,7 +244,7 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
   const std::vector<std::vector<int>> slices = FillSlices(reps, *world, o.gpus);
   if (o.gpus > 1) {
     std::printf("%s%d GPUs: %zu slice(s) per round:", o.prefix.c_str(), o.gpus, slices.size());
-    for (const auto& sl : slices) std::printf(" [%s]", RankList(sl).c_str());
+    for (const auto& sl : slices) std::printf(" [%s]", JoinRanks(sl).c_str());
     std::printf("\n");
   }
   std::fflush(stdout);
@@ -267,7 +255,7 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
   size_t ran_here = 0;  // slices this process ran (the estimate of what is left)
   double earlier_wall = 0;  // a resumed fill's time before this process
   auto slice_dir = [&](int round, const std::vector<int>& sl) {
-    std::string tag = RankList(sl);
+    std::string tag = JoinRanks(sl);
     std::replace(tag.begin(), tag.end(), ',', '_');
     return out / ("round" + std::to_string(round)) / ("rank" + tag);
   };
@@ -344,7 +332,7 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
   for (; round <= o.max_rounds; ++round) {
     for (size_t si = first_slice; si < slices.size(); ++si) {
       const std::vector<int>& sl = slices[si];
-      const std::string list = RankList(sl);
+      const std::string list = JoinRanks(sl);
       EmulateOptions e;
       e.ranks = list;
       e.graph = current.string();
@@ -368,10 +356,10 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
       e.out = slice.string();
       // What is left: this round's remaining slices, and one more round while none could have converged.
       const size_t left = slices.size() - si + (round < 2 ? slices.size() : 0);
-      std::string eta = ran_here == 0 ? "" : ", about " + Clock(slice_time / static_cast<double>(ran_here) *
+      std::string eta = ran_here == 0 ? "" : ", about " + MinutesSeconds(slice_time / static_cast<double>(ran_here) *
                                                                 static_cast<double>(left)) + " left";
       std::printf("%sround %d, slice %s (%zu of %zu; others replay %s); elapsed %s%s%s\n", o.prefix.c_str(), round,
-                  what.c_str(), si + 1, slices.size(), current.filename().c_str(), Clock(elapsed()).c_str(),
+                  what.c_str(), si + 1, slices.size(), current.filename().c_str(), MinutesSeconds(elapsed()).c_str(),
                   eta.c_str(), round < 2 && ran_here > 0 ? " (at least 2 rounds)" : "");
       std::fflush(stdout);
       const auto s0 = Clk::now();
@@ -404,9 +392,20 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
     const double moved = prev > 0 ? 100.0 * std::fabs(last - prev) / prev : 100.0;
     res.rounds = round;
     res.last_moved_pct = moved;
-    rounds.push_back({{"round", round}, {"iteration_time_s", last}, {"moved_pct", moved}, {"elapsed_s", elapsed()}});
+    // The largest spread of a class's compute over its slices so far: noise the rounds' medians must outlast.
+    double spread = 0;
+    int spread_rank = -1;
+    for (uint32_t c = 0; c < samples.Classes() && c < g0->class_ranks.size(); ++c)
+      if (samples.SpreadPct(c) > spread) {
+        spread = samples.SpreadPct(c);
+        spread_rank = g0->class_ranks[c];
+      }
+    res.spread_pct = spread;
+    res.spread_rank = spread_rank;
+    rounds.push_back({{"round", round}, {"iteration_time_s", last}, {"moved_pct", moved}, {"elapsed_s", elapsed()},
+                      {"compute_spread_pct", spread}, {"compute_spread_rank", spread_rank}});
     std::printf("%sround %d: simulated iteration %.3f ms (moved %.2f%%%s); elapsed %s\n", o.prefix.c_str(), round,
-                last * 1e3, moved, round == 1 ? " from the bare graph" : "", Clock(elapsed()).c_str());
+                last * 1e3, moved, round == 1 ? " from the bare graph" : "", MinutesSeconds(elapsed()).c_str());
     std::fflush(stdout);
     if (round > 1 && moved <= o.tolerance_pct) {
       res.converged = true;
@@ -424,6 +423,10 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
   } else {
     std::printf("%sNOT converged: %d round(s), the last moved the estimate %.2f%% (tolerance %.2f%%); the graph is "
                 "the last round's\n", o.prefix.c_str(), res.rounds, res.last_moved_pct, o.tolerance_pct);
+    if (res.spread_pct > o.tolerance_pct)
+      std::printf("%sthe slices' own compute moved by up to %.1f%% between runs (rank %d's class): the machine's noise "
+                  "is above the tolerance; more rounds (--fill-rounds) settle the medians, a larger --fill-tolerance "
+                  "accepts it\n", o.prefix.c_str(), res.spread_pct, res.spread_rank);
   }
   std::printf("%sestimate bare %.3f ms, after one pass (uncalibrated) %.3f ms, calibrated %.3f ms%s\n"
               "%swrote %s\n",

@@ -53,6 +53,8 @@ struct FillResult {
   int slices_run = 0;
   int classes = 0;
   int shared_classes = 0;  // classes timed by a symmetric position's slice
+  double spread_pct = 0;   // the largest spread of a class's compute over its slices (FillSamples::SpreadPct)
+  int spread_rank = -1;    // that class's rank
 };
 
 FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command);

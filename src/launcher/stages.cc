@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/text.h"
 #include "launcher/collect.h"
 #include "launcher/fill.h"
 #include "launcher/graph_cache.h"
@@ -23,19 +24,6 @@ namespace {
 using Clk = std::chrono::steady_clock;
 
 double Since(Clk::time_point t) { return std::chrono::duration<double>(Clk::now() - t).count(); }
-
-std::string Clock(double s) {
-  const long t = std::lround(std::max(0.0, s));
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
-  return buf;
-}
-
-std::string RankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
-  return s;
-}
 
 // The collect's options: what of the user's options applies to it (placement, model of the target, limits).
 EmulateOptions CollectOptionsOf(const StagedOptions& o, const std::string& out, int iterations) {
@@ -62,7 +50,7 @@ json FillJson(const json& state) {
   if (!state.is_object() || !state.contains("fill") || !state["fill"].is_object()) return nullptr;
   const json& f = state["fill"];
   json out = json::object();
-  for (const char* k : {"rounds", "converged", "last_moved_pct", "tolerance_pct", "max_rounds",
+  for (const char* k : {"rounds", "converged", "last_moved_pct", "compute_spread_pct", "tolerance_pct", "max_rounds",
                         "calibrated_iteration_time_s", "slices_run", "shared_classes", "wall_s"})
     if (f.contains(k)) out[k] = f[k];
   return out;
@@ -108,7 +96,7 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
     std::fprintf(stderr, "prism-run: the collect stage: %s\n", error.c_str());
     return kExitBadInput;
   }
-  const std::string collect_what = "ranks " + RankList(cps.real_ranks) + " (data-parallel replica 0" +
+  const std::string collect_what = "ranks " + JoinRanks(cps.real_ranks) + " (data-parallel replica 0" +
                                    (real_routing ? " and its expert-parallel peers: real routing" : "") + ")";
   json stages = json::array();
   stages.push_back({{"name", "collect"}, {"ranks", cps.real_ranks}, {"real_routing", real_routing},
@@ -128,7 +116,7 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
                   "  3. emulate: rank(s) %s against the filled graph, %s payloads\n"
                   "graph cache: %s (%s)\n\nthe emulation's plan:\n",
                   collect_what.c_str(), iterations, hit || entry.collected ? " [cached]" : "", o.tolerance_pct,
-                  o.max_rounds, hit ? " [cached]" : "", RankList(ps.real_ranks).c_str(),
+                  o.max_rounds, hit ? " [cached]" : "", JoinRanks(ps.real_ranks).c_str(),
                   o.payload_given ? o.emulate.payload.c_str() : "the collect's recorded", entry.dir.c_str(),
                   hit ? "hit: the run starts at stage 3" : (o.refresh ? "refresh: a new graph" : "miss"));
     }
@@ -162,7 +150,7 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
       }
       const auto s0 = Clk::now();
       std::printf("prism: stage 1/3 collect: %s for real, %d iterations; elapsed %s\n", collect_what.c_str(),
-                  iterations, Clock(Since(t0)).c_str());
+                  iterations, MinutesSeconds(Since(t0)).c_str());
       std::fflush(stdout);
       EmulateOptions c = CollectOptionsOf(o, entry.collect_dir, iterations);
       c.swap.enabled = o.collect_swap == "on";
@@ -182,7 +170,7 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
       collect_s = Since(s0);
       if (cr.exit_code != 0 || cr.graph.empty()) {
         std::printf("prism: stage 1/3 collect %s (exit %d) after %s; its output: %s; nothing was cached\n",
-                    cr.exit_code == kExitInterrupted ? "interrupted" : "FAILED", cr.exit_code, Clock(collect_s).c_str(),
+                    cr.exit_code == kExitInterrupted ? "interrupted" : "FAILED", cr.exit_code, MinutesSeconds(collect_s).c_str(),
                     entry.collect_dir.c_str());
         return cr.exit_code != 0 ? cr.exit_code : kExitFailure;
       }
@@ -190,7 +178,7 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
                    {"payload_bytes", cr.payload_bytes}, {"swap", c.swap.enabled}};
       if (!RecordStage(&entry, key, "collect", info, &error))
         std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
-      std::printf("prism: stage 1/3 collect: done in %s\n", Clock(collect_s).c_str());
+      std::printf("prism: stage 1/3 collect: done in %s\n", MinutesSeconds(collect_s).c_str());
     } else {
       std::printf("prism: stage 1/3 collect: cached (%s)\n", entry.collect_dir.c_str());
     }
@@ -198,7 +186,7 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
     if (!entry.filled) {
       const auto s0 = Clk::now();
       std::printf("prism: stage 2/3 fill: until the estimate moves by at most %.2f %% (at most %d rounds); elapsed "
-                  "%s\n", o.tolerance_pct, o.max_rounds, Clock(Since(t0)).c_str());
+                  "%s\n", o.tolerance_pct, o.max_rounds, MinutesSeconds(Since(t0)).c_str());
       std::fflush(stdout);
       FillOptions f;
       f.from = entry.collect_dir;
@@ -222,7 +210,7 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
       if (fr.exit_code != 0) {
         std::printf("prism: stage 2/3 fill %s (exit %d) after %s; the collect stays cached (%s): the same command "
                     "resumes at the fill\n",
-                    fr.exit_code == kExitInterrupted ? "interrupted" : "FAILED", fr.exit_code, Clock(fill_s).c_str(),
+                    fr.exit_code == kExitInterrupted ? "interrupted" : "FAILED", fr.exit_code, MinutesSeconds(fill_s).c_str(),
                     entry.collect_dir.c_str());
         return fr.exit_code;
       }
@@ -230,12 +218,13 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
       json info = {{"wall_s", fill_total}, {"rounds", fr.rounds}, {"converged", fr.converged},
                    {"last_moved_pct", fr.last_moved_pct}, {"tolerance_pct", o.tolerance_pct},
                    {"max_rounds", o.max_rounds}, {"slices_run", fr.slices_run}, {"classes", fr.classes},
-                   {"shared_classes", fr.shared_classes}, {"bare_iteration_time_s", fr.bare_s},
+                   {"shared_classes", fr.shared_classes}, {"compute_spread_pct", fr.spread_pct},
+                   {"bare_iteration_time_s", fr.bare_s},
                    {"uncalibrated_iteration_time_s", fr.uncalibrated_s},
                    {"calibrated_iteration_time_s", fr.calibrated_s}, {"graph", fr.graph}};
       if (!RecordStage(&entry, key, "fill", info, &error))
         std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
-      std::printf("prism: stage 2/3 fill: done in %s, %s after %d round(s) (last move %.2f %%)\n", Clock(fill_s).c_str(),
+      std::printf("prism: stage 2/3 fill: done in %s, %s after %d round(s) (last move %.2f %%)\n", MinutesSeconds(fill_s).c_str(),
                   fr.converged ? "converged" : "NOT converged", fr.rounds, fr.last_moved_pct);
     }
   } else {
@@ -280,7 +269,7 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
   e.print_report = false;
   const auto s0 = Clk::now();
   std::printf("prism: stage 3/3 emulate: rank(s) %s against %s (%s payloads); elapsed %s\n",
-              RankList(ps.real_ranks).c_str(), entry.graph.c_str(), e.payload.c_str(), Clock(Since(t0)).c_str());
+              JoinRanks(ps.real_ranks).c_str(), entry.graph.c_str(), e.payload.c_str(), MinutesSeconds(Since(t0)).c_str());
   std::fflush(stdout);
   const int rc = Emulate(e, command);
   stages[2]["wall_s"] = Since(s0);

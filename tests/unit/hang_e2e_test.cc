@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "e2e_harness.h"
+
 extern char** environ;
 
 namespace {
@@ -28,34 +30,12 @@ using nlohmann::json;
 
 std::string Shim() { return std::string(PRISM_SOURCE_DIR) + "/tests/data/launcher/fake_shim.py"; }
 
-fs::path FreshDir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("prism-hang-" + name + "-" + std::to_string(getpid()));
-  fs::remove_all(d);
-  return d;
-}
+fs::path FreshDir(const std::string& name) { return prism::test_util::FreshDir("hang", name); }
 
-json ReadJson(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return json::parse(ss.str(), nullptr, false);
-}
-
-std::string ReadText(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
+using prism::test_util::ReadJson;
+using prism::test_util::ReadText;
 int RunPrism(const std::string& env_prefix, const std::string& args, std::string* out) {
-  std::string cmd = "env " + env_prefix + " PYTHON_EXEC=python3 " + std::getenv("PRISM_RUN") + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  char buf[4096];
-  out->clear();
-  while (size_t n = fread(buf, 1, sizeof buf, f)) out->append(buf, n);
-  int st = pclose(f);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return prism::test_util::RunPrismWithEnv(env_prefix, args, out);
 }
 
 // Every worker that said hello to the coordinator is gone (their pids are in status.json).

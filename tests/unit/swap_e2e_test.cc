@@ -16,26 +16,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "e2e_harness.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string ReadText(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
+using prism::test_util::ReadText;
 int RunPrism(const std::string& env_prefix, const std::string& args, std::string* out) {
-  std::string cmd = "env " + env_prefix + " PYTHON_EXEC=python3 " + std::getenv("PRISM_RUN") + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  char buf[4096];
-  out->clear();
-  while (size_t n = fread(buf, 1, sizeof buf, f)) out->append(buf, n);
-  int st = pclose(f);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return prism::test_util::RunPrismWithEnv(env_prefix, args, out);
 }
 
 class SwapE2E : public ::testing::Test {
