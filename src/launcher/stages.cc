@@ -13,6 +13,7 @@
 #include "launcher/graph_cache.h"
 #include "analysis/report_compare.h"
 #include "prism/report.h"
+#include "replay/simulate.h"
 
 namespace prism::launcher {
 using namespace ::prism::analysis;  // the post-run analysis (src/analysis) this file calls
@@ -62,9 +63,36 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
   const auto t0 = Clk::now();
   std::string error;
   PlanSummary ps;
-  if (!SummarizePlan(o.emulate, command, &ps, &error)) {
+  EmulateOptions checked = o.emulate;
+  checked.what_if.clear();  // checked below: the graph they need comes from the fill
+  if (!SummarizePlan(checked, command, &ps, &error)) {
     std::fprintf(stderr, "prism-run: %s\n", error.c_str());
     return kExitBadInput;
+  }
+  // --what-if applies to the emulation stage; refuse a bad one now, not after the collect and the fill.
+  if (!o.emulate.what_if.empty()) {
+    std::string spec;
+    for (const std::string& w : o.emulate.what_if) spec += (spec.empty() ? "" : ",") + w;
+    replay::WhatIf wi;
+    if (!replay::ParseWhatIf(spec, &wi, &error)) {
+      std::fprintf(stderr, "prism-run: --what-if: %s\n", error.c_str());
+      return kExitBadInput;
+    }
+    if (wi.bw_scale != 1.0 || !wi.topology.empty()) {
+      std::fprintf(stderr, "prism-run: --what-if %s: only straggler= applies to an emulation (bw-scale= and topology= "
+                           "change the cost model: use --topology)\n", spec.c_str());
+      return kExitBadInput;
+    }
+    for (auto [rank, f] : wi.stragglers) {
+      const bool real = std::find(ps.real_ranks.begin(), ps.real_ranks.end(), rank) != ps.real_ranks.end();
+      if (real || rank >= ps.world_size) {
+        std::fprintf(stderr, "prism-run: --what-if straggler=%d:%g: %s\n", rank, f,
+                     real ? "that rank runs for real: its compute is measured on the GPU, not replayed; name a "
+                            "virtual rank"
+                          : "outside the world");
+        return kExitBadInput;
+      }
+    }
   }
   const int iterations = o.emulate.iterations > 0 ? o.emulate.iterations : o.graph_iterations;
   GraphKeyInput ki;
@@ -109,6 +137,9 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
   if (o.emulate.dry_run) {
     EmulateOptions e = o.emulate;
     e.plan_extra = {{"policy", "graph"}, {"stages", stages}, {"graph_cache", CacheJson(root, entry, key, hit)}};
+    // The what-ifs need the graph the fill will write; the plan shown is the emulation's without them.
+    if (!e.what_if.empty()) e.plan_extra["what_if"] = e.what_if;
+    e.what_if.clear();
     if (!e.json) {
       std::printf("policy graph (the faithful default; --policy mirror is the quick one): 3 stages\n"
                   "  1. collect: %s for real, %d iterations%s\n"

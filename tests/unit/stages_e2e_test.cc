@@ -101,6 +101,11 @@ TEST_F(StagesE2E, DryRunSaysThePolicyTheStagesAndTheCache) {
   ASSERT_EQ(RunPrism("", "--dry-run --graph-cache " + cache_.string() + " --ranks 0 " + Job(), &log), 0) << log;
   EXPECT_NE(log.find("policy graph (the faithful default"), std::string::npos) << log;
   EXPECT_NE(log.find("1. collect: ranks 0,1,32,33 (data-parallel replica 0) for real"), std::string::npos) << log;
+  // A what-if applies to the emulation against the filled graph: checked before anything runs.
+  EXPECT_EQ(DryRun("--what-if straggler=4:1.5 --ranks 0 " + Job())["policy"], "graph");
+  EXPECT_EQ(RunPrism("", "--dry-run --graph-cache " + cache_.string() + " --what-if straggler=0:1.5 --ranks 0 " + Job(),
+                     &log), 2) << log;
+  EXPECT_NE(log.find("runs for real"), std::string::npos) << log;
   // Contradictions and multi-host are refused or said.
   EXPECT_EQ(RunPrism("", "--dry-run --policy mirror --graph " + kSource +
                              "/examples/graphs/gpt-tp2-pp2-dp2.prism.json " + Job(), &log), 2) << log;
@@ -168,8 +173,8 @@ TEST_F(StagesE2E, CollectsFillsEmulatesThenHitsTheCache) {
   const std::string payload = cmd["workers"][0]["env"]["PRISM_PAYLOAD_FILE"];
   EXPECT_NE(payload.find("/collect/payloads/rank0.bin"), std::string::npos) << payload;
 
-  // Second run of the same job: straight to the emulation.
-  rc = RunPrism(env, Common(out2) + "--ranks 0 " + Job(), &log);
+  // Second run of the same job, with a virtual straggler: straight to the emulation, the what-if applied to it.
+  rc = RunPrism(env, Common(out2) + "--what-if straggler=32:1.2 --ranks 0 " + Job(), &log);
   ASSERT_EQ(rc, 0) << log;
   EXPECT_NE(log.find("(hit)"), std::string::npos) << log;
   EXPECT_EQ(log.find("stage 1/3 collect: ranks"), std::string::npos) << log;
@@ -181,6 +186,7 @@ TEST_F(StagesE2E, CollectsFillsEmulatesThenHitsTheCache) {
   EXPECT_EQ(rep2["stages"][0]["cached"], true);
   EXPECT_EQ(rep2["stages"][1]["cached"], true);
   EXPECT_EQ(rep2["fill"]["rounds"], 2);
+  EXPECT_EQ(ReadJson(out2 / "command.json")["workers"][0]["env"]["PRISM_WHAT_IF"], "straggler=32:1.2");
   // The dry run now says it would hit.
   EXPECT_EQ(DryRun("--ranks 0 " + Job())["graph_cache"]["hit"], true);
   EXPECT_EQ(DryRun("--refresh-graph --ranks 0 " + Job())["graph_cache"]["hit"], false);
