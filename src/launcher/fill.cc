@@ -108,6 +108,68 @@ FillResult Fail(const FillOptions& o, FillResult r, const std::string& m, int co
   return r;
 }
 
+// The emulation one slice runs: its ranks real, every other rank replayed from `graph`, the collect's recorded
+// payloads when `payload_dir` is given.
+EmulateOptions SliceOptions(const FillOptions& o, const std::string& ranks, const std::string& graph,
+                            const std::string& payload_dir) {
+  EmulateOptions e;
+  e.ranks = ranks;
+  e.graph = graph;
+  e.topology = o.topology;
+  e.gpus = o.gpus;
+  e.quiet = o.quiet;
+  e.no_preload = o.no_preload;
+  e.iterations = o.iterations;
+  e.hang_timeout = o.hang_timeout;
+  e.payload_max_bytes = o.payload_max_bytes;
+  e.print_report = false;
+  e.label = "fill slice:";
+  e.report_extra = {{"policy", "graph"}, {"mode_detail", "fill slice"}};
+  if (o.lockstep != "none") e.lockstep_slots = o.lockstep;  // split where it is used (coordinator_link.cc)
+  if (!payload_dir.empty()) {
+    e.payload = "recorded";
+    e.payload_dir = payload_dir;
+  }
+  return e;
+}
+
+// Symmetric tensor-parallel positions (docs/fill.md): a class whose rank differs from an earlier class's only in its
+// tensor-parallel position, and whose graph has the same operations in the same order, takes that class's measured
+// compute instead of a slice of its own. Returns target class -> source class and leaves in *reps the ranks that
+// still run a slice.
+std::map<uint32_t, uint32_t> SymmetricShares(const ObservedTrace& g0, const world::World& w, const std::string& prefix,
+                                             std::vector<int>* reps) {
+  std::map<uint32_t, uint32_t> out;
+  std::vector<int> kept;
+  std::vector<std::string> said;
+  for (int r : *reps) {
+    const world::Coords c = w.CoordsOf(r);
+    const auto rc = std::find(g0.class_ranks.begin(), g0.class_ranks.end(), r) - g0.class_ranks.begin();
+    bool taken = false;
+    for (int k : kept) {
+      const world::Coords kc = w.CoordsOf(k);
+      if (kc.tp == c.tp || kc.cp != c.cp || kc.dp != c.dp || kc.pp != c.pp || kc.ep != c.ep || kc.edp != c.edp)
+        continue;
+      const auto kcl = std::find(g0.class_ranks.begin(), g0.class_ranks.end(), k) - g0.class_ranks.begin();
+      if (!SameShape(g0.trace.classes[static_cast<size_t>(kcl)], g0.trace.classes[static_cast<size_t>(rc)]))
+        continue;
+      out[static_cast<uint32_t>(rc)] = static_cast<uint32_t>(kcl);
+      said.push_back(std::to_string(r) + " <- " + std::to_string(k));
+      taken = true;
+      break;
+    }
+    if (!taken) kept.push_back(r);
+  }
+  if (!said.empty()) {
+    std::string list;
+    for (const auto& s : said) list += (list.empty() ? "" : ", ") + s;
+    std::printf("%s%zu symmetric tensor-parallel position(s) take the compute measured by their group's slice "
+                "(same operations in the same order): %s\n", prefix.c_str(), said.size(), list.c_str());
+  }
+  *reps = kept;
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::vector<int>> FillSlices(const std::vector<int>& reps, const world::World& w, int gpus) {
@@ -209,37 +271,7 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
     std::printf("%s%zu expert-parallel class(es) repeat the nodes of a rank of another ep coordinate (the collect ran "
                 "without --real-routing: EP symmetry assumed); that rank's slice times them too\n",
                 o.prefix.c_str(), g0->mirrored_classes.size());
-  if (o.share_symmetric_tp && o.gpus <= 1) {
-    // A class whose rank differs from an earlier class's only in its tensor-parallel position, and whose graph has
-    // the same operations in the same order, takes that class's measured compute instead of a slice of its own.
-    std::vector<int> kept;
-    std::vector<std::string> said;
-    for (int r : reps) {
-      const world::Coords c = world->CoordsOf(r);
-      const auto rc = std::find(g0->class_ranks.begin(), g0->class_ranks.end(), r) - g0->class_ranks.begin();
-      bool taken = false;
-      for (int k : kept) {
-        const world::Coords kc = world->CoordsOf(k);
-        if (kc.tp == c.tp || kc.cp != c.cp || kc.dp != c.dp || kc.pp != c.pp || kc.ep != c.ep || kc.edp != c.edp)
-          continue;
-        const auto kcl = std::find(g0->class_ranks.begin(), g0->class_ranks.end(), k) - g0->class_ranks.begin();
-        if (!SameShape(g0->trace.classes[static_cast<size_t>(kcl)], g0->trace.classes[static_cast<size_t>(rc)]))
-          continue;
-        shared[static_cast<uint32_t>(rc)] = static_cast<uint32_t>(kcl);
-        said.push_back(std::to_string(r) + " <- " + std::to_string(k));
-        taken = true;
-        break;
-      }
-      if (!taken) kept.push_back(r);
-    }
-    if (!said.empty()) {
-      std::string list;
-      for (const auto& s : said) list += (list.empty() ? "" : ", ") + s;
-      std::printf("%s%zu symmetric tensor-parallel position(s) take the compute measured by their group's slice "
-                  "(same operations in the same order): %s\n", o.prefix.c_str(), said.size(), list.c_str());
-    }
-    reps = kept;
-  }
+  if (o.share_symmetric_tp && o.gpus <= 1) shared = SymmetricShares(*g0, *world, o.prefix, &reps);
   res.shared_classes = static_cast<int>(shared.size());
   const std::vector<std::vector<int>> slices = FillSlices(reps, *world, o.gpus);
   if (o.gpus > 1) {
@@ -333,24 +365,7 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
     for (size_t si = first_slice; si < slices.size(); ++si) {
       const std::vector<int>& sl = slices[si];
       const std::string list = JoinRanks(sl);
-      EmulateOptions e;
-      e.ranks = list;
-      e.graph = current.string();
-      e.topology = o.topology;
-      e.gpus = o.gpus;
-      e.quiet = o.quiet;
-      e.no_preload = o.no_preload;
-      e.iterations = o.iterations;
-      e.hang_timeout = o.hang_timeout;
-      e.payload_max_bytes = o.payload_max_bytes;
-      e.print_report = false;
-      e.label = "fill slice:";
-      e.report_extra = {{"policy", "graph"}, {"mode_detail", "fill slice"}};
-      if (o.lockstep != "none") e.lockstep_slots = o.lockstep;  // split where it is used (coordinator_link.cc)
-      if (recorded) {
-        e.payload = "recorded";
-        e.payload_dir = from.string();
-      }
+      EmulateOptions e = SliceOptions(o, list, current.string(), recorded ? from.string() : std::string());
       const std::string what = (sl.size() == 1 ? "rank " : "ranks ") + list;
       const fs::path slice = slice_dir(round, sl);
       e.out = slice.string();

@@ -57,6 +57,153 @@ json FillJson(const json& state) {
   return out;
 }
 
+std::string CollectWhat(const PlanSummary& cps, bool real_routing) {
+  return "ranks " + JoinRanks(cps.real_ranks) + " (data-parallel replica 0" +
+         (real_routing ? " and its expert-parallel peers: real routing" : "") + ")";
+}
+
+// The emulation stage's --what-if: straggler= of a virtual rank inside the world, or exit 2 with the reason.
+int CheckWhatIf(const StagedOptions& o, const PlanSummary& ps) {
+  if (o.emulate.what_if.empty()) return kExitOk;
+  std::string error;
+  std::string spec;
+  for (const std::string& w : o.emulate.what_if) spec += (spec.empty() ? "" : ",") + w;
+  replay::WhatIf wi;
+  if (!replay::ParseWhatIf(spec, &wi, &error)) {
+    std::fprintf(stderr, "prism-run: --what-if: %s\n", error.c_str());
+    return kExitBadInput;
+  }
+  if (wi.bw_scale != 1.0 || !wi.topology.empty()) {
+    std::fprintf(stderr, "prism-run: --what-if %s: only straggler= applies to an emulation (bw-scale= and topology= "
+                         "change the cost model: use --topology)\n", spec.c_str());
+    return kExitBadInput;
+  }
+  for (auto [rank, f] : wi.stragglers) {
+    const bool real = std::find(ps.real_ranks.begin(), ps.real_ranks.end(), rank) != ps.real_ranks.end();
+    if (real || rank >= ps.world_size) {
+      std::fprintf(stderr, "prism-run: --what-if straggler=%d:%g: %s\n", rank, f,
+                   real ? "that rank runs for real: its compute is measured on the GPU, not replayed; name a "
+                          "virtual rank"
+                        : "outside the world");
+      return kExitBadInput;
+    }
+  }
+  return kExitOk;
+}
+
+// Stages 1 and 2 into the cache entry (under its lock): the collect unless the entry has it, then the fill (resumed
+// when an earlier run stopped in it). Returns the exit code of the stage that failed, else kExitOk.
+int BuildGraph(const StagedOptions& o, const std::vector<std::string>& command, const GraphKey& key,
+               const std::string& root, const PlanSummary& cps, int iterations, Clk::time_point t0, CacheEntry* e,
+               bool* hit, json* stages_out, double* collect_s_out, double* fill_s_out) {
+  CacheEntry& entry = *e;
+  json& stages = *stages_out;
+  double& collect_s = *collect_s_out;
+  double& fill_s = *fill_s_out;
+  std::string error;
+  const bool real_routing = cps.ep > 1;
+  const std::string collect_what = CollectWhat(cps, real_routing);
+  EntryLock lock;
+  if (!lock.Acquire(entry.dir, [&] {
+        std::printf("prism: another prism-run is building this graph (%s/lock): waiting for it\n", entry.dir.c_str());
+        std::fflush(stdout);
+      }, &error)) {
+    std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
+    return kExitFailure;
+  }
+  entry = LookupEntry(root, key);
+  if (o.refresh && !ResetEntry(&entry, &error)) {
+    std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
+    return kExitFailure;
+  }
+  *hit = entry.filled;
+  if (!entry.collected) {
+    if (!ResetEntry(&entry, &error)) {
+      std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
+      return kExitFailure;
+    }
+    const auto s0 = Clk::now();
+    std::printf("prism: stage 1/3 collect: %s for real, %d iterations; elapsed %s\n", collect_what.c_str(),
+                iterations, MinutesSeconds(Since(t0)).c_str());
+    std::fflush(stdout);
+    EmulateOptions c = CollectOptionsOf(o, entry.collect_dir, iterations);
+    c.swap.enabled = o.collect_swap == "on";
+    if (c.swap.enabled) c.no_passthrough = true;  // a process holding a real NCCL communicator cannot be swapped
+    CollectResult cr = Collect(c, real_routing, false, command);
+    if (cr.exit_code != 0 && cr.out_of_memory && o.collect_swap == "auto") {
+      std::printf("prism: stage 1/3 collect: the replica's ranks ran out of GPU memory together: collecting again "
+                  "with context switching (docs/collect.md)\n");
+      std::fflush(stdout);
+      std::error_code ec;
+      fs::remove_all(entry.collect_dir, ec);
+      c.swap.enabled = true;
+      c.no_passthrough = true;
+      cr = Collect(c, real_routing, false, command);
+      stages[0]["swap"] = "on (retried after out of memory)";
+    }
+    collect_s = Since(s0);
+    if (cr.exit_code != 0 || cr.graph.empty()) {
+      std::printf("prism: stage 1/3 collect %s (exit %d) after %s; its output: %s; nothing was cached\n",
+                  cr.exit_code == kExitInterrupted ? "interrupted" : "FAILED", cr.exit_code, MinutesSeconds(collect_s).c_str(),
+                  entry.collect_dir.c_str());
+      return cr.exit_code != 0 ? cr.exit_code : kExitFailure;
+    }
+    json info = {{"wall_s", collect_s}, {"dir", entry.collect_dir}, {"ranks", cps.real_ranks},
+                 {"payload_bytes", cr.payload_bytes}, {"swap", c.swap.enabled}};
+    if (!RecordStage(&entry, key, "collect", info, &error))
+      std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
+    std::printf("prism: stage 1/3 collect: done in %s\n", MinutesSeconds(collect_s).c_str());
+  } else {
+    std::printf("prism: stage 1/3 collect: cached (%s)\n", entry.collect_dir.c_str());
+  }
+  stages[0]["cached"] = collect_s == 0;
+  if (!entry.filled) {
+    const auto s0 = Clk::now();
+    std::printf("prism: stage 2/3 fill: until the estimate moves by at most %.2f %% (at most %d rounds); elapsed "
+                "%s\n", o.tolerance_pct, o.max_rounds, MinutesSeconds(Since(t0)).c_str());
+    std::fflush(stdout);
+    FillOptions f;
+    f.from = entry.collect_dir;
+    f.out = entry.fill_dir;
+    f.topology = o.emulate.topology;
+    f.tolerance_pct = o.tolerance_pct;
+    f.max_rounds = o.max_rounds;
+    f.gpus = o.emulate.gpus;
+    f.hang_timeout = std::max(120.0, o.emulate.hang_timeout);
+    f.no_preload = o.emulate.no_preload;
+    f.payload_max_bytes = o.emulate.payload_max_bytes;
+    f.iterations = iterations;
+    f.share_symmetric_tp = true;
+    f.resume = true;  // a fill this entry began and did not finish (Ctrl-C, a failed slice) goes on where it stopped
+    FillResult fr = RunFill(f, command);
+    fill_s = Since(s0);
+    const json fj = [&] {
+      std::ifstream in(fr.summary);
+      return in ? json::parse(in, nullptr, false) : json();
+    }();
+    if (fr.exit_code != 0) {
+      std::printf("prism: stage 2/3 fill %s (exit %d) after %s; the collect stays cached (%s): the same command "
+                  "resumes at the fill\n",
+                  fr.exit_code == kExitInterrupted ? "interrupted" : "FAILED", fr.exit_code, MinutesSeconds(fill_s).c_str(),
+                  entry.collect_dir.c_str());
+      return fr.exit_code;
+    }
+    const double fill_total = fj.is_object() ? fj.value("wall_s", fill_s) : fill_s;
+    json info = {{"wall_s", fill_total}, {"rounds", fr.rounds}, {"converged", fr.converged},
+                 {"last_moved_pct", fr.last_moved_pct}, {"tolerance_pct", o.tolerance_pct},
+                 {"max_rounds", o.max_rounds}, {"slices_run", fr.slices_run}, {"classes", fr.classes},
+                 {"shared_classes", fr.shared_classes}, {"compute_spread_pct", fr.spread_pct},
+                 {"bare_iteration_time_s", fr.bare_s},
+                 {"uncalibrated_iteration_time_s", fr.uncalibrated_s},
+                 {"calibrated_iteration_time_s", fr.calibrated_s}, {"graph", fr.graph}};
+    if (!RecordStage(&entry, key, "fill", info, &error))
+      std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
+    std::printf("prism: stage 2/3 fill: done in %s, %s after %d round(s) (last move %.2f %%)\n", MinutesSeconds(fill_s).c_str(),
+                fr.converged ? "converged" : "NOT converged", fr.rounds, fr.last_moved_pct);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
@@ -70,30 +217,8 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
     return kExitBadInput;
   }
   // --what-if applies to the emulation stage; refuse a bad one now, not after the collect and the fill.
-  if (!o.emulate.what_if.empty()) {
-    std::string spec;
-    for (const std::string& w : o.emulate.what_if) spec += (spec.empty() ? "" : ",") + w;
-    replay::WhatIf wi;
-    if (!replay::ParseWhatIf(spec, &wi, &error)) {
-      std::fprintf(stderr, "prism-run: --what-if: %s\n", error.c_str());
-      return kExitBadInput;
-    }
-    if (wi.bw_scale != 1.0 || !wi.topology.empty()) {
-      std::fprintf(stderr, "prism-run: --what-if %s: only straggler= applies to an emulation (bw-scale= and topology= "
-                           "change the cost model: use --topology)\n", spec.c_str());
-      return kExitBadInput;
-    }
-    for (auto [rank, f] : wi.stragglers) {
-      const bool real = std::find(ps.real_ranks.begin(), ps.real_ranks.end(), rank) != ps.real_ranks.end();
-      if (real || rank >= ps.world_size) {
-        std::fprintf(stderr, "prism-run: --what-if straggler=%d:%g: %s\n", rank, f,
-                     real ? "that rank runs for real: its compute is measured on the GPU, not replayed; name a "
-                            "virtual rank"
-                          : "outside the world");
-        return kExitBadInput;
-      }
-    }
-  }
+  if (int rc = CheckWhatIf(o, ps); rc != kExitOk) return rc;
+
   const int iterations = o.emulate.iterations > 0 ? o.emulate.iterations : o.graph_iterations;
   GraphKeyInput ki;
   ki.world_size = ps.world_size;
@@ -124,8 +249,7 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
     std::fprintf(stderr, "prism-run: the collect stage: %s\n", error.c_str());
     return kExitBadInput;
   }
-  const std::string collect_what = "ranks " + JoinRanks(cps.real_ranks) + " (data-parallel replica 0" +
-                                   (real_routing ? " and its expert-parallel peers: real routing" : "") + ")";
+  const std::string collect_what = CollectWhat(cps, real_routing);
   json stages = json::array();
   stages.push_back({{"name", "collect"}, {"ranks", cps.real_ranks}, {"real_routing", real_routing},
                     {"iterations", iterations}, {"swap", o.collect_swap}, {"cached", hit || entry.collected}});
@@ -160,104 +284,9 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
   std::fflush(stdout);
   double collect_s = 0, fill_s = 0;
   if (!hit) {
-    EntryLock lock;
-    if (!lock.Acquire(entry.dir, [&] {
-          std::printf("prism: another prism-run is building this graph (%s/lock): waiting for it\n", entry.dir.c_str());
-          std::fflush(stdout);
-        }, &error)) {
-      std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
-      return kExitFailure;
-    }
-    entry = LookupEntry(root, key);
-    if (o.refresh && !ResetEntry(&entry, &error)) {
-      std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
-      return kExitFailure;
-    }
-    hit = entry.filled;
-    if (!entry.collected) {
-      if (!ResetEntry(&entry, &error)) {
-        std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
-        return kExitFailure;
-      }
-      const auto s0 = Clk::now();
-      std::printf("prism: stage 1/3 collect: %s for real, %d iterations; elapsed %s\n", collect_what.c_str(),
-                  iterations, MinutesSeconds(Since(t0)).c_str());
-      std::fflush(stdout);
-      EmulateOptions c = CollectOptionsOf(o, entry.collect_dir, iterations);
-      c.swap.enabled = o.collect_swap == "on";
-      if (c.swap.enabled) c.no_passthrough = true;  // a process holding a real NCCL communicator cannot be swapped
-      CollectResult cr = Collect(c, real_routing, false, command);
-      if (cr.exit_code != 0 && cr.out_of_memory && o.collect_swap == "auto") {
-        std::printf("prism: stage 1/3 collect: the replica's ranks ran out of GPU memory together: collecting again "
-                    "with context switching (docs/collect.md)\n");
-        std::fflush(stdout);
-        std::error_code ec;
-        fs::remove_all(entry.collect_dir, ec);
-        c.swap.enabled = true;
-        c.no_passthrough = true;
-        cr = Collect(c, real_routing, false, command);
-        stages[0]["swap"] = "on (retried after out of memory)";
-      }
-      collect_s = Since(s0);
-      if (cr.exit_code != 0 || cr.graph.empty()) {
-        std::printf("prism: stage 1/3 collect %s (exit %d) after %s; its output: %s; nothing was cached\n",
-                    cr.exit_code == kExitInterrupted ? "interrupted" : "FAILED", cr.exit_code, MinutesSeconds(collect_s).c_str(),
-                    entry.collect_dir.c_str());
-        return cr.exit_code != 0 ? cr.exit_code : kExitFailure;
-      }
-      json info = {{"wall_s", collect_s}, {"dir", entry.collect_dir}, {"ranks", cps.real_ranks},
-                   {"payload_bytes", cr.payload_bytes}, {"swap", c.swap.enabled}};
-      if (!RecordStage(&entry, key, "collect", info, &error))
-        std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
-      std::printf("prism: stage 1/3 collect: done in %s\n", MinutesSeconds(collect_s).c_str());
-    } else {
-      std::printf("prism: stage 1/3 collect: cached (%s)\n", entry.collect_dir.c_str());
-    }
-    stages[0]["cached"] = collect_s == 0;
-    if (!entry.filled) {
-      const auto s0 = Clk::now();
-      std::printf("prism: stage 2/3 fill: until the estimate moves by at most %.2f %% (at most %d rounds); elapsed "
-                  "%s\n", o.tolerance_pct, o.max_rounds, MinutesSeconds(Since(t0)).c_str());
-      std::fflush(stdout);
-      FillOptions f;
-      f.from = entry.collect_dir;
-      f.out = entry.fill_dir;
-      f.topology = o.emulate.topology;
-      f.tolerance_pct = o.tolerance_pct;
-      f.max_rounds = o.max_rounds;
-      f.gpus = o.emulate.gpus;
-      f.hang_timeout = std::max(120.0, o.emulate.hang_timeout);
-      f.no_preload = o.emulate.no_preload;
-      f.payload_max_bytes = o.emulate.payload_max_bytes;
-      f.iterations = iterations;
-      f.share_symmetric_tp = true;
-      f.resume = true;  // a fill this entry began and did not finish (Ctrl-C, a failed slice) goes on where it stopped
-      FillResult fr = RunFill(f, command);
-      fill_s = Since(s0);
-      const json fj = [&] {
-        std::ifstream in(fr.summary);
-        return in ? json::parse(in, nullptr, false) : json();
-      }();
-      if (fr.exit_code != 0) {
-        std::printf("prism: stage 2/3 fill %s (exit %d) after %s; the collect stays cached (%s): the same command "
-                    "resumes at the fill\n",
-                    fr.exit_code == kExitInterrupted ? "interrupted" : "FAILED", fr.exit_code, MinutesSeconds(fill_s).c_str(),
-                    entry.collect_dir.c_str());
-        return fr.exit_code;
-      }
-      const double fill_total = fj.is_object() ? fj.value("wall_s", fill_s) : fill_s;
-      json info = {{"wall_s", fill_total}, {"rounds", fr.rounds}, {"converged", fr.converged},
-                   {"last_moved_pct", fr.last_moved_pct}, {"tolerance_pct", o.tolerance_pct},
-                   {"max_rounds", o.max_rounds}, {"slices_run", fr.slices_run}, {"classes", fr.classes},
-                   {"shared_classes", fr.shared_classes}, {"compute_spread_pct", fr.spread_pct},
-                   {"bare_iteration_time_s", fr.bare_s},
-                   {"uncalibrated_iteration_time_s", fr.uncalibrated_s},
-                   {"calibrated_iteration_time_s", fr.calibrated_s}, {"graph", fr.graph}};
-      if (!RecordStage(&entry, key, "fill", info, &error))
-        std::fprintf(stderr, "prism-run: graph cache: %s\n", error.c_str());
-      std::printf("prism: stage 2/3 fill: done in %s, %s after %d round(s) (last move %.2f %%)\n", MinutesSeconds(fill_s).c_str(),
-                  fr.converged ? "converged" : "NOT converged", fr.rounds, fr.last_moved_pct);
-    }
+    if (int rc = BuildGraph(o, command, key, root, cps, iterations, t0, &entry, &hit, &stages, &collect_s, &fill_s);
+        rc != kExitOk)
+      return rc;
   } else {
     std::printf("prism: stage 1/3 collect: cached (%s)\nprism: stage 2/3 fill: cached (%s)\n",
                 entry.collect_dir.c_str(), entry.fill_dir.c_str());
