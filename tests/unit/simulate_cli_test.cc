@@ -164,6 +164,8 @@ TEST_F(SimulateCli, BadInputExitsTwoWithAMessage) {
       {"name": "s", "nodes": [{"id": 0, "kind": "compute", "dur_us": 1, "after": [9]}]}]}],
     "rank_class": [{"class": 0, "comms": []}, {"class": 0, "comms": []}]})");
   Write("badtopo.json", R"({"name": "x", "node": {"gpus": -8}})");
+  fs::create_directories(dir_ / "adir");
+  Write("huge-array.prism", std::string("\x9b\x40\x00\x00\x00\x00\x00\x00\x00", 9));  // CBOR: an array of 2^62
   struct Case {
     std::string args;
     std::string expect;
@@ -185,6 +187,9 @@ TEST_F(SimulateCli, BadInputExitsTwoWithAMessage) {
       {"synth --pp 4 --vpp 2 --microbatches 6 -o " + P("x.prism"), "--microbatches"},
       {"synth --grad-dtype f16 -o " + P("x.prism"), "--grad-dtype"},
       {"synth --pp 2 -o /nonexistent-dir/x.prism", "nonexistent-dir"},
+      // Inputs no reader foresaw end at prism-run's one handler, naming the command (never an abort).
+      {"simulate " + P("adir"), "adir"},
+      {"simulate " + P("huge-array.prism"), "huge-array.prism"},
   };
   for (const Case& c : cases) {
     Result r = c.args.rfind("synth", 0) == 0 ? RunCli(c.args) : RunCli(c.args + " --out " + P("o"));
