@@ -21,6 +21,7 @@
 #include "analysis/report_compare.h"
 #include "prism/report.h"
 #include "replay/simulate.h"
+#include "replay/topology.h"
 #include "replay/trace_io.h"
 
 namespace prism::launcher {
@@ -237,8 +238,15 @@ int MakeRequest(const EmulateOptions& opts, const std::vector<std::string>& comm
     return kExitBadInput;
   }
   if (!opts.topology.empty()) {
-    // A file is passed by absolute path (the workers may run elsewhere); otherwise it names a preset.
+    // A file is passed by absolute path (the workers may run elsewhere); otherwise it names a preset. Either must load
+    // here, so that a typo is an error now and not in every worker.
     req->topology = fs::is_regular_file(opts.topology, ec) ? fs::absolute(opts.topology, ec).string() : opts.topology;
+    replay::Topology topo;
+    std::string terr;
+    if (!replay::LoadTopology(req->topology, &topo, &terr)) {
+      std::fprintf(stderr, "prism-run: --topology %s: %s\n", opts.topology.c_str(), terr.c_str());
+      return kExitBadInput;
+    }
   }
   req->run_id = "prism-" + fs::path(req->out_dir).filename().string();
   return kExitOk;

@@ -106,6 +106,14 @@ TEST_F(StagesE2E, DryRunSaysThePolicyTheStagesAndTheCache) {
   EXPECT_EQ(RunPrism("", "--dry-run --graph-cache " + cache_.string() + " --what-if straggler=0:1.5 --ranks 0 " + Job(),
                      &log), 2) << log;
   EXPECT_NE(log.find("runs for real"), std::string::npos) << log;
+  // Values are checked where they are parsed, the same under both policies: a topology that is no preset and no
+  // file, an empty rank list.
+  for (const char* policy : {"", "--policy mirror "}) {
+    EXPECT_EQ(RunPrism("", std::string("--dry-run ") + policy + "--topology nosuch " + Job(), &log), 2) << log;
+    EXPECT_NE(log.find("--topology nosuch"), std::string::npos) << log;
+    EXPECT_EQ(RunPrism("", std::string("--dry-run ") + policy + "--ranks '' " + Job(), &log), 2) << log;
+    EXPECT_NE(log.find("no rank given"), std::string::npos) << log;
+  }
   // Contradictions and multi-host are refused or said.
   EXPECT_EQ(RunPrism("", "--dry-run --policy mirror --graph " + kSource +
                              "/examples/graphs/gpt-tp2-pp2-dp2.prism.json " + Job(), &log), 2) << log;

@@ -22,6 +22,7 @@ struct DefaultMode {
   launcher::StagedOptions staged;
   std::string policy;  // "" = graph (the faithful default)
   CLI::Option* payload = nullptr;
+  CLI::Option* ranks = nullptr;
 };
 DefaultMode& Mode() {
   static DefaultMode m;
@@ -32,7 +33,7 @@ DefaultMode& Mode() {
 EmulateOptions* AddEmulateOptions(CLI::App& app) {
   DefaultMode& m = Mode();
   EmulateOptions& opts = m.staged.emulate;
-  app.add_option("--ranks", opts.ranks, "logical ranks to run for real: \"0\", \"0,517\", \"0-7\" (default 0)");
+  m.ranks = app.add_option("--ranks", opts.ranks, "logical ranks to run for real: \"0\", \"0,517\", \"0-7\" (default 0)");
   app.add_option("--layout", opts.layout,
                  "\"tp=8,pp=4,dp=32[,cp=..,ep=..,etp=..][,order=tp-cp-ep-dp-pp]\" (default: the job's Megatron "
                  "arguments)");
@@ -127,6 +128,10 @@ int RunEmulate(const EmulateOptions& /*opts*/, const std::vector<std::string>& c
   DefaultMode& m = Mode();
   EmulateOptions& e = m.staged.emulate;
   m.staged.payload_given = m.payload != nullptr && m.payload->count() > 0;
+  if (m.ranks != nullptr && m.ranks->count() > 0 && e.ranks.find_first_not_of(" \t") == std::string::npos) {
+    std::fprintf(stderr, "prism-run: --ranks \"%s\": no rank given (e.g. 0, 0,517 or 0-7)\n", e.ranks.c_str());
+    return kExitBadInput;
+  }
   // Multi-host runs (a coordinator here serving others, or joining one) and a given graph run one emulation; the
   // procedure's stages run on one host.
   const bool multi_host = !e.coordinator.empty() || !e.listen.empty() || !e.remote_ranks.empty();
