@@ -1,5 +1,6 @@
 // prism-run: the CLI. Parses, dispatches to one subcommand, returns its exit code.
 #include <cstdio>
+#include <functional>
 #include <exception>
 #include <new>
 #include <string>
@@ -39,6 +40,18 @@ int main(int argc, char** argv) {
   AddExportChakra(app, &rc);
   AddGraph(app, &rc);
   AddCalibrate(app, &rc);
+  // Why: subcommands inherit the top level's prefix_command, which passes unknown options through silently; only
+  // the subcommands that take the job's command keep it (they set it themselves).
+  std::function<void(CLI::App*)> strict = [&](CLI::App* a) {
+    for (CLI::App* sub : a->get_subcommands([](CLI::App*) { return true; })) {
+      const std::string n = sub->get_name();
+      if (a == &app && (n == "collect" || n == "fill" || n == "record")) continue;
+      sub->prefix_command(false);
+      sub->allow_extras(false);
+      strict(sub);
+    }
+  };
+  strict(&app);
 
   // Why one handler here: a file or argument no reader foresaw (a directory given as a graph, a CBOR array claiming
   // 2^62 elements) must end as a clear error and exit 2, never as an abort that loses the user's output.
