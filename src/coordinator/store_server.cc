@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -16,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "common/log.h"
+#include "common/net.h"
 
 namespace prism::store {
 namespace {
@@ -56,43 +56,14 @@ bool StoreServer::Start(const StoreServerOptions& opts, std::string* error) {
   opts_ = opts;
   state_ = std::make_unique<StoreState>([this](ClientId id, std::string_view b) { Deliver(id, b); }, opts_.stand_in,
                                         opts_.max_total_bytes);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  std::string port_s = std::to_string(opts_.port);
-  const char* host = opts_.host.empty() ? nullptr : opts_.host.c_str();
-  if (int rc = ::getaddrinfo(host, port_s.c_str(), &hints, &res); rc != 0) {
-    *error = fmt::format("store: cannot resolve bind address '{}': {}", opts_.host, gai_strerror(rc));
-    return false;
-  }
-  std::string last = "no address";
-  for (addrinfo* ai = res; ai && listen_fd_ < 0; ai = ai->ai_next) {
-    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      last = std::strerror(errno);
-      continue;
-    }
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
-      last = std::strerror(errno);
-      ::close(fd);
-      continue;
-    }
-    listen_fd_ = fd;
-  }
-  ::freeaddrinfo(res);
+  std::string why;
+  bool unresolved = false;
+  listen_fd_ = net::ListenTcp(opts_.host, opts_.port, &port_, &why, &unresolved);
   if (listen_fd_ < 0) {
-    *error = fmt::format("store: cannot listen on {}:{}: {}", opts_.host, opts_.port, last);
+    *error = unresolved ? fmt::format("store: cannot resolve bind address '{}': {}", opts_.host, why)
+                        : fmt::format("store: cannot listen on {}:{}: {}", opts_.host, opts_.port, why);
     return false;
   }
-  sockaddr_storage ss{};
-  socklen_t sl = sizeof(ss);
-  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &sl);
-  port_ = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                                   : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
 
   if (!opts_.record_path.empty()) {
     record_ = std::fopen(opts_.record_path.c_str(), "wb");
@@ -412,14 +383,7 @@ void StoreServer::Deliver(ClientId id, std::string_view bytes) {
 }
 
 void StoreServer::Flush(ClientId id, Client& c) {
-  while (c.out_pos < c.out.size()) {
-    ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
-    if (n > 0) {
-      c.out_pos += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+  if (!net::SendSome(c.fd, c.out, &c.out_pos)) {
     MarkDrop(c, fmt::format("send failed: {}", std::strerror(errno)));
     return;
   }

@@ -1,0 +1,54 @@
+// The communicators the real ranks create: kCommInit -> kCommInfo (who the members are, found by the unique id the
+// store saw, a registered group, the member's own list or the world size), whether a communicator passes through
+// to the real NCCL, and the real NCCL unique id its members share (kRealNcclId). Under CoordinatorState::mu.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "coordinator/coordinator_state.h"
+
+namespace prism::coord {
+
+class CommRegistry {
+ public:
+  explicit CommRegistry(CoordinatorState& st) : st_(st) {}
+
+  // comm_id - 1 -> view.
+  const std::vector<CommView>& comms() const { return comms_; }
+  // A kCommInit: answered now, or parked until the store records a new id (RetryParked) or its deadline passes.
+  void OnCommInit(BusId id, BusClient& c, nlohmann::json j);
+  // The loop's wake-up (`timer` false) or tick (true): parked requests are tried again; past their deadline,
+  // answered with what is known.
+  void RetryParked(bool timer);
+  void OnRealNcclId(BusId id, BusClient& c, const nlohmann::json& j);
+
+ private:
+  // Answers a kCommInit; false (nothing sent) when the members are unknown and `final` is false.
+  bool HandleCommInit(BusId id, BusClient& c, const nlohmann::json& j, bool final);
+  // Whether a new communicator with these members runs on the real NCCL; nullopt while a real member has not said
+  // hello yet (its GPU is unknown) and `final` is false.
+  std::optional<bool> DecidePassthrough(const std::vector<int>& members, bool final);
+
+  CoordinatorState& st_;
+  std::vector<CommView> comms_;
+  std::unordered_map<std::string, uint32_t> comm_by_key_;
+  std::unordered_map<std::string, uint32_t> comm_by_id_;  // unique-id hex (kCommInit "key") -> comm id
+  struct Parked {
+    BusId id;
+    nlohmann::json request;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  // Why park: a leader's SET of its id (store, TCP) and its kCommInit (bus) race; the SET has no reply.
+  std::vector<Parked> parked_;
+  std::map<uint32_t, std::vector<BusId>> real_id_waiters_;  // passthrough comm -> members asking for its id
+};
+
+}  // namespace prism::coord
