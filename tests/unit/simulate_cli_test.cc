@@ -190,6 +190,7 @@ TEST_F(SimulateCli, BadInputExitsTwoWithAMessage) {
       // Inputs no reader foresaw end at prism-run's one handler, naming the command (never an abort).
       {"simulate " + P("adir"), "adir"},
       {"simulate " + P("huge-array.prism"), "huge-array.prism"},
+      {"simulate " + P("ok.prism") + " --bogus-flag 1", "--bogus-flag"},
   };
   for (const Case& c : cases) {
     Result r = c.args.rfind("synth", 0) == 0 ? RunCli(c.args) : RunCli(c.args + " --out " + P("o"));
