@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "analysis/class_key.h"
 #include "analysis/megatron_membership.h"
 #include "prism/events.h"
 #include "replay/trace_io.h"
@@ -53,53 +54,6 @@ std::string SlotLabel(std::string_view s) {
   for (char c : s) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ':') ? c : '_';
   if (out.size() > 48) out.resize(48);
   return out.empty() ? std::string("comm") : out;
-}
-
-// Class-defining coordinates: everything but the data-parallel ones.
-using ClassKey = std::array<int, 7>;  // tp, cp, pp, gtp, etp, ep, egtp
-
-ClassKey KeyOf(const world::Coords& c) { return {c.tp, c.cp, c.pp, c.gtp, c.etp, c.ep, c.egtp}; }
-
-std::string KeyText(const world::World& w, const ClassKey& k) {
-  const world::Layout& l = w.layout();
-  const std::array<std::pair<const char*, int>, 7> dims = {{{"tp", l.tp},
-                                                            {"cp", l.cp},
-                                                            {"pp", l.pp},
-                                                            {"gtp", l.gtp},
-                                                            {"etp", l.ExpertTp()},
-                                                            {"ep", l.ep},
-                                                            {"egtp", l.egtp}}};
-  std::string s;
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (dims[i].second <= 1) continue;
-    // Why skip etp when it equals tp: with the default orders it is the same coordinate, printed once.
-    if (i == 4 && l.ExpertTp() == l.tp && k[4] == k[0]) continue;
-    s += (s.empty() ? "" : " ") + std::string(dims[i].first) + "=" + std::to_string(k[i]);
-  }
-  return s.empty() ? std::string("replica") : s;
-}
-
-// The class that stands in for expert-parallel class `k` when it has no events: among `have` (classes with events
-// of their own), the one equal to `k` but for ep, the lowest ep first. -1 when there is none.
-int EpStandIn(const ClassKey& k, const std::map<ClassKey, int>& have) {
-  ClassKey probe = k;
-  int best_ep = -1, best = -1;
-  for (const auto& [key, index] : have) {
-    probe[5] = key[5];
-    if (key != probe || key[5] == k[5]) continue;
-    if (best_ep < 0 || key[5] < best_ep) {
-      best_ep = key[5];
-      best = index;
-    }
-  }
-  return best;
-}
-
-std::string ClassName(const world::World& w, const ClassKey& k) {
-  std::string s = KeyText(w, k);
-  std::replace(s.begin(), s.end(), ' ', '-');
-  s.erase(std::remove(s.begin(), s.end(), '='), s.end());
-  return s;
 }
 
 // How a communicator of the class representative generalises to every rank of its class.
@@ -1273,74 +1227,6 @@ bool Builder::Bind() {
 }
 
 }  // namespace
-
-bool CoversEveryClass(const world::World& world, const std::vector<int>& ranks, size_t* covered, size_t* classes) {
-  std::set<ClassKey> all, have;
-  for (int r = 0; r < world.size(); ++r) all.insert(KeyOf(world.CoordsOf(r)));
-  for (int r : ranks)
-    if (r >= 0 && r < world.size()) have.insert(KeyOf(world.CoordsOf(r)));
-  if (covered) *covered = have.size();
-  if (classes) *classes = all.size();
-  return have.size() == all.size();
-}
-
-bool CoversEveryClassOrEpStandIn(const world::World& world, const std::vector<int>& ranks, size_t* mirrored) {
-  std::set<ClassKey> all;
-  std::map<ClassKey, int> have;
-  for (int r = 0; r < world.size(); ++r) all.insert(KeyOf(world.CoordsOf(r)));
-  for (int r : ranks)
-    if (r >= 0 && r < world.size()) have.emplace(KeyOf(world.CoordsOf(r)), r);
-  size_t stand_ins = 0;
-  bool ok = true;
-  for (const ClassKey& k : all) {
-    if (have.count(k)) continue;
-    if (world.layout().ep > 1 && EpStandIn(k, have) >= 0) {
-      ++stand_ins;
-    } else {
-      ok = false;
-    }
-  }
-  if (mirrored) *mirrored = stand_ins;
-  return ok;
-}
-
-bool SameClass(const world::World& world, int a, int b) {
-  return KeyOf(world.CoordsOf(a)) == KeyOf(world.CoordsOf(b));
-}
-
-std::string WriteObservedTrace(const std::string& dir, const world::World& world, const std::vector<int>& real_ranks) {
-  size_t covered = 0, classes = 0;
-  if (!CoversEveryClass(world, real_ranks, &covered, &classes) && !CoversEveryClassOrEpStandIn(world, real_ranks))
-    return "observed.prism not written: the real ranks cover " + std::to_string(covered) + " of " +
-           std::to_string(classes) + " classes (one data-parallel replica covers all; docs/collect.md)";
-  ObservedTraceOptions o;
-  o.ranks = real_ranks;
-  std::sort(o.ranks.begin(), o.ranks.end());
-  std::string error;
-  auto g = BuildObservedTrace(dir, world, o, &error);
-  std::string path = (fs::path(dir) / "observed.prism").string();
-  if (g && !replay::WriteTrace(g->trace, path, &error)) g.reset();
-  if (!g) {
-    std::string first = error.substr(0, error.find('\n'));
-    if (first.size() > 240) first = first.substr(0, 240) + "...";
-    return "observed.prism not written: " + first + " (prism-run graph build " + dir + " says more)";
-  }
-  std::string iters = g->first_iteration < 0 ? std::string("one unmarked iteration")
-                                             : "iterations " + std::to_string(g->first_iteration) + ".." +
-                                                   std::to_string(g->last_iteration);
-  std::string mirrored;
-  if (!g->mirrored_classes.empty())
-    mirrored = "; " + std::to_string(g->mirrored_classes.size()) + " expert-parallel class(es) without a real rank "
-               "repeat the nodes of a real rank that differs only in ep (EP symmetry assumed; `prism-run collect "
-               "--real-routing` records them)";
-  return "observed graph " + path + ": " + std::to_string(g->trace.classes.size()) + " classes, " +
-         std::to_string(g->nodes) + " nodes, " + iters +
-         (g->warnings.empty() ? "" : ", " + std::to_string(g->warnings.size()) + " warning(s)") + mirrored;
-}
-
-std::string ClassCoordinates(const world::World& world, int rank) {
-  return KeyText(world, KeyOf(world.CoordsOf(rank)));
-}
 
 std::optional<ObservedTrace> BuildObservedTrace(const std::vector<RankEventLog>& logs, const world::World& world,
                                                 const ObservedTraceOptions& options, std::string* error) {
