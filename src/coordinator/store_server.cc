@@ -11,6 +11,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <exception>
+#include <new>
 
 #include <fmt/format.h>
 
@@ -173,6 +175,7 @@ ServerStats StoreServer::Stats() {
   st.clients = n_clients_;
   st.accepted = n_accepted_;
   st.dropped = n_dropped_;
+  st.max_unread = max_unread_;
   return st;
 }
 
@@ -216,7 +219,15 @@ void StoreServer::Loop() {
       } else {
         auto it = clients_.find(id);
         if (it == clients_.end()) continue;
-        if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) OnReadable(id);
+        if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+          // Why: what ProcessInput does not catch (a failed read-buffer allocation) still drops this client only.
+          try {
+            OnReadable(id);
+          } catch (const std::exception& e) {
+            MarkDrop(it->second, fmt::format("failed reading its requests: {}", e.what()));
+            dirty_.insert(id);
+          }
+        }
         auto again = clients_.find(id);
         if (again != clients_.end() && (ev & EPOLLOUT)) dirty_.insert(id);
       }
@@ -355,12 +366,28 @@ void StoreServer::ProcessInput(ClientId id, Client& c) {
     }
     ++c.requests;
     std::string reply;
-    if (!state_->Handle(id, req, &reply, &error)) {
-      MarkDrop(c, fmt::format("{} refused: {}", QueryTypeName(req.type), error));
+    uint64_t unread = c.out.size() - c.out_pos;
+    uint64_t room = opts_.max_output_bytes > unread ? opts_.max_output_bytes - unread : 0;
+    bool ok = false;
+    // Why catch: an allocation failure (or a stand-in's exception) in one client's request must drop that client,
+    // not end the coordinator.
+    try {
+      ok = state_->Handle(id, req, &reply, &error, room);
+    } catch (const std::bad_alloc&) {
+      error = "out of memory";
+    } catch (const std::exception& e) {
+      error = fmt::format("exception: {}", e.what());
+    }
+    if (!ok) {
+      // Handle's reply-cap refusal names only the room it was given; the log line also names the cap.
+      bool over = error.starts_with("its reply would pass");
+      MarkDrop(c, over ? fmt::format("{} refused: {} ({} bytes of replies already unread, limit {} per client)",
+                                     QueryTypeName(req.type), error, unread, opts_.max_output_bytes)
+                       : fmt::format("{} refused: {}", QueryTypeName(req.type), error));
       break;
     }
     c.in_pos += consumed;
-    if (!reply.empty()) c.out.append(reply);
+    if (!reply.empty() && !QueueOutput(c, reply, QueryTypeName(req.type))) break;
   }
   if (c.in_pos == c.in.size()) {
     c.in.clear();
@@ -369,16 +396,36 @@ void StoreServer::ProcessInput(ClientId id, Client& c) {
     c.in.erase(0, c.in_pos);
     c.in_pos = 0;
   }
-  if (c.out.size() - c.out_pos > opts_.max_output_bytes) {
-    MarkDrop(c, fmt::format("{} bytes of replies unread (limit {})", c.out.size() - c.out_pos,
-                            opts_.max_output_bytes));
+}
+
+bool StoreServer::QueueOutput(Client& c, std::string_view bytes, const char* what) {
+  if (!c.drop_reason.empty()) return false;
+  uint64_t unread = c.out.size() - c.out_pos;
+  if (unread + bytes.size() > opts_.max_output_bytes) {
+    MarkDrop(c, fmt::format("{} reply of {} bytes would pass the limit of {} bytes of replies unread per client ({} "
+                            "unread)", what, bytes.size(), opts_.max_output_bytes, unread));
+    return false;
   }
+  // Why compact here: a client that reads as we write never drains the buffer, so the sent prefix would pile up.
+  if (c.out_pos > 0 && (c.out.size() + bytes.size() > opts_.max_output_bytes ||
+                        (c.out_pos > (1u << 16) && c.out_pos > c.out.size() / 2))) {
+    c.out.erase(0, c.out_pos);
+    c.out_pos = 0;
+  }
+  try {
+    c.out.append(bytes);
+  } catch (const std::bad_alloc&) {
+    MarkDrop(c, fmt::format("out of memory queueing a {} reply of {} bytes", what, bytes.size()));
+    return false;
+  }
+  if (unread + bytes.size() > max_unread_) max_unread_ = unread + bytes.size();
+  return true;
 }
 
 void StoreServer::Deliver(ClientId id, std::string_view bytes) {
   auto it = clients_.find(id);
   if (it == clients_.end()) return;
-  it->second.out.append(bytes);
+  QueueOutput(it->second, bytes, "wait");
   dirty_.insert(id);
 }
 
@@ -390,10 +437,6 @@ void StoreServer::Flush(ClientId id, Client& c) {
   if (c.out_pos == c.out.size()) {
     c.out.clear();
     c.out_pos = 0;
-  } else if (c.out.size() - c.out_pos > opts_.max_output_bytes) {
-    MarkDrop(c, fmt::format("{} bytes of replies unread (limit {})", c.out.size() - c.out_pos,
-                            opts_.max_output_bytes));
-    return;
   }
   UpdateEpoll(id, c);
 }

@@ -29,7 +29,9 @@ struct StoreServerOptions {
   uint16_t port = 0;               // 0: the kernel picks a free port; port() reports it
   Limits limits;
   uint64_t max_total_bytes = 4ull << 30;     // keys + values held
-  uint64_t max_output_bytes = 256ull << 20;  // replies queued for one client that does not read them
+  // Replies queued unread for one client; checked before each reply (and each MULTI_GET value) is queued, and a
+  // client that would pass it is dropped.
+  uint64_t max_output_bytes = 256ull << 20;
   size_t max_clients = 1 << 20;
   StandIn* stand_in = nullptr;               // virtual ranks (not owned; must outlive the server)
   // Records every byte clients send, per connection, to this file (format: docs/coordinator.md, "Wire captures");
@@ -51,6 +53,7 @@ struct ServerStats {
   uint64_t clients = 0;        // connected now
   uint64_t accepted = 0;       // since start
   uint64_t dropped = 0;        // clients dropped for breaking the protocol
+  uint64_t max_unread = 0;     // the most reply bytes one client had queued unread at once (at most max_output_bytes)
   StoreStats store;
 };
 
@@ -101,6 +104,8 @@ class StoreServer {
   void OnReadable(ClientId id);
   void ProcessInput(ClientId id, Client& c);
   void Flush(ClientId id, Client& c);
+  // Queues bytes for a client; false (and the client marked for dropping) when they would pass max_output_bytes.
+  bool QueueOutput(Client& c, std::string_view bytes, const char* what);
   void Deliver(ClientId id, std::string_view bytes);
   void MarkDrop(Client& c, std::string reason);
   void Drop(ClientId id, bool log_as_error);
@@ -124,7 +129,7 @@ class StoreServer {
   std::unordered_set<ClientId> dirty_;  // clients with output or a pending drop after the current batch
   ClientId next_id_ = 16;
   std::vector<ClientId> last_waiting_;  // on_waits_changed: the waiting clients it was last called for
-  std::atomic<uint64_t> n_clients_{0}, n_accepted_{0}, n_dropped_{0};
+  std::atomic<uint64_t> n_clients_{0}, n_accepted_{0}, n_dropped_{0}, max_unread_{0};
 
   std::mutex calls_mu_;
   std::condition_variable calls_cv_;

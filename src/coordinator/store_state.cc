@@ -139,8 +139,15 @@ void StoreState::CancelWaits(ClientId client) {
 
 void StoreState::DropClient(ClientId client) { CancelWaits(client); }
 
-bool StoreState::Handle(ClientId client, const Request& req, std::string* reply, std::string* error) {
+bool StoreState::Handle(ClientId client, const Request& req, std::string* reply, std::string* error,
+                        uint64_t max_reply) {
   ++requests_;
+  // True when `n` more reply bytes fit under max_reply; otherwise says so in *error (StoreServer matches the text).
+  auto fits = [&](uint64_t n) {
+    if (reply->size() + n <= max_reply) return true;
+    *error = fmt::format("its reply would pass {} bytes", max_reply);
+    return false;
+  };
   const auto& keys = req.keys;
   std::span<const std::string_view> batch(keys.data(), keys.size());
   switch (req.type) {
@@ -174,13 +181,16 @@ bool StoreState::Handle(ClientId client, const Request& req, std::string* reply,
         return true;
       }
       if (it->second == expected && !Store(key, std::string(desired), error)) return false;
+      if (!fits(8 + kv_.find(key)->second.size())) return false;
       PutBytes(reply, kv_.find(key)->second);
       return true;
     }
     case QueryType::kGet: {
       if (!Exists(keys[0])) TryMaterialize(keys[0], StandIn::Access::kRead, batch);
       auto it = kv_.find(keys[0]);
-      PutBytes(reply, it == kv_.end() ? std::string_view() : std::string_view(it->second));
+      std::string_view v = it == kv_.end() ? std::string_view() : std::string_view(it->second);
+      if (!fits(8 + v.size())) return false;
+      PutBytes(reply, v);
       return true;
     }
     case QueryType::kAdd: {
@@ -246,7 +256,9 @@ bool StoreState::Handle(ClientId client, const Request& req, std::string* reply,
       for (std::string_view k : keys) {
         if (!Exists(k)) TryMaterialize(k, StandIn::Access::kRead, batch);
         auto it = kv_.find(k);
-        PutBytes(reply, it == kv_.end() ? std::string_view() : std::string_view(it->second));
+        std::string_view v = it == kv_.end() ? std::string_view() : std::string_view(it->second);
+        if (!fits(8 + v.size())) return false;
+        PutBytes(reply, v);
       }
       return true;
     case QueryType::kMultiSet:
@@ -279,6 +291,8 @@ bool StoreState::Handle(ClientId client, const Request& req, std::string* reply,
         PutI64(reply, 0);
         return true;
       }
+      // Why before the pop: a client dropped for its reply must not take the item with it.
+      if (!fits(16 + it->second.front().size())) return false;
       PutI64(reply, static_cast<int64_t>(it->second.size()));
       PutBytes(reply, it->second.front());
       bytes_ -= keys[0].size() + it->second.front().size();
@@ -293,7 +307,10 @@ bool StoreState::Handle(ClientId client, const Request& req, std::string* reply,
     }
     case QueryType::kListKeys:
       PutI64(reply, static_cast<int64_t>(kv_.size()));
-      for (const auto& [k, v] : kv_) PutBytes(reply, k);
+      for (const auto& [k, v] : kv_) {
+        if (!fits(8 + k.size())) return false;
+        PutBytes(reply, k);
+      }
       return true;
     case QueryType::kBarrier: {
       if (!Exists(keys[0])) TryMaterialize(keys[0], StandIn::Access::kAdd, batch);

@@ -55,9 +55,12 @@ class StoreState {
   explicit StoreState(Notify notify, StandIn* stand_in = nullptr, uint64_t max_total_bytes = 4ull << 30);
 
   // Runs one request of `client` and appends its reply (if the command has one now) to *reply. Returns false, with
-  // *error saying why, when the client broke the protocol's semantics (ADD on a non-integer, store full); the
-  // caller then drops the client. Validation (VALIDATE before anything else) is the caller's business.
-  bool Handle(ClientId client, const Request& req, std::string* reply, std::string* error);
+  // *error saying why, when the client broke the protocol's semantics (ADD on a non-integer, store full) or its
+  // reply would pass max_reply bytes (checked before each value is copied, so a MULTI_GET naming a large value
+  // many times stops there); the caller then drops the client. Validation (VALIDATE before anything else) is the
+  // caller's business.
+  bool Handle(ClientId client, const Request& req, std::string* reply, std::string* error,
+              uint64_t max_reply = UINT64_MAX);
 
   // Forgets a client: its pending waits go away.
   void DropClient(ClientId client);

@@ -12,7 +12,11 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <new>
+#include <optional>
 #include <set>
+#include <span>
+#include <stdexcept>
 #include <thread>
 
 #include "coordinator/store_client.h"
@@ -450,6 +454,93 @@ TEST_F(StoreServerTest, ThousandClientsDoTheInitDance) {
   EXPECT_EQ(v, std::to_string(kClients));
   ASSERT_TRUE(clients[kClients - 1]->Get("init/", &v));
   EXPECT_EQ(v, std::to_string(kClients));
+}
+
+// A lowered per-client reply cap, so that replies many times over it stay a few MiB.
+class StoreServerCapTest : public StoreServerTest {
+ protected:
+  static constexpr uint64_t kCap = 1u << 20;
+  void SetUp() override {
+    opts_.max_output_bytes = kCap;
+    StoreServerTest::SetUp();
+  }
+  // Why poll the stats, not the socket: replies the kernel took before the drop would read as data.
+  bool DroppedSoon(uint64_t n) {
+    for (int i = 0; i < 250 && server_.Stats().dropped < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return server_.Stats().dropped == n;
+  }
+};
+
+TEST_F(StoreServerCapTest, MultiGetNamingALargeValueManyTimesIsCappedAsItIsBuilt) {
+  auto good = Connect();
+  std::string big(256u << 10, 'm');
+  ASSERT_TRUE(good->Set("/big", big));
+  auto bad = Connect();
+  ASSERT_TRUE(bad->SendRaw(EncodeKeyList(QueryType::kMultiGet, std::vector<std::string>(64, "/big"))));  // 16 MiB
+  EXPECT_TRUE(DroppedSoon(1));
+  EXPECT_LE(server_.Stats().max_unread, kCap);
+  std::string v;
+  ASSERT_TRUE(good->Get("/big", &v));
+  EXPECT_EQ(v, big);
+  std::vector<std::string> vals;
+  ASSERT_TRUE(good->MultiGet({"/big", "/big"}, &vals));  // under the cap: answered
+  EXPECT_EQ(vals, (std::vector<std::string>{big, big}));
+}
+
+TEST_F(StoreServerCapTest, PipelinedGetsOfALargeValueAreCappedAsTheyAreQueued) {
+  auto good = Connect();
+  std::string big(64u << 10, 'g');
+  ASSERT_TRUE(good->Set("/big", big));
+  auto bad = Connect();
+  std::string gets;
+  for (int i = 0; i < 256; ++i) gets += EncodeKeyOnly(QueryType::kGet, "/big");  // 3 KiB asking for 16 MiB
+  ASSERT_TRUE(bad->SendRaw(gets));
+  EXPECT_TRUE(DroppedSoon(1));
+  EXPECT_LE(server_.Stats().max_unread, kCap);
+  std::string v;
+  ASSERT_TRUE(good->Get("/big", &v));
+  EXPECT_EQ(v, big);
+  uint32_t echo = 0;
+  ASSERT_TRUE(good->Ping(5, &echo));
+  EXPECT_EQ(echo, 5u);
+}
+
+// Throws from inside a request, as an allocation failure would.
+class ThrowingStandIn : public StandIn {
+ public:
+  std::optional<std::string> Materialize(std::string_view key, Access, std::span<const std::string_view>) override {
+    if (key == "/oom") throw std::bad_alloc();
+    if (key == "/oops") throw std::runtime_error("oops");
+    return std::nullopt;
+  }
+};
+
+TEST(StoreServerExceptions, AFailingRequestDropsOnlyThatClient) {
+  ThrowingStandIn stand_in;
+  StoreServerOptions o;
+  o.stand_in = &stand_in;
+  StoreServer s;
+  std::string error;
+  ASSERT_TRUE(s.Start(o, &error)) << error;
+  StoreClient good;
+  ASSERT_TRUE(good.Connect("127.0.0.1", s.port())) << good.error();
+  ASSERT_TRUE(good.Set("/k", "v"));
+  int n = 0;
+  for (const char* key : {"/oom", "/oops"}) {
+    StoreClient bad;
+    ASSERT_TRUE(bad.Connect("127.0.0.1", s.port())) << bad.error();
+    ASSERT_TRUE(bad.SendRaw(EncodeKeyOnly(QueryType::kGet, key)));
+    ++n;
+    for (int i = 0; i < 250 && s.Stats().dropped < static_cast<uint64_t>(n); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(s.Stats().dropped, static_cast<uint64_t>(n)) << key;
+    std::string v;
+    ASSERT_TRUE(good.Get("/k", &v)) << good.error();
+    EXPECT_EQ(v, "v");
+  }
 }
 
 TEST(StoreServerBind, AllInterfacesWhenAsked) {
