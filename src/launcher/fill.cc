@@ -292,6 +292,7 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
     return out / ("round" + std::to_string(round)) / ("rank" + tag);
   };
   auto write_summary = [&](bool complete) {
+    res.wall_s = earlier_wall + elapsed();
     json summary = {{"from", from.string()},
                     {"graph", current.string()},
                     {"classes", g0->class_ranks},
@@ -305,7 +306,7 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
                     {"converged", res.converged},
                     {"last_moved_pct", res.last_moved_pct},
                     {"complete", complete},
-                    {"wall_s", earlier_wall + elapsed()},
+                    {"wall_s", res.wall_s},
                     {"rounds", rounds},
                     {"progress", progress}};
     std::string e;

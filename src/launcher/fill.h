@@ -51,6 +51,7 @@ struct FillResult {
   double last_moved_pct = -1;
   double bare_s = -1, uncalibrated_s = -1, calibrated_s = -1;
   int slices_run = 0;
+  double wall_s = 0;       // the fill's wall time over all its runs (a resumed fill includes the earlier ones)
   int classes = 0;
   int shared_classes = 0;  // classes timed by a symmetric position's slice
   double spread_pct = 0;   // the largest spread of a class's compute over its slices (FillSamples::SpreadPct)

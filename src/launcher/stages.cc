@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include "common/text.h"
 #include "launcher/collect.h"
@@ -177,10 +176,6 @@ int BuildGraph(const StagedOptions& o, const std::vector<std::string>& command, 
     f.resume = true;  // a fill this entry began and did not finish (Ctrl-C, a failed slice) goes on where it stopped
     FillResult fr = RunFill(f, command);
     fill_s = Since(s0);
-    const json fj = [&] {
-      std::ifstream in(fr.summary);
-      return in ? json::parse(in, nullptr, false) : json();
-    }();
     if (fr.exit_code != 0) {
       std::printf("prism: stage 2/3 fill %s (exit %d) after %s; the collect stays cached (%s): the same command "
                   "resumes at the fill\n",
@@ -188,8 +183,7 @@ int BuildGraph(const StagedOptions& o, const std::vector<std::string>& command, 
                   entry.collect_dir.c_str());
       return fr.exit_code;
     }
-    const double fill_total = fj.is_object() ? fj.value("wall_s", fill_s) : fill_s;
-    json info = {{"wall_s", fill_total}, {"rounds", fr.rounds}, {"converged", fr.converged},
+    json info = {{"wall_s", fr.wall_s > 0 ? fr.wall_s : fill_s}, {"rounds", fr.rounds}, {"converged", fr.converged},
                  {"last_moved_pct", fr.last_moved_pct}, {"tolerance_pct", o.tolerance_pct},
                  {"max_rounds", o.max_rounds}, {"slices_run", fr.slices_run}, {"classes", fr.classes},
                  {"shared_classes", fr.shared_classes}, {"compute_spread_pct", fr.spread_pct},
