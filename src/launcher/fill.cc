@@ -102,6 +102,32 @@ bool SameShape(const trace::RoleClass& a, const trace::RoleClass& b) {
   return true;
 }
 
+}  // namespace
+
+std::string LockstepSlots(const std::string& spec, const trace::Trace& t) {
+  if (spec == "none") return "";
+  if (spec != "auto") return spec;
+  std::vector<std::string> out;
+  for (const auto& cls : t.classes)
+    for (const std::string& name : cls.comm_slots) {
+      const std::string base = name.substr(0, name.find('#'));
+      bool stage_local = !base.empty();
+      for (size_t b = 0; stage_local && b <= base.size();) {
+        size_t e = base.find('-', b);
+        if (e == std::string::npos) e = base.size();
+        const std::string tok = base.substr(b, e - b);
+        stage_local = tok == "tp" || tok == "cp" || tok == "dp";
+        b = e + 1;
+      }
+      if (stage_local && std::find(out.begin(), out.end(), base) == out.end()) out.push_back(base);
+    }
+  std::string joined;
+  for (const std::string& s : out) joined += (joined.empty() ? "" : ",") + s;
+  return joined;
+}
+
+namespace {
+
 FillResult Fail(const FillOptions& o, FillResult r, const std::string& m, int code) {
   std::fprintf(stderr, "%s%s\n", o.prefix.c_str(), m.c_str());
   r.exit_code = code;
@@ -111,7 +137,7 @@ FillResult Fail(const FillOptions& o, FillResult r, const std::string& m, int co
 // The emulation one slice runs: its ranks real, every other rank replayed from `graph`, the collect's recorded
 // payloads when `payload_dir` is given.
 EmulateOptions SliceOptions(const FillOptions& o, const std::string& ranks, const std::string& graph,
-                            const std::string& payload_dir) {
+                            const std::string& payload_dir, const std::string& lockstep) {
   EmulateOptions e;
   e.ranks = ranks;
   e.graph = graph;
@@ -125,7 +151,7 @@ EmulateOptions SliceOptions(const FillOptions& o, const std::string& ranks, cons
   e.print_report = false;
   e.label = "fill slice:";
   e.report_extra = {{"policy", "graph"}, {"mode_detail", "fill slice"}};
-  if (o.lockstep != "none") e.lockstep_slots = o.lockstep;  // split where it is used (coordinator_link.cc)
+  e.lockstep_slots = lockstep;  // split where it is used (coordinator_link.cc)
   if (!payload_dir.empty()) {
     e.payload = "recorded";
     e.payload_dir = payload_dir;
@@ -256,6 +282,8 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
   if (!g0) return Fail(o, res, "the collect run's graph: " + error, kExitBadInput);
   fs::copy_file(current, out / "bare.prism", fs::copy_options::overwrite_existing, ec);
   res.classes = static_cast<int>(g0->class_ranks.size());
+  const std::string lockstep = LockstepSlots(o.lockstep, g0->trace);
+  res.lockstep = lockstep;
   // Why each rank once: an expert-parallel class that had no real rank in the collect repeats the nodes of the rank
   // of another ep coordinate (observed_trace.h, mirror_expert_classes); that rank's slice refreshes both classes.
   std::vector<int> reps;
@@ -267,6 +295,9 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
   std::printf("%s%zu classes (ranks", o.prefix.c_str(), g0->class_ranks.size());
   for (int r : reps) std::printf(" %d", r);
   std::printf("), bare graph from %s: simulated iteration %.3f ms\n", from.string().c_str(), bare * 1e3);
+  std::printf("%slockstep slots: %s\n", o.prefix.c_str(),
+              lockstep.empty() ? "none (every virtual member holds the real rank as the graph says)"
+                               : (lockstep + " (their virtual members do not hold a slice's real rank)").c_str());
   if (!g0->mirrored_classes.empty())
     std::printf("%s%zu expert-parallel class(es) repeat the nodes of a rank of another ep coordinate (the collect ran "
                 "without --real-routing: EP symmetry assumed); that rank's slice times them too\n",
@@ -301,6 +332,7 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
                     {"bare_iteration_time_s", bare},
                     {"uncalibrated_iteration_time_s", first_round},
                     {"calibrated_iteration_time_s", last},
+                    {"lockstep", lockstep},
                     {"tolerance_pct", o.tolerance_pct},
                     {"max_rounds", o.max_rounds},
                     {"converged", res.converged},
@@ -366,17 +398,18 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
     for (size_t si = first_slice; si < slices.size(); ++si) {
       const std::vector<int>& sl = slices[si];
       const std::string list = JoinRanks(sl);
-      EmulateOptions e = SliceOptions(o, list, current.string(), recorded ? from.string() : std::string());
+      EmulateOptions e = SliceOptions(o, list, current.string(), recorded ? from.string() : std::string(), lockstep);
       const std::string what = (sl.size() == 1 ? "rank " : "ranks ") + list;
       const fs::path slice = slice_dir(round, sl);
       e.out = slice.string();
       // What is left: this round's remaining slices, and one more round while none could have converged.
-      const size_t left = slices.size() - si + (round < 2 ? slices.size() : 0);
+      const bool another = round < 2 && o.max_rounds >= 2;  // no round can converge before the second
+      const size_t left = slices.size() - si + (another ? slices.size() : 0);
       std::string eta = ran_here == 0 ? "" : ", about " + MinutesSeconds(slice_time / static_cast<double>(ran_here) *
                                                                 static_cast<double>(left)) + " left";
       std::printf("%sround %d, slice %s (%zu of %zu; others replay %s); elapsed %s%s%s\n", o.prefix.c_str(), round,
                   what.c_str(), si + 1, slices.size(), current.filename().c_str(), MinutesSeconds(elapsed()).c_str(),
-                  eta.c_str(), round < 2 && ran_here > 0 ? " (at least 2 rounds)" : "");
+                  eta.c_str(), another && ran_here > 0 ? " (at least 2 rounds)" : "");
       std::fflush(stdout);
       const auto s0 = Clk::now();
       int rc = Emulate(e, command);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "coordinator/world.h"
+#include "prism/trace.h"
 
 namespace prism::launcher {
 
@@ -31,8 +32,9 @@ struct FillOptions {
   bool no_preload = false;
   int iterations = 0;       // > 0: each slice stops its job after this many iterations (emulate --iterations)  // the slices' workers run without libprism (launch tests only)
   std::string payload_max_bytes;
-  // Slots whose virtual members do not hold the slice's real rank (GraphRelease::SetLockstepSlots); "none": all do.
-  std::string lockstep = "tp";
+  // Slots whose virtual members do not hold the slice's real rank (GraphRelease::SetLockstepSlots), comma-separated;
+  // "none": all do; "auto": every slot whose group spans only the tp, cp and dp dimensions (LockstepSlots).
+  std::string lockstep = "auto";
   // Tensor-parallel positions of one group whose graphs have the same shape share the slice of its first position
   // (docs/fill.md "Symmetric tensor-parallel positions"): false runs every class's own slice.
   bool share_symmetric_tp = false;
@@ -56,9 +58,17 @@ struct FillResult {
   int shared_classes = 0;  // classes timed by a symmetric position's slice
   double spread_pct = 0;   // the largest spread of a class's compute over its slices (FillSamples::SpreadPct)
   int spread_rank = -1;    // that class's rank
+  std::string lockstep;    // the slots the slices ran in lockstep (LockstepSlots), comma-separated
 };
 
 FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command);
+
+// The lockstep slots a fill's slices use (FillOptions::lockstep): "none" -> "", "auto" -> the graph's slots whose
+// group spans only the tp, cp and dp dimensions ("tp", "dp", "dp-cp", "tp#2", ... comma-separated, each once), any
+// other value as given. Why those: their members are replicas or symmetric positions of the real rank's own stage,
+// which do the same work in lockstep in the job; a virtual one replays an earlier slice's timing and would hold the
+// real rank where the job does not (docs/fill.md "Tensor-parallel lockstep").
+std::string LockstepSlots(const std::string& spec, const trace::Trace& t);
 
 // The slices of one round. One GPU: one rank per slice. G GPUs: the classes' ranks grouped by tensor-parallel group
 // (the same coordinates but tp), each group cut into chunks of at most G ranks, so that a slice's tensor-parallel

@@ -33,10 +33,13 @@ megatron_check() {  # NAME RANKS NNODES TP PP GBS [args]: trains 10 iterations, 
 # collect (issue 7) and fill (issue 8) take their job's shape from FILL_SHAPE:
 #   w64      world 64 (8 x 8), tp 2, pp 2, global batch 64 (2 micro-batches per replica), 10 iterations (default)
 #   w128pp4  world 128 (16 x 8), tp 2, pp 4, global batch 256 (8 micro-batches: a large 1F1B bubble), 10 iterations
+#   w64pp4   world 64 (8 x 8), tp 1, pp 4, global batch 256 (8 micro-batches per replica), 10 iterations: 4 classes
 fill_shape() {
+  shape_tp=2
   case ${FILL_SHAPE:-w64} in
     w64) shape_tag=w64 shape_nnodes=8 shape_pp=2 shape_gbs=64 ;;
     w128pp4) shape_tag=w128pp4 shape_nnodes=16 shape_pp=4 shape_gbs=256 ;;
+    w64pp4) shape_tag=w64pp4 shape_nnodes=8 shape_pp=4 shape_gbs=256 shape_tp=1 ;;
     *) echo "unknown FILL_SHAPE ${FILL_SHAPE}"; return 1 ;;
   esac
   # FILL_MODEL=medium: the fidelity suite's GPU-bound model (megatron_env.sh), whose iterations vary less than the
@@ -47,13 +50,16 @@ fill_shape() {
   # Why: Megatron wants the layers divisible by the stages (the tiny model has 2; the last --num-layers wins).
   if [ "${FILL_MODEL:-tiny}" = tiny ] && [ "$shape_pp" -gt 2 ]; then model+=(--num-layers "$shape_pp"); fi
   shape_job=(torchrun --nnodes "$shape_nnodes" --nproc-per-node 8 pretrain_gpt.py "${model[@]}"
-    --tensor-model-parallel-size 2 --pipeline-model-parallel-size "$shape_pp" --global-batch-size "$shape_gbs"
+    --tensor-model-parallel-size "$shape_tp" --pipeline-model-parallel-size "$shape_pp" --global-batch-size "$shape_gbs"
     --train-iters 10)
   # Replica 0's ranks: tp 0/1 of every stage (a stage is world / pp ranks apart in Megatron's default order).
   local st=$((shape_nnodes * 8 / shape_pp)) p
   shape_replica=()
-  for ((p = 0; p < shape_pp; p++)); do shape_replica+=($((p * st)) $((p * st + 1))); done
-  shape_last=$(((shape_pp - 1) * st + 1))
+  for ((p = 0; p < shape_pp; p++)); do
+    shape_replica+=($((p * st)))
+    [ "$shape_tp" -gt 1 ] && shape_replica+=($((p * st + 1)))
+  done
+  shape_last=$(((shape_pp - 1) * st + shape_tp - 1))
 }
 # collect: data-parallel replica 0 on the one GPU, real data between its ranks; then (w64r63rec) rank 63 replays
 # rank 33's recorded payloads.
@@ -183,8 +189,10 @@ megatron_moe_collect() {
 # the GPU-bound model), w128pp4 (the 4-stage bubble), moe (tiny MoE tp1 pp2 ep2: real routing; rank 0's max
 # allocated against the collect's rank 0). The detail: each stage's wall time, the fill's rounds and last move, rank 0
 # against simulate of the filled graph (graph_comparison), its pipeline wait, the second run's hit and the seconds
-# from its start to "rank 0 started". PASS: fill converged, |steady median error| <= 2 % (w64, w128pp4), second run a
-# hit that started rank 0 within 60 s, and for moe max allocated equal to the MB.
+# from its start to "rank 0 started". DEFAULT_ARGS: more prism-run options for both runs (a comma for a space, e.g.
+# --fill-rounds,1); DEFAULT_RUNS=1 runs the first only. PASS: the second run (when run) a hit that started rank 0 within 60 s, and per shape: w64 the fill converged
+# and |steady median error| <= 2 %; w128pp4 and w64pp4 the pipeline wait is over 10 % of rank 0's iteration (the bubble); moe
+# max allocated equal to the MB.
 default_expr='"iter %.2f ms; pp wait %.2f ms/it; fill %s after %s round(s), last move %.2f %%; stages %s; vs simulate(graph) median %s %%, steady medians %s %%, steady total %s %%" % (1e3*(r["iteration_time_s"] or 0), 1e3*(r["ranks"][0].get("wait_per_iteration_s") or {}).get("PIPELINE_MODEL_PARALLEL_GROUP", 0), "converged" if r["fill"]["converged"] else "NOT converged", r["fill"]["rounds"], r["fill"]["last_moved_pct"], " ".join("%s=%.0fs%s" % (s["name"], s["wall_s"], " (built in %.0fs)" % s["built_s"] if "built_s" in s else "") for s in r["stages"]), *[("%+.2f" % g[k]) if g else "-" for g in [(r.get("graph_comparison") or {}).get("ranks", [None])[0]] for k in ("median_error_pct", "steady_median_error_pct", "steady_total_error_pct")])'
 stamp_lines() { while IFS= read -r l; do printf '%s %s\n' "$EPOCHREALTIME" "$l"; done; }
 megatron_default() {
@@ -200,20 +208,24 @@ megatron_default() {
   local name=megatron_${shape_tag}_default dir=$out/megatron_${shape_tag}_default cache=$out/graph-cache
   mkdir -p "$dir"
   local t0=$EPOCHREALTIME run
-  for run in 1 2; do
+  local -a extra
+  local da=${DEFAULT_ARGS:-}; read -r -a extra <<< "${da//,/ }"
+  for run in $(seq 1 "${DEFAULT_RUNS:-2}"); do
     (cd "$MEGATRON" && env -u PRISM_POLICY timeout -s INT -k 20 "${DEFAULT_TIMEOUT:-480}" "$PRISM_RUN" --ranks 0 \
-       --graph-cache "$cache" --quiet --out "$dir/run$run" "${job[@]}") 2>&1 | stamp_lines > "$out/$name.run$run.out"
+       --graph-cache "$cache" --quiet --out "$dir/run$run" "${extra[@]}" "${job[@]}") 2>&1 |
+      stamp_lines > "$out/$name.run$run.out"
     [ -f "$dir/run$run/report.json" ] || { echo "run $run: no report.json"; tail -20 "$out/$name.run$run.out"; return 1; }
   done
   local r1=$dir/run1/report.json r2=$dir/run2/report.json ok=0
   echo "run1: $(json_get "$r1" "$default_expr")" > "$out/$name.detail"
-  local start2 first2
-  start2=$(head -1 "$out/$name.run2.out" | cut -d' ' -f1)
-  first2=$(grep -m1 'prism: rank 0 started' "$out/$name.run2.out" | cut -d' ' -f1)
-  echo "run2: cache $(json_get "$r2" '"hit" if r["graph_cache"]["hit"] else "MISS"'), rank 0 started $($PYTHON -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" "$start2" "${first2:-0}") s after prism-run's first line; $(json_get "$r2" "$default_expr")" >> "$out/$name.detail"
-  json_get "$r1" 'r["fill"]["converged"]' | grep -q True || ok=1
-  json_get "$r2" 'r["graph_cache"]["hit"]' | grep -q True || ok=1
-  $PYTHON -c "import sys; sys.exit(0 if 0 < float(sys.argv[2]) - float(sys.argv[1]) < 60 else 1)" "$start2" "${first2:-0}" || ok=1
+  if [ "${DEFAULT_RUNS:-2}" -ge 2 ]; then
+    local start2 first2
+    start2=$(head -1 "$out/$name.run2.out" | cut -d' ' -f1)
+    first2=$(grep -m1 'prism: rank 0 started' "$out/$name.run2.out" | cut -d' ' -f1)
+    echo "run2: cache $(json_get "$r2" '"hit" if r["graph_cache"]["hit"] else "MISS"'), rank 0 started $($PYTHON -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" "$start2" "${first2:-0}") s after prism-run's first line; $(json_get "$r2" "$default_expr")" >> "$out/$name.detail"
+    json_get "$r2" 'r["graph_cache"]["hit"]' | grep -q True || ok=1
+    $PYTHON -c "import sys; sys.exit(0 if 0 < float(sys.argv[2]) - float(sys.argv[1]) < 60 else 1)" "$start2" "${first2:-0}" || ok=1
+  fi
   if [ "${DEFAULT_SHAPE:-w64}" = moe ]; then
     local col; col=$(json_get "$r1" 'r["graph_cache"]["dir"]')/collect
     local a b
@@ -221,7 +233,11 @@ megatron_default() {
     b=$(grep -ohE "max allocated: [0-9.]+" "$dir"/run1/logs/rank0.log | tail -1 | awk '{print $3}')
     echo "moe rank 0 max allocated: collect (real routing) ${a:-?} MB, default ${b:-?} MB" >> "$out/$name.detail"
     [ -n "$a" ] && [ "$a" = "$b" ] || ok=1
+  elif [[ "${DEFAULT_SHAPE:-w64}" == *pp4 ]]; then
+    json_get "$r1" '(r["ranks"][0].get("wait_per_iteration_s") or {}).get("PIPELINE_MODEL_PARALLEL_GROUP", 0) > 0.1 * r["iteration_time_s"]' |
+      grep -q True || ok=1
   else
+    json_get "$r1" 'r["fill"]["converged"]' | grep -q True || ok=1
     json_get "$r1" 'abs(r["graph_comparison"]["ranks"][0]["steady_median_error_pct"]) <= 2' | grep -q True || ok=1
   fi
   return $ok

@@ -57,5 +57,9 @@ wait
 (cd "$work" && tar czf "$out/logs.tgz" --exclude='*.events.jsonl' --exclude='*.kernels.jsonl' --exclude='payloads' \
    --exclude='*.sock' --exclude='*.bin' . ) 2>/dev/null
 find "$work" -name trace.json -size -5M -print0 | (cd / && tar czf "$out/traces.tgz" --null -T - 2>/dev/null)
+# PARALLEL_EVENTS=1: the event files too (each under 20 MB), for reading a fill's slices afterwards.
+if [ -n "${PARALLEL_EVENTS:-}" ]; then
+  find "$work" -name '*.events.jsonl' -size -20M -print0 | (cd "$work" && tar czf "$out/events.tgz" --null -T - 2>/dev/null)
+fi
 [ -z "${KEEP:-}" ] && rm -rf "$work"
 for ((i = 0; i < k; i++)); do echo "== group $i (GPU $i)"; grep -A40 '^== GPU suite' "$out/g$i.txt" | grep -v '^== GPU suite'; done

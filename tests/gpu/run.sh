@@ -2,6 +2,7 @@
 # The GPU suite: one entry script, run on the GPU machine from the repo root over a build made elsewhere
 # (carry build/ and third_party/megatron/). Prints a PASS/FAIL table and writes logs under OUT_DIR.
 #   tests/gpu/run.sh OUT_DIR [suite...]      suites: shim megatron hang passthrough fidelity calibrate record kernels swap
+#                                            cost (libprism's added time, bottom-up: tests/gpu/libprism_cost.sh)
 #                                            (default: shim megatron)
 set -uo pipefail
 out=$(realpath -m "${1:?usage: tests/gpu/run.sh OUT_DIR [suite...]}"); shift
@@ -35,6 +36,12 @@ for s in "${suites[@]}"; do
     fidelity) source tests/gpu/fidelity_suite.sh ;;
     passthrough) source tests/gpu/passthrough_suite.sh ;;
     kernels) source tests/gpu/kernels_suite.sh ;;
+    cost) cost_case() {  # PASS: the bottom-up estimate of libprism's added time is under 1 % of the iteration
+            tests/gpu/libprism_cost.sh "$out/cost" || return 1
+            tail -1 "$out/cost/cost.txt" > "$out/libprism_cost_bottom_up.detail"
+            tail -1 "$out/cost/cost.txt" | grep -qE '= (0\.[0-9]+|-[0-9.]+) %'
+          }
+          check libprism_cost_bottom_up cost_case ;;
     *) echo "unknown suite $s" >&2 ;;
   esac
 done

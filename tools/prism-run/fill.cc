@@ -39,8 +39,9 @@ void AddFill(CLI::App& app, int* rc) {
   sub->add_option("--hang-timeout", o.hang_timeout, "per slice, as for emulate")->capture_default_str();
   sub->add_option("--payload-max-bytes", o.payload_max_bytes, "per slice, as for emulate (default 4M)");
   sub->add_option("--lockstep", o.lockstep,
-                  "communicator slots (comma-separated, or none) whose virtual members do not hold a slice's real "
-                  "rank: its collectives there complete at its own arrival plus the duration (tensor-parallel peers "
+                  "communicator slots (comma-separated, auto, or none) whose virtual members do not hold a slice's "
+                  "real rank: its collectives there complete at its own arrival plus the duration; auto: the slots "
+                  "whose group spans only tp, cp and dp (replicas and symmetric positions of the rank's own stage "
                   "run in lockstep; docs/fill.md)")
       ->capture_default_str();
   sub->add_flag("--every-class", co.every_class,
