@@ -48,6 +48,14 @@ enum class DType : uint8_t {
   kU64,
 };
 
+// When a send completes (top-level key kSendCompletionKey; docs/trace-format.md, "Send completion"):
+//  kRendezvous: with its receive, at max(send posted, receive posted) + transfer;
+//  kEager:      after its transfer, whether the receive was posted or not (ASTRA-sim's sends);
+//  kNccl:       eager up to the buffer NCCL's p2p protocol writes into without the receiver, rendezvous above.
+// kInvalid (absent) means the replay's default for a PrismTrace, kRendezvous.
+enum class SendCompletion : uint8_t { kInvalid = 0, kRendezvous, kEager, kNccl };
+inline constexpr std::string_view kSendCompletionKey = "send_completion";
+
 inline constexpr uint32_t kNoIndex = std::numeric_limits<uint32_t>::max();
 
 struct Node {
@@ -96,6 +104,7 @@ struct Trace {
   int32_t world_size = 0;
   Layout layout;
   std::string topology;              // optional: a preset name or the topology JSON as text
+  SendCompletion send_completion = SendCompletion::kInvalid;  // optional (kSendCompletionKey)
   std::vector<Comm> comms;
   std::vector<RoleClass> classes;
   std::vector<RankBinding> ranks;    // size world_size: rank -> class and comm bindings
@@ -105,9 +114,11 @@ struct Trace {
 std::string_view ToString(NodeKind k);
 std::string_view ToString(CollOp op);
 std::string_view ToString(DType t);
+std::string_view ToString(SendCompletion c);  // "rendezvous", "eager", "nccl"
 NodeKind ParseNodeKind(std::string_view s);
 CollOp ParseCollOp(std::string_view s);
 DType ParseDType(std::string_view s);
+SendCompletion ParseSendCompletion(std::string_view s);
 // Bytes per element; 0 for kInvalid.
 int DTypeSize(DType t);
 

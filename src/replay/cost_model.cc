@@ -633,6 +633,15 @@ CommCost CostModel::SendRecv(uint64_t bytes, int32_t src_rank, int32_t dst_rank)
   return cost;
 }
 
+uint64_t CostModel::SendBufferBytes(const CommShape& shape) const noexcept {
+  constexpr uint64_t kNcclSteps = 8;                  // NCCL_STEPS (src/include/device.h)
+  constexpr uint64_t kNetChunk = 1u << 17;            // NCCL_P2P_NET_CHUNKSIZE default
+  constexpr uint64_t kNvlChunk = 1u << 19;            // NCCL_P2P_NVL_CHUNKSIZE default
+  constexpr uint64_t kPciChunk = 1u << 17;            // NCCL_P2P_PCI_CHUNKSIZE default
+  const uint64_t chunk = shape.nnodes > 1 ? kNetChunk : topo_.intra_nvlink ? kNvlChunk : kPciChunk;
+  return kNcclSteps * chunk;
+}
+
 double BusBwFactor(CollOp op, int nranks) {
   double n = std::max(nranks, 1);
   switch (op) {

@@ -114,6 +114,12 @@ class CostModel {
   // One send/receive pair between two global ranks. No allocation, no I/O, never throws.
   CommCost SendRecv(uint64_t bytes, int32_t src_rank, int32_t dst_rank) const noexcept;
 
+  // The largest message a send on a communicator of this shape completes without its receive: NCCL's p2p
+  // connection buffer, NCCL_STEPS (8) slots of the p2p chunk size (NCCL 2.28 src/init.cc computeBuffSizes: the
+  // net chunk, 128 KiB, when the communicator spans nodes; the NVLink chunk, 512 KiB, on one NVLink node; the
+  // PCI chunk, 128 KiB, otherwise): 1 MiB or 4 MiB. One channel's buffer (NCCL may spread a message over more).
+  uint64_t SendBufferBytes(const CommShape& shape) const noexcept;
+
   // For tests and docs: the time NCCL's model gives one algorithm/protocol (negative when unavailable).
   double NcclTime(const CommTuning& tuning, NcclFunc func, NcclAlgo algo, NcclProto proto, uint64_t bytes,
                   trace::DType dtype) const noexcept;

@@ -72,6 +72,7 @@ struct PendingP2P {
   int32_t rank;
   uint32_t flat;
   double arrival;
+  double ready = -1.0;  // an eager send that completed first: when its data is at the receiver
 };
 
 struct CostKey {
@@ -183,8 +184,11 @@ struct Simulator::Impl {
   std::unique_ptr<ReplicaFold> fold;
   std::unique_ptr<Impl> replica;
 
+  trace::SendCompletion send_mode;
+
   Impl(const trace::Trace& tr, const CostModel& m, EngineOptions o, const std::vector<trace::RoleClass>* cls = nullptr)
-      : t(tr), model(m), opt(std::move(o)), tclasses(cls ? *cls : tr.classes) {}
+      : t(tr), model(m), opt(std::move(o)), tclasses(cls ? *cls : tr.classes),
+        send_mode(EffectiveSendCompletion(opt, tr)) {}
 
   bool Fail(SimResult::Status st, std::string msg) {
     if (res.status == SimResult::Status::kOk) {
@@ -634,8 +638,19 @@ struct Simulator::Impl {
     bool send = n.kind == NodeKind::kSend;
     P2PKey key{comm, send ? me : n.peer, send ? n.peer : me, n.seq};
     posted[r_stream_off[rank] + n.stream] = 1;
+    const bool eager = Eager(comm, n.bytes);
     auto [it, inserted] = p2p.try_emplace(key, PendingP2P{rank, flat, arrival});
-    if (inserted) return true;
+    if (inserted) {
+      if (eager && send) {
+        // The send completes now, into the receiver's buffer; its receive finds `ready` when it is posted.
+        CommCost cost;
+        double dur = P2PDuration(rank, c.ranks[n.peer], n.bytes, opt.use_recorded ? n.dur_us : -1.0, &cost);
+        CountP2P(comm, n.bytes, dur, cost);
+        it->second.ready = arrival + dur;
+        CompleteMember(rank, flat, arrival + dur);
+      }
+      return true;
+    }
     PendingP2P other = it->second;
     p2p.erase(it);
     const FlatNode& o = classes[r_cls[other.rank]].nodes[other.flat];
@@ -650,28 +665,32 @@ struct Simulator::Impl {
                                                     std::to_string(o.bytes) + " bytes, rank " + std::to_string(rank) + " " +
                                                     NodeLabel(n) + " has " + std::to_string(n.bytes));
     }
-    int32_t src = send ? rank : other.rank, dst = send ? other.rank : rank;
-    if (!opt.placement_rank.empty()) {
-      src = opt.placement_rank[src];
-      dst = opt.placement_rank[dst];
-    }
-    CommCost cost = model.SendRecv(n.bytes, src, dst);
-    double dur = cost.time_us;
-    double recorded = opt.use_recorded ? std::max(n.dur_us, o.dur_us) : -1.0;
-    if (recorded >= 0) {
-      double base = opt.baseline_model ? opt.baseline_model->SendRecv(n.bytes, src, dst).time_us : 0.0;
-      dur = Rescaled(recorded, cost.time_us, base);
-      cost.method = CostMethod::kRecorded;
-    }
-    double start = std::max(arrival, other.arrival);
-    double end = start + dur;
     CommStats& st = comm_stats[comm];
-    st.calls++;
-    st.bytes += n.bytes;
-    st.time_us += dur;
-    int li = LabelIndex(cost);
-    st.label_calls[li]++;
-    st.label_time[li] += dur;
+    if (eager) {
+      // The receive completes when it is posted and the data is there; only the receiver ever waits.
+      const PendingP2P mine{rank, flat, arrival};
+      const PendingP2P& s = send ? mine : other;
+      const PendingP2P& r = send ? other : mine;
+      double ready = other.ready;
+      if (send) {
+        CommCost cost;
+        double dur = P2PDuration(rank, other.rank, n.bytes, opt.use_recorded ? n.dur_us : -1.0, &cost);
+        CountP2P(comm, n.bytes, dur, cost);
+        ready = arrival + dur;
+        CompleteMember(rank, flat, ready);
+      }
+      if (r.arrival < s.arrival) {
+        st.wait_us += s.arrival - r.arrival;
+        AddWait(r.rank, classes[r_cls[r.rank]].nodes[r.flat].slot, s.rank, s.arrival - r.arrival);
+      }
+      CompleteMember(r.rank, r.flat, std::max(r.arrival, ready));
+      return true;
+    }
+    CommCost cost;
+    double dur = P2PDuration(send ? rank : other.rank, send ? other.rank : rank, n.bytes,
+                             opt.use_recorded ? std::max(n.dur_us, o.dur_us) : -1.0, &cost);
+    CountP2P(comm, n.bytes, dur, cost);
+    double end = std::max(arrival, other.arrival) + dur;
     if (arrival < other.arrival) {
       st.wait_us += other.arrival - arrival;
       AddWait(rank, n.slot, other.rank, other.arrival - arrival);
@@ -682,6 +701,40 @@ struct Simulator::Impl {
     CompleteMember(other.rank, other.flat, end);
     CompleteMember(rank, flat, end);
     return true;
+  }
+
+  // Whether a message on this communicator completes eagerly (its send does not wait for the receive).
+  bool Eager(uint32_t comm, uint64_t bytes) const {
+    switch (send_mode) {
+      case trace::SendCompletion::kEager: return true;
+      case trace::SendCompletion::kNccl: return bytes <= model.SendBufferBytes(shapes[comm_shape[comm]]);
+      default: return false;
+    }
+  }
+
+  // Transfer time of one message between graph ranks src and dst: the model's, or `recorded` (>= 0; rescaled
+  // when a what-if changed the network).
+  double P2PDuration(int32_t src, int32_t dst, uint64_t bytes, double recorded, CommCost* cost) const {
+    if (!opt.placement_rank.empty()) {
+      src = opt.placement_rank[src];
+      dst = opt.placement_rank[dst];
+    }
+    *cost = model.SendRecv(bytes, src, dst);
+    if (!(recorded >= 0)) return cost->time_us;
+    double base = opt.baseline_model ? opt.baseline_model->SendRecv(bytes, src, dst).time_us : 0.0;
+    double dur = Rescaled(recorded, cost->time_us, base);
+    cost->method = CostMethod::kRecorded;
+    return dur;
+  }
+
+  void CountP2P(uint32_t comm, uint64_t bytes, double dur, const CommCost& cost) {
+    CommStats& st = comm_stats[comm];
+    st.calls++;
+    st.bytes += bytes;
+    st.time_us += dur;
+    int li = LabelIndex(cost);
+    st.label_calls[li]++;
+    st.label_time[li] += dur;
   }
 
   // Runs one stream as far as it can go.
@@ -854,6 +907,23 @@ struct Simulator::Impl {
     res.wait_chain.push_back("... (chain truncated at 64 hops)");
   }
 
+  // Every stream finished, yet an eager send is still waiting for its receive (possible only in a graph that
+  // skipped the validator): a message nobody receives is an error, not a result.
+  void ReportUnreceived() {
+    const PendingP2P* first = nullptr;
+    for (const auto& [key, p] : p2p) {
+      if (!first || p.rank < first->rank || (p.rank == first->rank && p.flat < first->flat)) first = &p;
+    }
+    if (!first) return;
+    const FlatNode& n = classes[r_cls[first->rank]].nodes[first->flat];
+    uint32_t comm = slot_comm[r_slot_off[first->rank] + n.slot];
+    Fail(SimResult::Status::kMismatch, Where(first->rank, first->flat) + ": " +
+                                           (n.kind == NodeKind::kSend ? "send to rank " : "recv from rank ") +
+                                           std::to_string(t.comms[comm].ranks[n.peer]) + " (message #" +
+                                           std::to_string(n.seq) + " on " + CommName(comm) +
+                                           ") is never matched, and every stream finished");
+  }
+
   // ---- Results -------------------------------------------------------------------------------------------
 
   void Collect() {
@@ -996,11 +1066,15 @@ struct Simulator::Impl {
         uint32_t pslot = SlotOf(peer, comm);
         const ClassPlan& pc = classes[r_cls[peer]];
         NodeKind want = n.kind == NodeKind::kSend ? NodeKind::kRecv : NodeKind::kSend;
-        for (uint32_t pf = 0; pf < pc.nodes.size(); ++pf) {
+        // An eager send came after its own inputs only; an eager receive after the send when the data arrived
+        // after the receive was posted (its finish is later than its arrival), else after its own inputs.
+        const bool eager = Eager(comm, n.bytes);
+        const bool through_peer = !eager || (n.kind == NodeKind::kRecv && fin > arr);
+        for (uint32_t pf = 0; through_peer && pf < pc.nodes.size(); ++pf) {
           const FlatNode& x = pc.nodes[pf];
           if (x.kind == want && x.slot == pslot && x.peer == me && x.seq == n.seq) {
             double a = Arrival(peer, pf);
-            if (a > last_arr) {
+            if (eager || a > last_arr) {
               last_arr = a;
               last = peer;
               last_flat = pf;
@@ -1056,6 +1130,7 @@ struct Simulator::Impl {
       Simulate();
       ran = true;
       if (res.status == SimResult::Status::kOk) DiagnoseDeadlock();
+      if (res.status == SimResult::Status::kOk) ReportUnreceived();
       if (res.status == SimResult::Status::kOk) {
         Collect();
         BuildCriticalPath();
@@ -1077,6 +1152,7 @@ struct Simulator::Impl {
     if (!FoldReplicas(t, model, opt.baseline_model, opt.compute_scale, f.get(), why)) return false;
     EngineOptions ro = opt;
     ro.symmetric = false;
+    ro.send_completion = send_mode;
     ro.compute_scale = f->compute_scale;
     ro.placement_rank = std::move(f->placement_rank);
     ro.placement_comm = std::move(f->placement_comm);
@@ -1155,6 +1231,12 @@ Simulator::Simulator(const trace::Trace& trace, const CostModel& model, EngineOp
 Simulator::~Simulator() = default;
 SimResult Simulator::Run() { return impl_->Run(); }
 nlohmann::json Simulator::ChromeTrace(const std::vector<int32_t>& ranks) const { return impl_->ChromeTrace(ranks); }
+
+trace::SendCompletion EffectiveSendCompletion(const EngineOptions& options, const trace::Trace& trace) {
+  if (options.send_completion != trace::SendCompletion::kInvalid) return options.send_completion;
+  if (trace.send_completion != trace::SendCompletion::kInvalid) return trace.send_completion;
+  return trace::SendCompletion::kRendezvous;
+}
 
 SimResult Simulate(const trace::Trace& trace, const CostModel& model, const EngineOptions& options) {
   Simulator sim(trace, model, options);

@@ -2,7 +2,8 @@
 //
 // Each rank has one cursor per stream. A compute node takes its dur_us; a collective completes on every member
 // when all members reached it, at max(arrivals) + duration; a send/receive pair completes at max(both posted) +
-// duration; `after` edges hold a node until the named nodes of other streams finished. Durations of
+// duration (rendezvous), or the send at its own posting + duration and the receive at max(posted, that) (eager:
+// trace::SendCompletion says which); `after` edges hold a node until the named nodes of other streams finished. Durations of
 // communication come from the graph (recorded dur_us, when use_recorded) or the cost model.
 //
 // Why no time-ordered event queue: streams are sequential and share no resource besides these edges, so every
@@ -27,6 +28,8 @@ namespace prism::replay {
 
 struct EngineOptions {
   bool use_recorded = true;  // a comm node's recorded dur_us wins over the cost model
+  // When sends complete; kInvalid: the graph's send_completion, else kRendezvous.
+  trace::SendCompletion send_completion = trace::SendCompletion::kInvalid;
   // Compute slow-down per rank (what-if straggler): (rank, factor).
   std::vector<std::pair<int32_t, double>> compute_scale;
   // When set (what-ifs that change the network), recorded comm durations are scaled by
@@ -133,6 +136,9 @@ class Simulator {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The send completion a run uses: the option's, else the graph's, else kRendezvous.
+trace::SendCompletion EffectiveSendCompletion(const EngineOptions& options, const trace::Trace& trace);
 
 // Convenience: one run.
 SimResult Simulate(const trace::Trace& trace, const CostModel& model, const EngineOptions& options = {});

@@ -317,9 +317,12 @@ void PrintSummary(std::ostream& out, const SimulateOptions& o, const trace::Trac
                   const CostModel& model, const SimResult& r) {
   char buf[512];
   out << "prism-run simulate: " << o.graph << "\n";
-  std::snprintf(buf, sizeof buf, "  world %d ranks, %zu classes, %zu communicators; topology %s, %s model\n",
+  EngineOptions eo;
+  eo.send_completion = trace::ParseSendCompletion(o.send_completion);
+  std::snprintf(buf, sizeof buf, "  world %d ranks, %zu classes, %zu communicators; topology %s, %s model; %s sends\n",
                 t.world_size, t.classes.size(), t.comms.size(), topo.name.c_str(),
-                model.kind() == CostModelKind::kAlphaBeta ? "alpha-beta" : "NCCL 2.28");
+                model.kind() == CostModelKind::kAlphaBeta ? "alpha-beta" : "NCCL 2.28",
+                std::string(trace::ToString(EffectiveSendCompletion(eo, t))).c_str());
   out << buf;
   out << "  replay           " << (r.symmetric ? "symmetric fast path: " : "full: ") << ReplayPathReason(t, r) << "\n";
   out << "  iteration time   " << Ms(r.iteration_time_s) << "  (median of " << r.iteration_ids.size()
@@ -414,6 +417,11 @@ int RunSimulate(const SimulateOptions& o, std::ostream& out, std::ostream& err) 
   }
   mo.nccl_algo = o.nccl_algo;
   mo.nccl_proto = o.nccl_proto;
+  const trace::SendCompletion send_completion = trace::ParseSendCompletion(o.send_completion);
+  if (!o.send_completion.empty() && send_completion == trace::SendCompletion::kInvalid) {
+    err << me << "--send-completion must be rendezvous, eager or nccl (got \"" << o.send_completion << "\")\n";
+    return kExitBadInput;
+  }
 
   // Graph.
   trace::Trace t;
@@ -489,6 +497,7 @@ int RunSimulate(const SimulateOptions& o, std::ostream& out, std::ostream& err) 
   progress.what = "baseline";
   EngineOptions eo;
   eo.use_recorded = o.use_recorded;
+  eo.send_completion = send_completion;
   eo.symmetric = o.symmetric;
   eo.progress = [&progress](uint64_t d, uint64_t n) { progress(d, n); };
   Simulator sim(t, model, eo);
@@ -502,6 +511,7 @@ int RunSimulate(const SimulateOptions& o, std::ostream& out, std::ostream& err) 
   if (!o.nccl_algo.empty()) report["nccl_algo"] = o.nccl_algo;
   if (!o.nccl_proto.empty()) report["nccl_proto"] = o.nccl_proto;
   report["use_recorded"] = o.use_recorded;
+  report[std::string(trace::kSendCompletionKey)] = trace::ToString(EffectiveSendCompletion(eo, t));
   report["load_s"] = load_s;
 
   int rc = kExitOk;

@@ -36,6 +36,9 @@ struct SimulateOptions {
   std::string out_dir;              // empty: ./prism-out/<timestamp>
   std::string trace_ranks = "0";    // ranks in trace.json; "" or "none": no trace
   bool use_recorded = true;
+  // When sends complete: "rendezvous", "eager" or "nccl" (trace::SendCompletion); empty: the graph's
+  // send_completion, else rendezvous.
+  std::string send_completion;
   bool validate = true;
   bool symmetric = true;            // symmetric fast path when the graph allows it (--no-symmetric: full replay)
   bool quiet = false;               // no summary on stdout

@@ -147,6 +147,10 @@ void FromJson(const json& j, trace::Trace* t) {
     t->layout.dp = t->world_size;  // Why: no layout means every rank is a data-parallel replica.
   }
   if (const json* topo = Field(j, "topology")) t->topology = topo->is_string() ? topo->get<std::string>() : topo->dump();
+  const std::string send_key(trace::kSendCompletionKey);
+  if (Field(j, send_key.c_str())) {
+    t->send_completion = GetEnum(j, send_key.c_str(), trace::ParseSendCompletion, "trace");
+  }
 
   const json* comms = Field(j, "comms");
   if (comms && !comms->is_array()) Fail("comms", "must be an array");
@@ -245,6 +249,9 @@ json TraceToJson(const trace::Trace& t) {
   if (!t.topology.empty()) {
     json topo = json::parse(t.topology, nullptr, false);
     j["topology"] = topo.is_discarded() ? json(t.topology) : topo;
+  }
+  if (t.send_completion != trace::SendCompletion::kInvalid) {
+    j[std::string(trace::kSendCompletionKey)] = trace::ToString(t.send_completion);
   }
   json comms = json::array();
   for (const trace::Comm& c : t.comms) {

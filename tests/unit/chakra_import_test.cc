@@ -344,6 +344,47 @@ TEST_F(ChakraTest, RecordedCommDurationsAreKept) {
   EXPECT_EQ(n->dur_us, 42.0);
 }
 
+// comm_size as ASTRA-sim's collectives read it (docs/chakra.md, "comm_size"): an all-gather's is each rank's
+// input, so Prism's bytes (nccl-tests' S, the whole output) is comm_size x the communicator's ranks; the other
+// collectives' comm_size is S already.
+TEST_F(ChakraTest, AllGatherCommSizeIsEachRanksInput) {
+  std::vector<Rank> ranks(4);
+  for (int r = 0; r < 4; ++r) {
+    ranks[r].Coll(0, "ag world", et::ALL_GATHER, 1000, "");
+    ranks[r].Coll(1, "ag pair", et::ALL_GATHER, 1000, r < 2 ? "1" : "2", {0});
+    ranks[r].Coll(2, "ar", et::ALL_REDUCE, 1000, "", {1});
+    ranks[r].Coll(3, "rs", et::REDUCE_SCATTER, 1000, "", {2});
+    ranks[r].Coll(4, "a2a", et::ALL_TO_ALL, 1000, "", {3});
+  }
+  WriteRanks(ranks);
+  std::ofstream(P("comm_group.json")) << R"({"1": [0, 1], "2": [2, 3]})";
+  for (auto mode : {chakra::AllGatherCommSize::kInput, chakra::AllGatherCommSize::kOutput}) {
+    const bool input = mode == chakra::AllGatherCommSize::kInput;
+    chakra::ImportOptions o;
+    o.input = dir_.string();
+    o.allgather_comm_size = mode;
+    trace::Trace t;
+    std::string err;
+    ASSERT_TRUE(chakra::ImportChakra(o, &t, nullptr, &err)) << err;
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(FindNode(t, r, "ag world")->bytes, input ? 4000u : 1000u) << r;
+      EXPECT_EQ(FindNode(t, r, "ag pair")->bytes, input ? 2000u : 1000u) << r;
+      EXPECT_EQ(FindNode(t, r, "ar")->bytes, 1000u);
+      EXPECT_EQ(FindNode(t, r, "rs")->bytes, 1000u);
+      EXPECT_EQ(FindNode(t, r, "a2a")->bytes, 1000u);
+    }
+  }
+}
+
+TEST_F(ChakraTest, AllGatherWhoseOutputOverflowsIsRefused) {
+  std::vector<Rank> ranks(4);
+  for (auto& r : ranks) r.Coll(7, "huge", et::ALL_GATHER, int64_t{1} << 62, "");
+  WriteRanks(ranks);
+  EXPECT_NE(ImportError().find("t.0.et: node 7 'huge': comm_size 4611686018427387904 x 4 ranks (the all-gather's "
+                               "output) does not fit in 64 bits"),
+            std::string::npos);
+}
+
 TEST_F(ChakraTest, ProcessGroupTableFromPyTorchMetadataNode) {
   // PyTorch's ET carries its process groups in a METADATA node; ASTRA-sim reads the same table.
   const std::string table =

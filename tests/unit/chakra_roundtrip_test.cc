@@ -254,6 +254,94 @@ TEST_F(ChakraRoundTrip, ExportedFilesSpeakAstraSim) {
   }
 }
 
+// Three ranks on one communicator issuing all-gathers of 3000 and 3001 bytes (S, the whole output) and an
+// all-reduce of 3001 bytes.
+trace::Trace AllGatherTrace() {
+  trace::Trace t;
+  t.world_size = 3;
+  t.layout.dp = 3;
+  t.comms.push_back(trace::Comm{0, {0, 1, 2}, "world"});
+  trace::RoleClass cls;
+  cls.name = "r";
+  cls.comm_slots = {"w"};
+  trace::Stream st{"comm", {}};
+  auto coll = [&](uint32_t id, const char* name, trace::CollOp op, uint64_t bytes) {
+    trace::Node n;
+    n.id = id;
+    n.name = name;
+    n.kind = trace::NodeKind::kColl;
+    n.op = op;
+    n.comm_slot = 0;
+    n.bytes = bytes;
+    n.dtype = trace::DType::kU8;
+    st.nodes.push_back(n);
+  };
+  coll(0, "ag", trace::CollOp::kAllGather, 3000);
+  coll(1, "ag uneven", trace::CollOp::kAllGather, 3001);
+  coll(2, "ar", trace::CollOp::kAllReduce, 3001);
+  cls.streams.push_back(st);
+  t.classes.push_back(cls);
+  for (int r = 0; r < 3; ++r) t.ranks.push_back(trace::RankBinding{0, {0}});
+  return t;
+}
+
+// The files say an all-gather's comm_size as ASTRA-sim reads it (each rank's input: bytes / ranks), or with
+// --allgather-comm-size output the whole output; import with the same setting gives the graph back.
+TEST_F(ChakraRoundTrip, AllGatherCommSizeIsEachRanksInputInTheFiles) {
+  const trace::Trace t = AllGatherTrace();
+  ASSERT_TRUE(replay::ValidateTrace(t).empty());
+  for (auto mode : {chakra::AllGatherCommSize::kInput, chakra::AllGatherCommSize::kOutput}) {
+    const bool input = mode == chakra::AllGatherCommSize::kInput;
+    const std::string label = input ? "input" : "output";
+    chakra::ExportOptions eo;
+    eo.out_dir = P(label);
+    eo.allgather_comm_size = mode;
+    chakra::ExportSummary es;
+    std::string err;
+    ASSERT_TRUE(chakra::ExportChakra(t, eo, &es, &err)) << err;
+    bool warned = false;
+    for (const auto& w : es.warnings) {
+      warned = warned || w.find("3 all-gather nodes whose bytes are not a multiple") != std::string::npos;  // 1 per rank
+    }
+    EXPECT_EQ(warned, input) << label;
+    chakra::EtFile f;
+    ASSERT_TRUE(chakra::ReadEtFile(P(label + "/prism.1.et"), &f, &err)) << err;
+    std::map<std::string, std::pair<int64_t, int64_t>> size;  // name -> (comm_size, prism_bytes or -1)
+    for (const et::Node& n : f.nodes) {
+      const auto* exact = chakra::FindAttr(n.attr(), "prism_bytes");
+      size[n.name()] = {*chakra::AttrInt(*chakra::FindAttr(n.attr(), "comm_size")), exact ? *chakra::AttrInt(*exact) : -1};
+    }
+    using P2 = std::pair<int64_t, int64_t>;
+    EXPECT_EQ(size["ag"], input ? P2(1000, -1) : P2(3000, -1)) << label;
+    EXPECT_EQ(size["ag uneven"], input ? P2(1000, 3001) : P2(3001, -1)) << label;
+    EXPECT_EQ(size["ar"], P2(3001, -1)) << label;
+
+    chakra::ImportOptions io;
+    io.input = eo.out_dir;
+    io.allgather_comm_size = mode;
+    trace::Trace back;
+    ASSERT_TRUE(chakra::ImportChakra(io, &back, nullptr, &err)) << err;
+    for (int32_t r = 0; r < 3; ++r) EXPECT_EQ(FirstDifference(RankView(back, r), RankView(t, r)), "") << label << r;
+  }
+  // Without Prism's attributes the uneven all-gather comes back rounded down to ranks x comm_size.
+  chakra::ExportOptions eo;
+  eo.out_dir = P("plain");
+  eo.prism_attrs = false;
+  std::string err;
+  ASSERT_TRUE(chakra::ExportChakra(t, eo, nullptr, &err)) << err;
+  chakra::ImportOptions io;
+  io.input = eo.out_dir;
+  trace::Trace back;
+  ASSERT_TRUE(chakra::ImportChakra(io, &back, nullptr, &err)) << err;
+  std::map<std::string, uint64_t> bytes;
+  for (const auto& st : back.classes[0].streams) {
+    for (const auto& n : st.nodes) bytes[n.name] = n.bytes;
+  }
+  EXPECT_EQ(bytes["ag"], 3000u);
+  EXPECT_EQ(bytes["ag uneven"], 3000u);
+  EXPECT_EQ(bytes["ar"], 3001u);
+}
+
 TEST_F(ChakraRoundTrip, WithoutPrismAttributesTheGraphStillImports) {
   trace::Trace t;
   std::string err;
@@ -444,6 +532,31 @@ TEST_F(ChakraRoundTrip, CliExampleGraphSimulatesTheSameAfterTheRoundTrip) {
   json rb = json::parse(std::ifstream(P("b/report.json")));
   EXPECT_GT(ra.at("iteration_time_s").get<double>(), 0.0);
   EXPECT_EQ(ra.at("iteration_time_s"), rb.at("iteration_time_s"));
+
+  // Files written with the other all-gather convention come back the same when read with it, and larger
+  // (every all-gather x its ranks) when read as ASTRA-sim would.
+  exp = RunCli("export-chakra " + kExample + " " + P("et-out") + " --quiet --allgather-comm-size output", errf);
+  ASSERT_EQ(exp.rc, 0) << exp.err;
+  imp = RunCli("import-chakra " + P("et-out") + " -o " + P("out.prism") + " --quiet --allgather-comm-size output",
+               errf);
+  ASSERT_EQ(imp.rc, 0) << imp.err;
+  imp = RunCli("import-chakra " + P("et-out") + " -o " + P("astra.prism") + " --quiet", errf);
+  ASSERT_EQ(imp.rc, 0) << imp.err;
+  trace::Trace orig, same, larger;
+  std::string err;
+  ASSERT_TRUE(replay::ReadTrace(kExample, &orig, &err)) << err;
+  ASSERT_TRUE(replay::ReadTrace(P("out.prism"), &same, &err)) << err;
+  ASSERT_TRUE(replay::ReadTrace(P("astra.prism"), &larger, &err)) << err;
+  for (int32_t r = 0; r < orig.world_size; ++r) EXPECT_EQ(FirstDifference(RankView(same, r), RankView(orig, r)), "");
+  EXPECT_NE(FirstDifference(RankView(larger, 0), RankView(orig, 0)), "");
+  Result c = RunCli("simulate " + P("out.prism") + " --out " + P("c") + " --quiet", errf);
+  ASSERT_EQ(c.rc, 0) << c.err;
+  Result d = RunCli("simulate " + P("astra.prism") + " --out " + P("d") + " --quiet", errf);
+  ASSERT_EQ(d.rc, 0) << d.err;
+  json rc = json::parse(std::ifstream(P("c/report.json")));
+  json rd = json::parse(std::ifstream(P("d/report.json")));
+  EXPECT_EQ(rc.at("iteration_time_s"), ra.at("iteration_time_s"));
+  EXPECT_GT(rd.at("iteration_time_s").get<double>(), ra.at("iteration_time_s").get<double>());
 }
 
 TEST_F(ChakraRoundTrip, CliBadInputExitsTwoNamingFileAndNode) {
@@ -476,6 +589,14 @@ TEST_F(ChakraRoundTrip, CliBadInputExitsTwoNamingFileAndNode) {
   r = RunCli("import-chakra " + P("bad") + " -o " + P("x.prism") + " --comm-group " + kFixture + "/comm_group.json",
           errf);
   EXPECT_EQ(r.rc, 0) << r.err;
+
+  // --allgather-comm-size takes input or output only.
+  r = RunCli("import-chakra " + kFixture + " -o " + P("x.prism") + " --allgather-comm-size whole", errf);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--allgather-comm-size"), std::string::npos) << r.err;
+  r = RunCli("export-chakra " + kExample + " " + P("o") + " --allgather-comm-size 2", errf);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--allgather-comm-size"), std::string::npos) << r.err;
 
   r = RunCli("import-chakra " + P("nowhere") + " -o " + P("x.prism"), errf);
   EXPECT_EQ(r.rc, 2);

@@ -260,6 +260,148 @@ TEST(Engine, P2PCycleIsADeadlockWithAWaitForChain) {
   EXPECT_NE(r.wait_chain.back().find("cycle"), std::string::npos) << r.wait_chain.back();
 }
 
+// Two ranks that each send before they receive (pipeline stages exchanging activations and gradients).
+G SendFirstPair(int world, int a, int b, uint64_t bytes) {
+  G g(world);
+  std::vector<int32_t> all;
+  for (int i = 0; i < world; ++i) all.push_back(i);
+  g.Comm(all, "PP");
+  g.P2P(a, 0, "PP", true, b, bytes);
+  g.P2P(a, 0, "PP", false, b, bytes);
+  g.P2P(b, 0, "PP", true, a, bytes);
+  g.P2P(b, 0, "PP", false, a, bytes);
+  return g;
+}
+
+EngineOptions Sends(trace::SendCompletion c) {
+  EngineOptions o;
+  o.send_completion = c;
+  return o;
+}
+
+TEST(Engine, SendBeforeReceiveDeadlocksOnlyWhenSendsRendezvous) {
+  using SC = trace::SendCompletion;
+  CostModel m = AlphaBeta();
+  G g = SendFirstPair(2, 0, 1, 1'000'000);
+  ASSERT_TRUE(ValidateTrace(g.t).empty());
+  SimResult r = Simulate(g.t, m);  // the default for a PrismTrace: rendezvous
+  ASSERT_EQ(r.status, SimResult::Status::kDeadlock);
+  EXPECT_NE(r.wait_chain[0].find("send to rank 1"), std::string::npos) << r.wait_chain[0];
+  EXPECT_NE(r.wait_chain.back().find("cycle"), std::string::npos) << r.wait_chain.back();
+  // Eager (ASTRA-sim): each send completes after its transfer, 1 us + 1 MB / 100 GB/s = 11 us; each receive
+  // finds its data there when it is posted at 11 us.
+  for (SC c : {SC::kEager, SC::kNccl}) {
+    r = Simulate(g.t, m, Sends(c));
+    ASSERT_EQ(r.status, SimResult::Status::kOk) << trace::ToString(c) << ": " << r.error;
+    EXPECT_NEAR(r.makespan_s, 11e-6, 1e-12) << trace::ToString(c);
+    EXPECT_NEAR(Wait(r.ranks[0], "PP"), 0.0, 1e-15);
+    EXPECT_EQ(r.comms[0].calls, 2u);
+    EXPECT_NEAR(r.comms[0].time_s, 22e-6, 1e-12);
+  }
+  // The graph can say it too; the option wins over the graph.
+  g.t.send_completion = SC::kEager;
+  EXPECT_EQ(Simulate(g.t, m).status, SimResult::Status::kOk);
+  EXPECT_EQ(Simulate(g.t, m, Sends(SC::kRendezvous)).status, SimResult::Status::kDeadlock);
+}
+
+TEST(Engine, NcclSendsCompleteWithoutTheReceiveUpToTheP2PBuffer) {
+  using SC = trace::SendCompletion;
+  CostModel m = AlphaBeta();
+  CommShape node, two_nodes;
+  two_nodes.nnodes = 2;
+  EXPECT_EQ(m.SendBufferBytes(node), 4u << 20);       // 8 steps x 512 KiB (NVLink chunk)
+  EXPECT_EQ(m.SendBufferBytes(two_nodes), 1u << 20);  // 8 steps x 128 KiB (net chunk)
+  struct Case {
+    int world, a, b;
+    uint64_t bytes;
+    bool finishes;
+  };
+  // Ranks 0 and 1 share a node (world 8); 0 and 9 do not (world 16, 8 GPUs per node).
+  for (const Case& c : {Case{8, 0, 1, 4u << 20, true}, Case{8, 0, 1, (4u << 20) + 1, false},
+                        Case{16, 0, 9, 1u << 20, true}, Case{16, 0, 9, (1u << 20) + 1, false}}) {
+    G g = SendFirstPair(c.world, c.a, c.b, c.bytes);
+    SimResult r = Simulate(g.t, m, Sends(SC::kNccl));
+    EXPECT_EQ(r.status, c.finishes ? SimResult::Status::kOk : SimResult::Status::kDeadlock)
+        << c.world << " ranks, " << c.bytes << " bytes: " << r.error;
+    EXPECT_EQ(Simulate(g.t, m, Sends(SC::kEager)).status, SimResult::Status::kOk);
+  }
+}
+
+TEST(Engine, EagerSendFinishesOnItsOwnAndTheReceiveWhenItsDataIsThere) {
+  using SC = trace::SendCompletion;
+  CostModel m = AlphaBeta();
+  // Receive posted early (0 us), send at 10 us: the receive ends when the data arrives (21 us), then 5 us.
+  {
+    G g(2);
+    g.Comm({0, 1}, "PP");
+    uint32_t c = g.Compute(0, 0, 10);
+    g.P2P(0, 1, "PP", true, 1, 1'000'000, {c});
+    uint32_t rv = g.P2P(1, 1, "PP", false, 0, 1'000'000);
+    g.Compute(1, 0, 5, {rv});
+    SimResult r = Simulate(g.t, m, Sends(SC::kEager));
+    ASSERT_EQ(r.status, SimResult::Status::kOk) << r.error;
+    EXPECT_NEAR(r.makespan_s, 26e-6, 1e-12);
+    EXPECT_NEAR(r.ranks[0].end_s, 21e-6, 1e-12);
+    EXPECT_NEAR(Wait(r.ranks[1], "PP"), 10e-6, 1e-12);  // for the sender to post
+    EXPECT_EQ(r.ranks[1].waited_on[0].rank, 0);
+    // The path: rank 0's compute, the transfer, rank 1's compute.
+    EXPECT_NEAR(r.critical_path.length_s, 26e-6, 1e-12);
+    EXPECT_NEAR(r.critical_path.compute_s, 15e-6, 1e-12);
+    EXPECT_NEAR(r.critical_path.comm_s, 11e-6, 1e-12);
+    EXPECT_EQ(r.critical_path.ranks, (std::vector<int32_t>{0, 1}));
+  }
+  // Receive posted late (50 us): the sender is done at 21 us (rendezvous: 61 us), the receive at once.
+  {
+    G g(2);
+    g.Comm({0, 1}, "PP");
+    uint32_t c = g.Compute(0, 0, 10);
+    g.P2P(0, 1, "PP", true, 1, 1'000'000, {c});
+    uint32_t late = g.Compute(1, 0, 50);
+    g.P2P(1, 1, "PP", false, 0, 1'000'000, {late});
+    SimResult r = Simulate(g.t, m, Sends(SC::kEager));
+    ASSERT_EQ(r.status, SimResult::Status::kOk) << r.error;
+    EXPECT_NEAR(r.ranks[0].end_s, 21e-6, 1e-12);
+    EXPECT_NEAR(r.ranks[1].end_s, 50e-6, 1e-12);
+    EXPECT_NEAR(Wait(r.ranks[0], "PP"), 0.0, 1e-15);
+    EXPECT_NEAR(Wait(r.ranks[1], "PP"), 0.0, 1e-15);
+    EXPECT_NEAR(r.critical_path.compute_s, 50e-6, 1e-12);
+    EXPECT_EQ(r.critical_path.ranks, (std::vector<int32_t>{1}));
+    r = Simulate(g.t, m, Sends(SC::kRendezvous));
+    ASSERT_EQ(r.status, SimResult::Status::kOk) << r.error;
+    EXPECT_NEAR(r.ranks[0].end_s, 61e-6, 1e-12);
+    EXPECT_NEAR(Wait(r.ranks[0], "PP"), 40e-6, 1e-12);
+  }
+}
+
+TEST(Engine, EagerSendsStillReportGenuineDeadlocksAndLostMessages) {
+  using SC = trace::SendCompletion;
+  CostModel m = AlphaBeta();
+  // Both ranks receive first: a deadlock whatever sends do.
+  G g(2);
+  g.Comm({0, 1}, "PP");
+  g.P2P(0, 0, "PP", false, 1, 1024);
+  g.P2P(0, 0, "PP", true, 1, 1024);
+  g.P2P(1, 0, "PP", false, 0, 1024);
+  g.P2P(1, 0, "PP", true, 0, 1024);
+  SimResult r = Simulate(g.t, m, Sends(SC::kEager));
+  ASSERT_EQ(r.status, SimResult::Status::kDeadlock);
+  EXPECT_NE(r.error.find("2 of 2 ranks"), std::string::npos) << r.error;
+  EXPECT_NE(r.wait_chain[0].find("recv from rank 1"), std::string::npos) << r.wait_chain[0];
+  EXPECT_NE(r.wait_chain.back().find("cycle"), std::string::npos) << r.wait_chain.back();
+  // A send nobody receives (the validator refuses such a graph; the engine must not call it a result).
+  G lost(2);
+  lost.Comm({0, 1}, "PP");
+  lost.P2P(0, 0, "PP", true, 1, 1024);
+  lost.Compute(1, 0, 5);
+  EXPECT_FALSE(ValidateTrace(lost.t).empty());
+  r = Simulate(lost.t, m, Sends(SC::kEager));
+  EXPECT_EQ(r.status, SimResult::Status::kMismatch);
+  EXPECT_NE(r.error.find("rank 0 stream 's0' node 0 'send': send to rank 1 (message #0 on comm 100 (PP)) is never "
+                         "matched"),
+            std::string::npos)
+      << r.error;
+}
+
 TEST(Engine, CollectivesInOppositeOrderOnTwoCommunicatorsDeadlock) {
   G g(2);
   g.Comm({0, 1}, "A");

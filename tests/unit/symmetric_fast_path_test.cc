@@ -159,6 +159,16 @@ TEST(SymmetricFastPath, EqualsTheFullReplayOnTpPpDp) {
   ExpectFastAndEqual(Make(Layout(1, 1, 8, 2)), Model());  // pure data parallelism: replicas of one rank
 }
 
+TEST(SymmetricFastPath, EqualsTheFullReplayWithEagerAndNcclSends) {
+  // Pipeline sends completing without their receive (the graph's send_completion, or the option) fold too.
+  trace::Trace t = Make(Layout(2, 4, 4, 8));
+  t.send_completion = trace::SendCompletion::kEager;
+  ExpectFastAndEqual(t, Model());
+  EngineOptions eo;
+  eo.send_completion = trace::SendCompletion::kNccl;
+  ExpectFastAndEqual(t, Model(), eo);
+}
+
 TEST(SymmetricFastPath, EqualsTheFullReplayWithTensorParallelCollectives) {
   SynthOptions o = Layout(4, 2, 4, 4);
   o.tp_comm = true;

@@ -162,6 +162,26 @@ TEST(TraceFormat, UnknownEnumNamesThePlace) {
   EXPECT_NE(FirstError(d).find("unknown dtype \"f17\""), std::string::npos);
 }
 
+TEST(TraceFormat, SendCompletionIsOptionalAndChecked) {
+  trace::Trace t;
+  std::string err;
+  ASSERT_TRUE(TraceFromJson(TinyGraph(), &t, &err)) << err;
+  EXPECT_EQ(t.send_completion, trace::SendCompletion::kInvalid);  // absent
+  EXPECT_FALSE(TraceToJson(t).contains("send_completion"));
+  for (const char* v : {"rendezvous", "eager", "nccl"}) {
+    json j = TinyGraph();
+    j[std::string(trace::kSendCompletionKey)] = v;
+    ASSERT_TRUE(TraceFromJson(j, &t, &err)) << err;
+    EXPECT_EQ(trace::ToString(t.send_completion), v);
+    EXPECT_EQ(TraceToJson(t).at("send_completion"), v);
+  }
+  json bad = TinyGraph();
+  bad["send_completion"] = "lazy";
+  EXPECT_NE(FirstError(bad).find("trace: unknown send_completion \"lazy\""), std::string::npos) << FirstError(bad);
+  bad["send_completion"] = 3;
+  EXPECT_NE(FirstError(bad).find("send_completion"), std::string::npos) << FirstError(bad);
+}
+
 TEST(TraceFormat, DanglingAfter) {
   json j = TinyGraph();
   j["classes"][0]["streams"][1]["nodes"][0]["after"] = {42};

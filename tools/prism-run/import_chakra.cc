@@ -15,7 +15,7 @@ namespace prism::cli {
 void AddImportChakra(CLI::App& app, int* rc) {
   auto* sub = app.add_subcommand("import-chakra", "Chakra execution traces (one .et per rank) -> PrismTrace");
   struct Args {
-    std::string input, output, comm_group, prefix;
+    std::string input, output, comm_group, prefix, allgather_comm_size = "input", send_completion;
     bool no_ctrl_deps = false, quiet = false;
   };
   auto a = std::make_shared<Args>();
@@ -27,6 +27,15 @@ void AddImportChakra(CLI::App& app, int* rc) {
                   "ASTRA-sim communicator-group JSON {\"<pg_name>\": [ranks]} (default: <dir>/comm_group.json "
                   "when present)");
   sub->add_option("--prefix", a->prefix, "which <prefix>.<rank>.et files, when the directory holds several");
+  sub->add_option("--allgather-comm-size", a->allgather_comm_size,
+                  "what an ALL_GATHER's comm_size counts: input (each rank's input, as ASTRA-sim reads it) or "
+                  "output (the whole gathered output, nccl-tests' S)")
+      ->check(CLI::IsMember({"input", "output"}))
+      ->capture_default_str();
+  sub->add_option("--send-completion", a->send_completion,
+                  "the graph's send_completion: rendezvous, eager or nccl (default: eager, as ASTRA-sim completes "
+                  "a send without its receive; files Prism wrote keep theirs)")
+      ->check(CLI::IsMember({"rendezvous", "eager", "nccl"}));
   sub->add_flag("--no-ctrl-deps", a->no_ctrl_deps,
                 "honour data_deps only, as ASTRA-sim does (default: ctrl_deps are dependencies too)");
   sub->add_flag("--quiet", a->quiet, "no summary on stdout");
@@ -36,8 +45,11 @@ void AddImportChakra(CLI::App& app, int* rc) {
     chakra::ImportOptions o;
     o.input = a->input;
     o.prefix = a->prefix;
+    o.allgather_comm_size =
+        a->allgather_comm_size == "output" ? chakra::AllGatherCommSize::kOutput : chakra::AllGatherCommSize::kInput;
     o.comm_group = a->comm_group;
     o.ctrl_deps = !a->no_ctrl_deps;
+    o.send_completion = trace::ParseSendCompletion(a->send_completion);
     trace::Trace t;
     chakra::ImportSummary s;
     std::string err;

@@ -24,6 +24,11 @@ void AddSimulate(CLI::App& app, int* rc) {
       ->capture_default_str();
   sub->add_flag("--use-recorded,!--no-use-recorded", opts->use_recorded,
                 "use recorded comm durations from the graph when present (default on)");
+  sub->add_option("--send-completion", opts->send_completion,
+                  "when a send completes: rendezvous (with its receive), eager (after its transfer, without the "
+                  "receiver: ASTRA-sim), nccl (eager up to NCCL's p2p buffer, rendezvous above); default: the "
+                  "graph's send_completion, else rendezvous")
+      ->check(CLI::IsMember({"rendezvous", "eager", "nccl"}));
   sub->add_flag("!--no-validate", opts->validate, "skip the graph validator (the engine still refuses what it cannot run)");
   sub->add_flag("!--no-symmetric,!--full", opts->symmetric,
                 "replay every rank even when all data-parallel replicas are identical (default: replay one replica "

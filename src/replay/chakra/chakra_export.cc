@@ -139,7 +139,7 @@ bool ExportChakra(const trace::Trace& t, const ExportOptions& opts, ExportSummar
 
   json layout = {{"tp", t.layout.tp}, {"pp", t.layout.pp}, {"dp", t.layout.dp}, {"cp", t.layout.cp},
                  {"ep", t.layout.ep}, {"etp", t.layout.etp}, {"order", t.layout.order}};
-  uint64_t astra_unsupported = 0, zero_p2p = 0;
+  uint64_t astra_unsupported = 0, zero_p2p = 0, uneven_allgather = 0;
   std::unordered_map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>> file_order;  // class -> order
   for (int32_t r = 0; r < t.world_size; ++r) {
     const trace::RankBinding& b = t.ranks[r];
@@ -164,6 +164,9 @@ bool ExportChakra(const trace::Trace& t, const ExportOptions& opts, ExportSummar
       *m->Add() = MakeStringAttr(kAttrLayout, layout.dump());
       if (!t.topology.empty()) *m->Add() = MakeStringAttr(kAttrTopology, t.topology);
       *m->Add() = MakeStringAttr(kAttrComms, descs.dump());
+      if (t.send_completion != trace::SendCompletion::kInvalid) {
+        *m->Add() = MakeStringAttr(kAttrSendCompletion, std::string(trace::ToString(t.send_completion)));
+      }
     }
     auto cached = file_order.find(b.cls);
     if (cached == file_order.end()) cached = file_order.emplace(b.cls, FileOrder(cls)).first;
@@ -212,7 +215,17 @@ bool ExportChakra(const trace::Trace& t, const ExportOptions& opts, ExportSummar
             type_label = send ? "COMM_SEND_NODE" : "COMM_RECV_NODE";
             if (n.bytes == 0) ++zero_p2p;
           }
-          *attrs->Add() = MakeIntAttr(kAttrCommSize, static_cast<int64_t>(n.bytes));
+          // ASTRA-sim reads an all-gather's comm_size as each rank's input (docs/chakra.md, "comm_size").
+          uint64_t size = n.bytes;
+          if (n.kind == NodeKind::kColl && n.op == CollOp::kAllGather &&
+              opts.allgather_comm_size == AllGatherCommSize::kInput) {
+            size = n.bytes / members.size();
+            if (size * members.size() != n.bytes) {
+              ++uneven_allgather;
+              if (opts.prism_attrs) *attrs->Add() = MakeIntAttr(kAttrBytes, static_cast<int64_t>(n.bytes));
+            }
+          }
+          *attrs->Add() = MakeIntAttr(kAttrCommSize, static_cast<int64_t>(size));
           *attrs->Add() = MakeStringAttr(kAttrPgName, pg);
         }
         if (opts.prism_attrs) {
@@ -239,6 +252,12 @@ bool ExportChakra(const trace::Trace& t, const ExportOptions& opts, ExportSummar
     summary->warnings.push_back(std::to_string(astra_unsupported) +
                                 " REDUCE/BARRIER collective nodes: ASTRA-sim's workload layer stops with "
                                 "\"Unsupported collective comm type\" on these");
+  }
+  if (uneven_allgather > 0) {
+    summary->warnings.push_back(std::to_string(uneven_allgather) +
+                                " all-gather nodes whose bytes are not a multiple of their communicator's size: "
+                                "comm_size (each rank's input) is rounded down" +
+                                (opts.prism_attrs ? std::string("; prism_bytes keeps the exact size") : ""));
   }
   if (zero_p2p > 0) {
     summary->warnings.push_back(std::to_string(zero_p2p) +

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "prism/trace.h"
+#include "replay/chakra/chakra_attrs.h"
 
 namespace prism::chakra {
 
@@ -19,6 +20,9 @@ struct ExportOptions {
   // Write the prism_* attributes (stream, slot, iteration, dtype, root, exact duration, class, layout) that
   // let import-chakra give back the same graph. ASTRA-sim ignores them.
   bool prism_attrs = true;
+  // What an ALL_GATHER's comm_size counts: each rank's input (bytes / ranks, what ASTRA-sim reads) or the
+  // whole output (bytes).
+  AllGatherCommSize allgather_comm_size = AllGatherCommSize::kInput;
 };
 
 struct ExportSummary {

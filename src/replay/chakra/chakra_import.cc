@@ -215,7 +215,8 @@ struct RawNode {
   std::string pg;
   int32_t peer_global = -1;  // send: comm_dst, recv: comm_src
   int64_t tag = 0;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;                  // comm_size until ApplyCommSizes, then Prism's bytes (S)
+  std::optional<uint64_t> exact_bytes;  // prism_bytes
   double dur_us = -1.0;
   uint32_t iter = 0;
   bool cpu = false;
@@ -230,7 +231,7 @@ struct RawNode {
 struct RankGraph {
   std::string file;
   std::vector<RawNode> nodes;
-  std::optional<std::string> prism_class, prism_layout, prism_topology;
+  std::optional<std::string> prism_class, prism_layout, prism_topology, prism_send_completion;
   std::map<std::string, std::string> prism_comm_desc;  // pg -> desc
   bool from_prism = false;
 };
@@ -391,6 +392,7 @@ class RankLoader {
     if (const auto* a = FindAttr(m.attr(), kAttrClass)) out->prism_class = AttrString(*a);
     if (const auto* a = FindAttr(m.attr(), kAttrLayout)) out->prism_layout = AttrString(*a);
     if (const auto* a = FindAttr(m.attr(), kAttrTopology)) out->prism_topology = AttrString(*a);
+    if (const auto* a = FindAttr(m.attr(), kAttrSendCompletion)) out->prism_send_completion = AttrString(*a);
     if (const auto* a = FindAttr(m.attr(), kAttrComms)) {
       if (auto s = AttrString(*a)) {
         json j = json::parse(*s, nullptr, false);
@@ -479,12 +481,15 @@ class RankLoader {
       if (r->dtype == trace::DType::kInvalid) return fail("unknown prism_dtype");
     }
     r->dur_us = exact_dur ? *exact_dur : c.duration_micros() > 0 ? static_cast<double>(c.duration_micros()) : -1.0;
-    std::optional<int64_t> size, type, src, dst, tag, root;
+    std::optional<int64_t> size, type, src, dst, tag, root, exact_bytes;
     if (!int_attr(kAttrCommSize, &size) || !int_attr(kAttrCommType, &type) || !rank_attr(kAttrCommSrc, &src) ||
-        !rank_attr(kAttrCommDst, &dst) || !int_attr(kAttrCommTag, &tag) || !int_attr(kAttrRoot, &root)) {
+        !rank_attr(kAttrCommDst, &dst) || !int_attr(kAttrCommTag, &tag) || !int_attr(kAttrRoot, &root) ||
+        !int_attr(kAttrBytes, &exact_bytes)) {
       return false;
     }
     if (size && *size < 0) return fail("comm_size is negative");
+    if (exact_bytes && *exact_bytes < 0) return fail("prism_bytes is negative");
+    if (exact_bytes) r->exact_bytes = static_cast<uint64_t>(*exact_bytes);
     r->bytes = size ? static_cast<uint64_t>(*size) : 0;
     r->tag = tag.value_or(0);
 
@@ -630,6 +635,7 @@ class Importer {
     }
 
     if (!ResolveComms(error)) return false;
+    if (!ApplyCommSizes(error)) return false;
     if (!CheckP2p(error)) return false;
     if (!CheckCollectives(error)) return false;
     DropUnusedComms();
@@ -733,6 +739,30 @@ class Importer {
         // p2p nodes, so nothing is lost.
         const int32_t lo = std::min(r, n.peer_global), hi = std::max(r, n.peer_global);
         n.comm = PairComm(lo, hi, "");
+      }
+    }
+    return true;
+  }
+
+  // comm_size -> Prism's bytes (nccl-tests' S). Only all-gather reads differently: ASTRA-sim takes its comm_size
+  // as each rank's input, so S = comm_size x ranks of the communicator (docs/chakra.md, "comm_size"), unless
+  // the option says the writer put S there. prism_bytes, when present, is S itself.
+  bool ApplyCommSizes(std::string* error) {
+    for (int32_t r = 0; r < world_; ++r) {
+      for (RawNode& n : ranks_[r].nodes) {
+        if (n.kind != NodeKind::kColl || n.op != CollOp::kAllGather) continue;
+        if (n.exact_bytes) {
+          n.bytes = *n.exact_bytes;
+          continue;
+        }
+        if (opts_.allgather_comm_size == AllGatherCommSize::kOutput) continue;
+        const uint64_t members = comms_[n.comm].ranks.size();
+        if (n.bytes > std::numeric_limits<uint64_t>::max() / members) {
+          *error = NodeRef(ranks_[r].file, n) + ": comm_size " + std::to_string(n.bytes) + " x " +
+                   std::to_string(members) + " ranks (the all-gather's output) does not fit in 64 bits";
+          return false;
+        }
+        n.bytes *= members;
       }
     }
     return true;
@@ -996,6 +1026,20 @@ class Importer {
     summary_->from_prism = world_ > 0 && ranks_[0].from_prism;
     if (ranks_[0].prism_layout) ParseLayout(*ranks_[0].prism_layout, &out->layout);
     if (ranks_[0].prism_topology) out->topology = *ranks_[0].prism_topology;
+    // Why eager for other files: ASTRA-sim completes a send after its transfer, receive or not; a trace valid
+    // there (stages that send before they receive) must not deadlock here.
+    out->send_completion = opts_.send_completion;
+    if (out->send_completion == trace::SendCompletion::kInvalid && !summary_->from_prism) {
+      out->send_completion = trace::SendCompletion::kEager;
+    }
+    if (out->send_completion == trace::SendCompletion::kInvalid && ranks_[0].prism_send_completion) {
+      out->send_completion = trace::ParseSendCompletion(*ranks_[0].prism_send_completion);
+      if (out->send_completion == trace::SendCompletion::kInvalid) {
+        summary_->notes.push_back("ignored prism_send_completion \"" + *ranks_[0].prism_send_completion +
+                                  "\": not rendezvous, eager or nccl");
+      }
+    }
+    summary_->send_completion = out->send_completion;
     for (size_t c = 0; c < comms_.size(); ++c) {
       trace::Comm comm;
       comm.id = static_cast<uint32_t>(c);
@@ -1079,6 +1123,9 @@ std::string ImportSummary::Format() const {
   os << "nodes imported: " << total;
   for (const auto& [k, v] : imported) os << ", " << k << " " << v;
   os << "\nafter edges: " << after_edges << "\n";
+  if (send_completion != trace::SendCompletion::kInvalid) {
+    os << "send completion: " << trace::ToString(send_completion) << "\n";
+  }
   uint64_t dropped = 0;
   for (const auto& [k, v] : not_represented) dropped += v;
   os << "not represented: " << dropped;

@@ -1,7 +1,8 @@
 // Chakra execution traces (one ET file per rank, as ASTRA-sim reads them) -> PrismTrace.
 // docs/chakra.md says what maps to what; in short:
 //   COMP_NODE                         -> compute (duration_micros), stream "compute" ("cpu" when is_cpu_op)
-//   COMM_COLL_NODE (comm_type, comm_size, pg_name)  -> coll on the communicator of pg_name, stream "comm.<slot>"
+//   COMM_COLL_NODE (comm_type, comm_size, pg_name)  -> coll on the communicator of pg_name, stream "comm.<slot>";
+//                                      bytes = comm_size (all-gather: comm_size x ranks, ASTRA-sim's reading)
 //   COMM_SEND_NODE / COMM_RECV_NODE (comm_src, comm_dst, comm_size, comm_tag)
 //                                      -> send/recv, peer in communicator ranks, stream "send|recv.<slot>.<peer>"
 //   data_deps (+ ctrl_deps)            -> stream order plus `after` edges
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "prism/trace.h"
+#include "replay/chakra/chakra_attrs.h"
 
 namespace prism::chakra {
 
@@ -30,6 +32,12 @@ struct ImportOptions {
   std::string comm_group;
   // Honour ctrl_deps as dependencies like data_deps. ASTRA-sim's feeder honours data_deps only.
   bool ctrl_deps = true;
+  // What an ALL_GATHER's comm_size counts: each rank's input (ASTRA-sim's reading; bytes = comm_size x ranks)
+  // or the whole output (bytes = comm_size).
+  AllGatherCommSize allgather_comm_size = AllGatherCommSize::kInput;
+  // The imported graph's send_completion. kInvalid: what files Prism wrote say (prism_send_completion; none:
+  // none), else kEager, as ASTRA-sim replays sends (they complete without their receive).
+  trace::SendCompletion send_completion = trace::SendCompletion::kInvalid;
 };
 
 struct ImportSummary {
@@ -43,6 +51,7 @@ struct ImportSummary {
   size_t comms = 0;
   size_t classes = 0;
   bool from_prism = false;                             // the files carry Prism's round-trip attributes
+  trace::SendCompletion send_completion = trace::SendCompletion::kInvalid;  // what the graph says
   std::vector<std::string> notes;                      // one line each, for stderr
 
   // Lines for stdout: ranks, classes, communicators, nodes by kind, what was not represented.
