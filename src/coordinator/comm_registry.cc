@@ -146,8 +146,10 @@ bool CommRegistry::HandleCommInit(BusId id, BusClient& c, const json& j, bool fi
         std::vector<int> os = o.members;
         std::sort(os.begin(), os.end());
         if (os == sorted) ++v.member_twin;
+        if (os == sorted && o.desc == group_desc) ++v.desc_twin;
       }
     }
+    v.desc = group_desc;
     if (v.passthrough) {
       Log("coord")->info("comm {} ({} members, '{}'): passthrough (real NCCL among its members)", v.comm_id,
                          members.size(), !group_desc.empty() ? group_desc : group);

@@ -50,6 +50,13 @@ struct CommView {
   // whose unique id rank 0 posts here (ipc.h kRealNcclId).
   bool passthrough = false;
   std::string real_nccl_id;  // hex, once posted
+  // The process group's description (Megatron's group name, e.g. "PIPELINE_MODEL_PARALLEL_GROUP"; "" when unknown),
+  // and how many communicators with the same members and description came before this one. Why: groups of
+  // different kinds can have the same members (with tp 1 the model-parallel group is the pipeline group), and the
+  // graph numbers its communicators in first-use order, not creation order, so member_twin alone can pick the wrong
+  // one (GraphRelease::GraphComm).
+  std::string desc;
+  uint32_t desc_twin = 0;
 };
 
 // Decides when an operation completes at target scale once every real member arrived. The default: max(arrivals)

@@ -77,7 +77,9 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
         std::vector<int32_t> other = t.comms[o].ranks;
         std::sort(other.begin(), other.end());
         if (other == mine) ++views[s].member_twin;
+        if (other == mine && t.comms[o].desc == t.comms[g].desc) ++views[s].desc_twin;
       }
+      views[s].desc = t.comms[g].desc;
     }
   }
   struct Cursor {

@@ -225,6 +225,14 @@ std::optional<int> GraphRelease::GraphComm(const CommView& comm) const {
   auto it = comm_by_members_.find(m);
   if (it == comm_by_members_.end()) return std::nullopt;
   const std::vector<int>& twins = it->second;
+  // The description first when it tells the twins apart: the graph's twins are in first-use order, the live ones in
+  // creation order (CommView::desc).
+  if (!comm.desc.empty()) {
+    std::vector<int> named;
+    for (int g : twins)
+      if (trace_.comms[static_cast<size_t>(g)].desc == comm.desc) named.push_back(g);
+    if (!named.empty()) return named[std::min<size_t>(comm.desc_twin, named.size() - 1)];
+  }
   return twins[std::min<size_t>(comm.member_twin, twins.size() - 1)];
 }
 

@@ -77,6 +77,38 @@ TEST(GraphRelease, VirtualPeerWithLongerComputeHoldsTheAllReduce) {
   EXPECT_EQ(slow->stats().decided, 1u);
 }
 
+// Two groups with the same members (Megatron with tp 1: the model-parallel group is the pipeline group): the graph
+// numbers its communicators in first use order (here the model-parallel one first, though the pipeline's is used
+// first in the stream), the job creates the pipeline group first. Each live communicator finds its graph twin by its
+// description, so the pipeline all-reduce is released with the pipeline node's 300 us, not the other's 100 us.
+TEST(GraphRelease, TwinsWithTheSameMembersAreToldApartByTheirDescription) {
+  const json slots = {"pp", "mp"};
+  const json nodes = json::array({Compute(1000), AllReduce("pp", 300), Compute(1000), AllReduce("mp", 100)});
+  const json g = Graph(2,
+                       json::array({{{"id", 0}, {"ranks", {0, 1}}, {"desc", "MODEL_PARALLEL_GROUP"}},
+                                    {{"id", 1}, {"ranks", {0, 1}}, {"desc", "PIPELINE_MODEL_PARALLEL_GROUP"}}}),
+                       json::array({Class("r0", slots, nodes), Class("r1", slots, nodes)}),
+                       json::array({{{"class", 0}, {"comms", {1, 0}}}, {{"class", 1}, {"comms", {1, 0}}}}));
+  auto gr = Make(g, {0});
+  CommView pp = View(1, {0, 1}, {0});
+  pp.desc = "PIPELINE_MODEL_PARALLEL_GROUP";
+  CommView mp = View(2, {0, 1}, {0});
+  mp.member_twin = 1;  // created second
+  mp.desc = "MODEL_PARALLEL_GROUP";
+  Arrival a = Arrive(0, 1, kAllReduce, 0, kT);
+  ReleaseDecision d = gr->Decide(pp, 0, {&a, 1});
+  EXPECT_EQ(d.release_ns, kT + 300 * kUs);
+  Arrival b = Arrive(0, 2, kAllReduce, 0, kT + 1300 * kUs);
+  d = gr->Decide(mp, 0, {&b, 1});
+  EXPECT_EQ(d.release_ns, kT + 1400 * kUs);
+  EXPECT_EQ(gr->stats().unmatched, 0u);
+  // Without descriptions the creation order decides, as before: the first created takes the graph's first.
+  auto plain = Make(g, {0});
+  CommView first = View(1, {0, 1}, {0});
+  d = plain->Decide(first, 0, {&a, 1});
+  EXPECT_NE(d.release_ns, kT + 300 * kUs);
+}
+
 TEST(GraphRelease, RealRankArrivingLateDecidesAndTheGraphRepeats) {
   auto g = Make(TwoRankAllReduce(1000, 1500), {0});
   CommView dp = View(3, {0, 1}, {0});
