@@ -426,7 +426,7 @@ int RunSimulate(const SimulateOptions& o, std::ostream& out, std::ostream& err) 
   // Graph.
   trace::Trace t;
   std::string e;
-  if (!ReadTraceUnchecked(o.graph, &t, &e)) {
+  if (!(o.document_reader ? ReadTraceUncheckedDom(o.graph, &t, &e) : ReadTraceUnchecked(o.graph, &t, &e))) {
     err << me << e << "\n";
     return kExitBadInput;
   }

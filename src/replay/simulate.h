@@ -42,6 +42,9 @@ struct SimulateOptions {
   bool validate = true;
   bool symmetric = true;            // symmetric fast path when the graph allows it (--no-symmetric: full replay)
   bool quiet = false;               // no summary on stdout
+  // Read the graph through one JSON document (ReadTraceUncheckedDom) instead of the streaming reader. Same
+  // result; for bench/replay_load_bench.cc, which times both in one run.
+  bool document_reader = false;
 };
 
 // Runs the whole command. Returns the exit code: 0 ok, 1 the graph cannot finish (deadlock, mismatched
