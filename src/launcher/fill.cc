@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -103,6 +104,27 @@ bool SameShape(const trace::RoleClass& a, const trace::RoleClass& b) {
 }
 
 }  // namespace
+
+size_t ClearUnsampledSetUp(trace::Trace* t, const analysis::FillSamples& samples) {
+  std::set<uint32_t> iters;
+  for (const auto& cls : t->classes)
+    for (const auto& st : cls.streams)
+      for (const auto& n : st.nodes) iters.insert(n.iter);
+  if (iters.size() < 2 || *iters.begin() != 0) return 0;  // no iteration marks: no set-up to tell apart
+  size_t cleared = 0;
+  for (uint32_t c = 0; c < t->classes.size(); ++c) {
+    if (samples.Count(c) > 0) continue;
+    bool any = false;
+    for (auto& st : t->classes[c].streams)
+      for (auto& n : st.nodes)
+        if (n.kind == trace::NodeKind::kCompute && n.iter == 0 && n.dur_us > 0) {
+          n.dur_us = 0;
+          any = true;
+        }
+    cleared += any ? 1 : 0;
+  }
+  return cleared;
+}
 
 std::string LockstepSlots(const std::string& spec, const trace::Trace& t) {
   if (spec == "none") return "";
@@ -261,6 +283,7 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
   // (fill_samples.h: the last slice alone keeps its noise). The collect's bare timings are no sample (its ranks
   // shared the GPU and the host exchange).
   FillSamples samples;
+  size_t set_up_cleared = 0;  // classes whose set-up compute the slices' graph leaves out (ClearUnsampledSetUp)
   // Classes timed by another class's slice: target class -> source class (symmetric tensor-parallel positions).
   std::map<uint32_t, uint32_t> shared;
   auto rebuild = [&](const std::vector<int>* ran, std::string* err) -> std::optional<ObservedTrace> {
@@ -275,6 +298,7 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
           samples.AddFrom(g->trace, src, dst);
       samples.Apply(&g->trace);
     }
+    if (ran) set_up_cleared = ClearUnsampledSetUp(&g->trace, samples);
     if (!replay::WriteTrace(g->trace, current.string(), err)) return std::nullopt;
     return g;
   };
@@ -284,20 +308,32 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
   res.classes = static_cast<int>(g0->class_ranks.size());
   const std::string lockstep = LockstepSlots(o.lockstep, g0->trace);
   res.lockstep = lockstep;
+  const double bare = SimulateIteration(current.string(), (out / "sim-bare").string(), o.topology, &error);
+  if (bare < 0) return Fail(o, res, error, 1);
+  res.bare_s = bare;
+  // The slices' graph from here on: the collect's set-up left out (ClearUnsampledSetUp); bare.prism keeps it.
+  {
+    trace::Trace slices_graph = g0->trace;
+    set_up_cleared = ClearUnsampledSetUp(&slices_graph, samples);
+    if (set_up_cleared > 0 && !replay::WriteTrace(slices_graph, current.string(), &error))
+      return Fail(o, res, error, 1);
+  }
   // Why each rank once: an expert-parallel class that had no real rank in the collect repeats the nodes of the rank
   // of another ep coordinate (observed_trace.h, mirror_expert_classes); that rank's slice refreshes both classes.
   std::vector<int> reps;
   for (int r : g0->class_ranks)
     if (std::find(reps.begin(), reps.end(), r) == reps.end()) reps.push_back(r);
-  const double bare = SimulateIteration(current.string(), (out / "sim-bare").string(), o.topology, &error);
-  if (bare < 0) return Fail(o, res, error, 1);
-  res.bare_s = bare;
   std::printf("%s%zu classes (ranks", o.prefix.c_str(), g0->class_ranks.size());
   for (int r : reps) std::printf(" %d", r);
   std::printf("), bare graph from %s: simulated iteration %.3f ms\n", from.string().c_str(), bare * 1e3);
   std::printf("%slockstep slots: %s\n", o.prefix.c_str(),
               lockstep.empty() ? "none (every virtual member holds the real rank as the graph says)"
                                : (lockstep + " (their virtual members do not hold a slice's real rank)").c_str());
+  if (set_up_cleared > 0)
+    std::printf("%sthe collect's set-up (iteration 0) compute is left out of the slices' graph for the %zu class(es) "
+                "without a slice yet: their ranks started side by side on one GPU, so replaying it would hold each "
+                "slice's rank at start-up (docs/fill.md \"Where a slice's start-up goes\")\n",
+                o.prefix.c_str(), set_up_cleared);
   if (!g0->mirrored_classes.empty())
     std::printf("%s%zu expert-parallel class(es) repeat the nodes of a rank of another ep coordinate (the collect ran "
                 "without --real-routing: EP symmetry assumed); that rank's slice times them too\n",

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "coordinator/world.h"
+#include "analysis/fill_samples.h"
 #include "prism/trace.h"
 
 namespace prism::launcher {
@@ -62,6 +63,13 @@ struct FillResult {
 };
 
 FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command);
+
+// Sets to 0 the compute of iteration 0 (the job's set-up and first step, before its first iteration mark) of every
+// class of `t` that has no sample in `samples`; returns how many classes changed (0 when the graph has no iteration
+// marks). Why: those nodes are the collect's, whose ranks started side by side on one GPU and host; replayed in a
+// slice they hold its real rank for seconds at start-up (docs/fill.md "Where a slice's start-up goes"). The
+// simulated iteration (a median over iterations) does not depend on them, and a class's own slice replaces them.
+size_t ClearUnsampledSetUp(trace::Trace* t, const analysis::FillSamples& samples);
 
 // The lockstep slots a fill's slices use (FillOptions::lockstep): "none" -> "", "auto" -> the graph's slots whose
 // group spans only the tp, cp and dp dimensions ("tp", "dp", "dp-cp", "tp#2", ... comma-separated, each once), any

@@ -37,12 +37,17 @@ TEST(FillCli, BuildsAndSimulatesTheBareGraphThenNamesTheFailingSlice) {
   EXPECT_TRUE(fs::exists(out / "bare.prism"));
   EXPECT_TRUE(fs::exists(out / "events" / "rank33.events.jsonl"));
   EXPECT_NE(r.out.find("the slice of rank 0 failed"), std::string::npos) << r.out;
-  // The slice ran with the tensor-parallel slot in lockstep (GraphRelease::SetLockstepSlots); --lockstep none: not.
+  // The slice ran with the slots within its stage in lockstep (GraphRelease::SetLockstepSlots; --lockstep auto: this
+  // graph's tp and dp); --lockstep none: none.
   auto command_of = [](const fs::path& dir) {
     std::ifstream f(dir / "round1" / "rank0" / "command.json");
     return std::string(std::istreambuf_iterator<char>(f), {});
   };
-  EXPECT_NE(command_of(out).find("\"PRISM_LOCKSTEP_SLOTS\": \"tp\""), std::string::npos) << command_of(out);
+  EXPECT_NE(command_of(out).find("\"PRISM_LOCKSTEP_SLOTS\": \"tp,dp\""), std::string::npos) << command_of(out);
+  EXPECT_NE(r.out.find("lockstep slots: tp,dp (their virtual members do not hold"), std::string::npos) << r.out;
+  // Round 1's graph leaves out the collect's set-up compute of the classes without a slice (ClearUnsampledSetUp).
+  EXPECT_NE(r.out.find("set-up (iteration 0) compute is left out of the slices' graph for the 4 class(es)"),
+            std::string::npos) << r.out;
   fs::remove_all(out);
   r = PrismRun("fill --from " + data.string() + " --out " + out.string() + " --rounds 1 --hang-timeout 5 " +
                "--lockstep none torchrun --nnodes 8 --nproc-per-node 8 /nonexistent/pretrain_gpt.py " +
