@@ -1,10 +1,15 @@
 #include "replay/trace_io.h"
 
+#include <cmath>
+#include <cstdio>
 #include <fstream>
-#include <iterator>
+#include <limits>
 #include <sstream>
 #include <unordered_map>
 
+#include "common/bounded_read.h"
+#include "common/document_shape.h"
+#include "prism/limits.h"
 #include "replay/trace_validate.h"
 
 namespace prism::replay {
@@ -42,6 +47,59 @@ T GetOr(const json& obj, const char* key, T dflt, const std::string& where) {
   return Field(obj, key) ? Get<T>(obj, key, where) : dflt;
 }
 
+// An integer field within [lo, hi]. Why not get<T>(): it wraps (-5 bytes read as 2^64-5) and truncates floats.
+// The error names the field, its value and the bounds, never a type's 300-digit extreme.
+int64_t GetInt(const json& obj, const char* key, int64_t dflt, int64_t lo, int64_t hi, const std::string& where,
+               bool required = false) {
+  const json* v = Field(obj, key);
+  if (!v) {
+    if (required) Fail(where, std::string("missing \"") + key + "\"");
+    return dflt;
+  }
+  const std::string name = std::string("\"") + key + "\"";
+  auto out_of_range = [&](const std::string& shown) {
+    Fail(where, name + " is " + shown + ": must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi));
+  };
+  if (v->is_number_unsigned()) {
+    uint64_t u = v->get<uint64_t>();
+    if (u > static_cast<uint64_t>(hi)) out_of_range(std::to_string(u));
+    return static_cast<int64_t>(u);
+  }
+  if (v->is_number_integer()) {
+    int64_t i = v->get<int64_t>();
+    if (i < lo || i > hi) out_of_range(std::to_string(i));
+    return i;
+  }
+  if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.6g", d);
+      out_of_range(buf);
+    }
+    return static_cast<int64_t>(d);
+  }
+  Fail(where, name + " has the wrong type (" + v->type_name() + "): must be an integer");
+}
+
+// A duration in microseconds: finite, 0 <= v <= limits::kMaxDurationUs. Absent: dflt.
+double GetDuration(const json& obj, const char* key, double dflt, const std::string& where) {
+  const json* v = Field(obj, key);
+  if (!v) return dflt;
+  if (!v->is_number())
+    Fail(where, std::string("\"") + key + "\" has the wrong type (" + v->type_name() + "): must be a number");
+  double d = v->get<double>();
+  if (!(d >= 0 && d <= limits::kMaxDurationUs)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g: must be in 0..%.0e", d, limits::kMaxDurationUs);
+    Fail(where, std::string("\"") + key + "\" is " + buf);
+  }
+  return d;
+}
+
+constexpr int64_t kU32Max = std::numeric_limits<uint32_t>::max();
+constexpr int64_t kMaxRank = limits::kMaxWorldSize - 1;
+
 template <typename E>
 E GetEnum(const json& obj, const char* key, E (*parse)(std::string_view), const std::string& where) {
   std::string s = Get<std::string>(obj, key, where);
@@ -53,28 +111,27 @@ E GetEnum(const json& obj, const char* key, E (*parse)(std::string_view), const 
 void ParseLayout(const json& j, trace::Layout* l) {
   const std::string where = "layout";
   if (!j.is_object()) Fail(where, "must be an object");
-  l->tp = GetOr<int>(j, "tp", 1, where);
-  l->pp = GetOr<int>(j, "pp", 1, where);
-  l->dp = GetOr<int>(j, "dp", 1, where);
-  l->cp = GetOr<int>(j, "cp", 1, where);
-  l->ep = GetOr<int>(j, "ep", 1, where);
-  l->etp = GetOr<int>(j, "etp", 1, where);
+  for (auto [key, field] : {std::pair{"tp", &l->tp}, {"pp", &l->pp}, {"dp", &l->dp}, {"cp", &l->cp},
+                            {"ep", &l->ep}, {"etp", &l->etp}}) {
+    *field = static_cast<int>(GetInt(j, key, 1, 1, limits::kMaxWorldSize, where));
+  }
   l->order = GetOr<std::string>(j, "order", l->order, where);
 }
 
 void ParseNode(const json& j, const std::unordered_map<std::string, uint32_t>& slots, uint32_t default_id,
                const std::string& where, Node* n) {
   if (!j.is_object()) Fail(where, "must be an object");
-  n->id = GetOr<uint32_t>(j, "id", default_id, where);
+  n->id = static_cast<uint32_t>(GetInt(j, "id", default_id, 0, kU32Max, where));
   n->kind = GetEnum(j, "kind", trace::ParseNodeKind, where);
-  n->dur_us = GetOr<double>(j, "dur_us", -1.0, where);
-  n->iter = GetOr<uint32_t>(j, "iter", 0, where);
+  n->dur_us = GetDuration(j, "dur_us", -1.0, where);
+  n->iter = static_cast<uint32_t>(GetInt(j, "iter", 0, 0, kU32Max, where));
   n->name = GetOr<std::string>(j, "name", "", where);
   if (const json* a = Field(j, "after")) {
     if (!a->is_array()) Fail(where, "\"after\" must be an array of node ids");
     n->after.reserve(a->size());
     for (const json& x : *a) {
-      if (!x.is_number_integer() || x.get<int64_t>() < 0) Fail(where, "\"after\" must hold non-negative node ids");
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || (x.is_number_unsigned() && x.get<uint64_t>() > kU32Max))
+        Fail(where, "\"after\" must hold node ids in 0.." + std::to_string(kU32Max));
       n->after.push_back(x.get<uint32_t>());
     }
   }
@@ -86,13 +143,13 @@ void ParseNode(const json& j, const std::unordered_map<std::string, uint32_t>& s
   auto it = slots.find(slot);
   if (it == slots.end()) Fail(where, "comm slot \"" + slot + "\" is not in the class's comm_slots");
   n->comm_slot = it->second;
-  n->bytes = GetOr<uint64_t>(j, "bytes", 0, where);
+  n->bytes = static_cast<uint64_t>(GetInt(j, "bytes", 0, 0, static_cast<int64_t>(limits::kMaxBytes), where));
   n->dtype = Field(j, "dtype") ? GetEnum(j, "dtype", trace::ParseDType, where) : trace::DType::kU8;
   if (n->kind == NodeKind::kColl) {
     n->op = GetEnum(j, "op", trace::ParseCollOp, where);
-    n->root = GetOr<int32_t>(j, "root", -1, where);
+    n->root = static_cast<int32_t>(GetInt(j, "root", -1, -1, kMaxRank, where));
   } else {
-    n->peer = Get<int32_t>(j, "peer", where);
+    n->peer = static_cast<int32_t>(GetInt(j, "peer", 0, 0, kMaxRank, where, /*required=*/true));
   }
 }
 
@@ -135,12 +192,12 @@ void FromJson(const json& j, trace::Trace* t) {
   if (!magic || !magic->is_string() || magic->get<std::string>() != trace::kMagic) {
     Fail("trace", std::string("wrong magic (expected \"") + std::string(trace::kMagic) + "\"): not a PrismTrace");
   }
-  int version = Get<int>(j, "schema_version", "trace");
+  int version = static_cast<int>(GetInt(j, "schema_version", 0, 0, 1 << 30, "trace", /*required=*/true));
   if (version != trace::kSchemaVersion) {
     Fail("trace", "schema_version " + std::to_string(version) + " is not supported (this build reads " +
                       std::to_string(trace::kSchemaVersion) + ")");
   }
-  t->world_size = Get<int32_t>(j, "world_size", "trace");
+  t->world_size = static_cast<int32_t>(GetInt(j, "world_size", 0, 1, limits::kMaxWorldSize, "trace", true));
   if (const json* l = Field(j, "layout")) {
     ParseLayout(*l, &t->layout);
   } else {
@@ -156,8 +213,17 @@ void FromJson(const json& j, trace::Trace* t) {
       std::string where = "comms[" + std::to_string(i) + "]";
       const json& cj = (*comms)[i];
       if (!cj.is_object()) Fail(where, "must be an object");
-      t->comms[i].id = GetOr<uint32_t>(cj, "id", static_cast<uint32_t>(i), where);
-      t->comms[i].ranks = Get<std::vector<int32_t>>(cj, "ranks", where);
+      t->comms[i].id = static_cast<uint32_t>(GetInt(cj, "id", static_cast<int64_t>(i), 0, kU32Max, where));
+      const json* ranks = Field(cj, "ranks");
+      if (!ranks || !ranks->is_array()) Fail(where, "missing \"ranks\" array");
+      for (size_t k = 0; k < ranks->size(); ++k) {
+        const json& x = (*ranks)[k];
+        bool ok = x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= kMaxRank &&
+                  !(x.is_number_unsigned() && x.get<uint64_t>() > static_cast<uint64_t>(kMaxRank));
+        if (!ok) Fail(where, "\"ranks\"[" + std::to_string(k) + "] is " + x.dump() + ": must be a rank in 0.." +
+                             std::to_string(kMaxRank));
+        t->comms[i].ranks.push_back(static_cast<int32_t>(x.get<int64_t>()));
+      }
       t->comms[i].desc = GetOr<std::string>(cj, "desc", "", where);
     }
   }
@@ -174,10 +240,17 @@ void FromJson(const json& j, trace::Trace* t) {
     const json& e = (*rc)[r];
     std::string where = "rank_class[" + std::to_string(r) + "]";
     if (e.is_number_integer()) {
-      t->ranks[r].cls = e.get<uint32_t>();
+      json wrap = {{"class", e}};
+      t->ranks[r].cls = static_cast<uint32_t>(GetInt(wrap, "class", 0, 0, kU32Max, where, true));
     } else if (e.is_object()) {
-      t->ranks[r].cls = Get<uint32_t>(e, "class", where);
-      t->ranks[r].comms = GetOr<std::vector<uint32_t>>(e, "comms", {}, where);
+      t->ranks[r].cls = static_cast<uint32_t>(GetInt(e, "class", 0, 0, kU32Max, where, true));
+      if (const json* comms = Field(e, "comms")) {
+        if (!comms->is_array()) Fail(where, "\"comms\" must be an array of comm ids");
+        for (const json& x : *comms) {
+          json wrap = {{"comms", x}};
+          t->ranks[r].comms.push_back(static_cast<uint32_t>(GetInt(wrap, "comms", 0, 0, kU32Max, where)));
+        }
+      }
     } else {
       Fail(where, "must be a class index or {\"class\": i, \"comms\": [...]}");
     }
@@ -206,19 +279,6 @@ json NodeToJson(const Node& n, const trace::RoleClass& c) {
   return j;
 }
 
-bool ReadFile(const std::string& path, std::string* data, std::string* error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = path + ": cannot open";
-    return false;
-  }
-  data->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (data->empty()) {
-    *error = path + ": empty file (truncated?)";
-    return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -278,11 +338,20 @@ json TraceToJson(const trace::Trace& t) {
 
 bool ReadTraceUnchecked(const std::string& path, trace::Trace* out, std::string* error) {
   std::string data;
-  if (!ReadFile(path, &data, error)) return false;
+  if (!ReadFileBounded(path, limits::kMaxGraphFileBytes, "graph files", &data, error)) return false;
+  if (data.empty()) {
+    *error = path + ": empty file (truncated?)";
+    return false;
+  }
   json j;
   // Why sniff: a JSON document starts with '{' (after whitespace); a CBOR map never starts with one.
   size_t first = data.find_first_not_of(" \t\r\n");
   bool is_json = first != std::string::npos && data[first] == '{';
+  std::string why;
+  if (is_json ? !CheckJsonShape(data, DocumentBounds{}, &why) : !CheckCborShape(data, DocumentBounds{}, &why)) {
+    *error = path + ": " + (is_json ? "JSON " : "CBOR ") + why + " (docs/trace-format.md \"Limits\")";
+    return false;
+  }
   if (is_json) {
     j = json::parse(data, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) {
@@ -296,7 +365,6 @@ bool ReadTraceUnchecked(const std::string& path, trace::Trace* out, std::string*
       return false;
     }
   }
-  std::string why;
   if (!TraceFromJson(j, out, &why)) {
     *error = path + ": " + why;
     return false;
