@@ -537,21 +537,6 @@ TEST_F(CoordinatorTest, GarbageOnTheBusCostsOnlyThatConnection) {
   EXPECT_EQ(good.Hello()["world_size"], 8);
 }
 
-TEST(CoordinatorRankList, Parses) {
-  std::vector<int> r;
-  std::string e;
-  ASSERT_TRUE(ParseRankList("0", 8, &r, &e));
-  EXPECT_EQ(r, (std::vector<int>{0}));
-  ASSERT_TRUE(ParseRankList("5,0-2,1", 8, &r, &e));
-  EXPECT_EQ(r, (std::vector<int>{0, 1, 2, 5}));
-  EXPECT_FALSE(ParseRankList("0,8", 8, &r, &e));
-  EXPECT_NE(e.find("'8'"), std::string::npos) << e;
-  EXPECT_FALSE(ParseRankList("3-1", 8, &r, &e));
-  EXPECT_FALSE(ParseRankList("a", 8, &r, &e));
-  EXPECT_FALSE(ParseRankList("1,,2", 8, &r, &e));
-  EXPECT_FALSE(ParseRankList("1x", 8, &r, &e));
-}
-
 TEST(CoordinatorStart, BadOptionsAreClearErrors) {
   std::string error;
   CoordinatorOptions o;
