@@ -637,7 +637,7 @@ TEST(CoordinatorCli, BadInputExitsTwo) {
                                    TempDir("coord-cli-bad"),
                                &rc);
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("'9'"), std::string::npos) << out;
+  EXPECT_NE(out.find("--ranks \"9\": rank 9 is outside the world (ranks 0-7)"), std::string::npos) << out;
   out = RunCapture(std::string(prism_run) + " status " + TempDir("coord-cli-empty"), &rc);
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("no coordinator.json"), std::string::npos) << out;
