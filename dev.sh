@@ -3,6 +3,8 @@
 #   ./dev.sh demo   simulate the example graph (no GPU needed)
 #   ./dev.sh test   run the unit tests (what CI runs)
 #   ./dev.sh build  build only
+#   ./dev.sh test-asan  build-asan (ASan + UBSan) and run the tests of the readers and parsers that face hostile
+#                   input (ASAN_TESTS, a ctest -R pattern, overrides the list)
 # BUILD_DIR (default build) and JOBS (default nproc) may be set.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -12,6 +14,26 @@ build="${BUILD_DIR:-build}"
 jobs="${JOBS:-$(nproc)}"
 
 "$here/scripts/setup.sh"
+
+# Why a subset under the sanitizers: the whole suite preloads libprism into Python and torch processes (an ASan
+# library cannot load into them) and would take longer than CI's time; these tests drive every reader, the store and
+# the CLI with hostile bytes.
+asan_targets=(prism-run input_limits_test hostile_input_cli_test rank_list_test input_fuzz_test trace_format_test
+  store_protocol_test store_server_test chakra_import_test report_compare_test synth_test observed_trace_test)
+asan_tests='^(InputLimits|SynthLimits|HostileInputCli|RankList|InputFuzz|TraceFormat|StoreProtocol|StoreServer(Test|CapTest|Exceptions|Bind|Record)|ChakraTest|ReportDiff|ReportLoad|ReportShow|RunReport|ReportCli|Synth|ObservedTrace|GraphCli)\.'
+if [ "$cmd" = test-asan ]; then
+  asan=build-asan
+  if [ ! -f "$asan/CMakeCache.txt" ]; then
+    cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPRISM_SANITIZE=address,undefined >/dev/null
+  fi
+  cmake --build "$asan" -j "$jobs" --target "${asan_targets[@]}" 2>&1 | grep -vE '^\[ *[0-9]+%\]|^-- ' || true
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "asan build failed" >&2; exit 1; }
+  cd "$asan"
+  # detect_leaks=0: the CLI's subprocess tests exit through paths that keep globals alive on purpose.
+  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
+  exec ctest --output-on-failure -j "$jobs" -R "${ASAN_TESTS:-$asan_tests}"
+fi
+
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 fi
@@ -25,5 +47,5 @@ case "$cmd" in
     exec "$build/bin/prism-run" simulate examples/graphs/gpt-tp2-pp2-dp2.prism.json --out "$build/demo-out" "$@" ;;
   test)
     cd "$build" && exec ctest --output-on-failure -j "$jobs" ;;
-  *) echo "usage: ./dev.sh demo|test|build" >&2; exit 2 ;;
+  *) echo "usage: ./dev.sh demo|test|test-asan|build" >&2; exit 2 ;;
 esac

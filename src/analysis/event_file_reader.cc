@@ -1,6 +1,7 @@
 // Reading a rank's event file (include/prism/events.h) into what the graph builder needs (observed_trace.h:
 // RankEventLog). Malformed lines are counted, never fatal.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -12,7 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/observed_trace.h"
+#include "common/bounded_read.h"
+#include "common/document_shape.h"
 #include "prism/events.h"
+#include "prism/limits.h"
 
 namespace prism::analysis {
 namespace {
@@ -23,7 +27,14 @@ using nlohmann::json;
 int64_t Int(const json& j, const char* key, int64_t dflt) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_number()) return dflt;
-  if (it->is_number_float()) return static_cast<int64_t>(it->get<double>());
+  if (it->is_number_float()) {
+    // Why the bounds: casting a double past int64 (1e308) is undefined behaviour.
+    double d = it->get<double>();
+    if (!std::isfinite(d)) return dflt;
+    if (d >= 9.2e18) return INT64_MAX;
+    if (d <= -9.2e18) return INT64_MIN;
+    return static_cast<int64_t>(d);
+  }
   if (it->is_number_unsigned()) {
     uint64_t v = it->get<uint64_t>();
     return v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v);
@@ -39,6 +50,15 @@ uint64_t UInt(const json& j, const char* key) {
   return v > 0 ? static_cast<uint64_t>(v) : 0;
 }
 
+// A rank-valued field (peer, root, rank, a stream index): -1 or absent is "none", and anything outside
+// -1..kMaxWorldSize-1 is not a value an int32 may silently wrap into. Returns false when out of range.
+bool RankField(const json& j, const char* key, int32_t* out) {
+  int64_t v = Int(j, key, -1);
+  if (v < -1 || v >= limits::kMaxWorldSize) return false;
+  *out = static_cast<int32_t>(v);
+  return true;
+}
+
 std::string Str(const json& j, const char* key) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_string()) return "";
@@ -50,15 +70,20 @@ std::string Str(const json& j, const char* key) {
 void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
   size_t a = line.find_first_not_of(" \t\r");
   if (a == std::string_view::npos) return;
-  json j = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
   auto malformed = [&](const std::string& why) {
     if (log->malformed++ == 0)
       log->first_malformed = "line " + std::to_string(line_no) + ": " + why + ": " + std::string(line.substr(0, 80));
   };
+  std::string shape;
+  if (!CheckJsonShape(line, DocumentBounds{}, &shape)) return malformed(shape);
+  json j = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return malformed("not a JSON object");
   std::string type = Str(j, "type");
   if (type == events::kHello) {
-    log->world_size = static_cast<int>(Int(j, "world_size", 0));
+    int64_t w = Int(j, "world_size", 0);
+    if (w < 0 || w > limits::kMaxWorldSize)
+      return malformed("hello world_size " + std::to_string(w) + " is outside 0.." + std::to_string(limits::kMaxWorldSize));
+    log->world_size = static_cast<int>(w);
   } else if (type == events::kComm) {
     ObservedComm c;
     c.id = Int(j, "comm_id", -1);
@@ -66,12 +91,15 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
     c.key = Str(j, "key");
     c.desc = Str(j, "desc");
     c.name = Str(j, "name");
-    c.nranks = static_cast<int>(Int(j, "nranks", 0));
-    c.rank = static_cast<int>(Int(j, "rank", -1));
+    int64_t nranks = Int(j, "nranks", 0);
+    if (nranks < 0 || nranks > limits::kMaxWorldSize || !RankField(j, "rank", &c.rank))
+      return malformed("comm line's nranks or rank is outside 0.." + std::to_string(limits::kMaxWorldSize));
+    c.nranks = static_cast<int>(nranks);
     auto m = j.find("members");
     if (m != j.end() && m->is_array()) {
       for (const json& x : *m) {
-        if (!x.is_number_integer()) return malformed("comm members must be integers");
+        if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= limits::kMaxWorldSize)
+          return malformed("comm members must be ranks in 0.." + std::to_string(limits::kMaxWorldSize - 1));
         c.members.push_back(x.get<int>());
       }
     }
@@ -85,15 +113,14 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
     o.op = Str(j, "op");
     o.dtype = Str(j, "dtype");
     o.bytes = UInt(j, "bytes");
-    o.peer = static_cast<int32_t>(Int(j, "peer", -1));
-    o.root = static_cast<int32_t>(Int(j, "root", -1));
+    if (!RankField(j, "peer", &o.peer) || !RankField(j, "root", &o.root) || !RankField(j, "stream", &o.stream))
+      return malformed("op line's peer, root or stream is outside -1.." + std::to_string(limits::kMaxWorldSize - 1));
     o.arrival_ns = Int(j, "arrival_ns", 0);
     o.release_ns = Int(j, "release_ns", 0);
     o.opened_ns = Int(j, "opened_ns", 0);
-    o.stream = static_cast<int32_t>(Int(j, "stream", -1));
     o.sseq = Int(j, "sseq", -1);
     o.passthrough = Int(j, "passthrough", 0) != 0;
-    o.nops = static_cast<int32_t>(std::max<int64_t>(1, Int(j, "nops", 1)));
+    o.nops = static_cast<int32_t>(std::clamp<int64_t>(Int(j, "nops", 1), 1, INT32_MAX));
     o.line = line_no;
     // seq -1: a unit of only sends and receives to the rank itself (libprism numbers no such copy).
     if (o.comm_id < 0 || !j.contains("seq") || o.seq < -1 || o.op.empty())
@@ -106,8 +133,8 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
         s.op = Str(x, "op");
         s.dtype = Str(x, "dtype");
         s.bytes = UInt(x, "bytes");
-        s.peer = static_cast<int32_t>(Int(x, "peer", -1));
-        s.root = static_cast<int32_t>(Int(x, "root", -1));
+        if (!RankField(x, "peer", &s.peer) || !RankField(x, "root", &s.root))
+          return malformed("\"ops\" entry's peer or root is outside -1.." + std::to_string(limits::kMaxWorldSize - 1));
         s.comm_id = Int(x, "comm_id", -1);
         // Files before per-operation sequences: the unit's numbers in turn (every operation was numbered then).
         s.seq = x.contains("seq") ? Int(x, "seq", -1) : o.seq + static_cast<int64_t>(o.ops.size());
@@ -123,9 +150,9 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
     log->ops.push_back(std::move(o));
   } else if (type == events::kWait) {
     ObservedWait w;
-    w.stream = static_cast<int32_t>(Int(j, "stream", -1));
+    if (!RankField(j, "stream", &w.stream) || !RankField(j, "on", &w.on))
+      return malformed("wait line's stream or on is outside -1.." + std::to_string(limits::kMaxWorldSize - 1));
     w.next = Int(j, "next", -1);
-    w.on = static_cast<int32_t>(Int(j, "on", -1));
     w.after = Int(j, "after", -1);
     if (w.stream < 0 || w.next < 0 || w.on < 0 || w.after < 0) return malformed("wait line without stream/next/on/after");
     log->waits.push_back(w);
@@ -133,21 +160,17 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
     ObservedMark m;
     m.iteration = Int(j, "iteration", static_cast<int64_t>(log->marks.size()));
     m.t_ns = Int(j, "t_ns", 0);
-    m.stream = static_cast<int32_t>(Int(j, "stream", 0));
+    m.stream = 0;
+    if (j.contains("stream") && !RankField(j, "stream", &m.stream))
+      return malformed("iteration line's stream is outside -1.." + std::to_string(limits::kMaxWorldSize - 1));
     log->marks.push_back(m);
   }
   // Other types (mem, error, bye, newer ones) carry nothing the graph needs.
 }
 
 bool ReadRankEventLog(const std::string& path, int rank, RankEventLog* out, std::string* error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = "cannot open " + path;
-    return false;
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  std::string text;
+  if (!ReadFileBounded(path, limits::kMaxEventFileBytes, "event files", &text, error)) return false;
   *out = RankEventLog{};
   out->rank = rank;
   size_t start = 0;

@@ -10,6 +10,9 @@
 #include <vector>
 
 #include "analysis/run_report.h"
+#include "common/bounded_read.h"
+#include "common/document_shape.h"
+#include "prism/limits.h"
 #include "prism/report.h"
 
 namespace prism::analysis {
@@ -60,20 +63,69 @@ std::map<int64_t, const json*> RanksById(const json& rep) {
   return out;
 }
 
+// Why by name: report.json's numbers are the keys with a unit suffix and a few counts (include/prism/report.h);
+// a string or a 300-digit value there is a damaged or hostile file, not something to print as "-".
+bool IsNumericKey(const std::string& k) {
+  auto ends = [&](std::string_view suf) {
+    return k.size() >= suf.size() && k.compare(k.size() - suf.size(), suf.size(), suf) == 0;
+  };
+  for (std::string_view suf : {"_s", "_bytes", "_pct", "_ns", "_us", "_ms"})
+    if (ends(suf)) return true;
+  for (std::string_view name : {report::kWorldSize, report::kIterations, report::kRank, report::kSchema,
+                                std::string_view("rounds"), std::string_view("exit_code")})
+    if (k == name) return true;
+  return false;
+}
+
+// Every numeric field (and every value of a numeric-named object such as wait_s) is a number of magnitude at most
+// kMaxReportNumber, or null; world_size is within limits::kMaxWorldSize. False with *error naming the field's path.
+constexpr double kMaxReportNumber = 1e18;
+bool CheckReportNumbers(const json& j, const std::string& path, bool numeric, std::string* error) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      const std::string sub = path.empty() ? it.key() : path + "." + it.key();
+      if (!CheckReportNumbers(it.value(), sub, IsNumericKey(it.key()) || numeric, error)) return false;
+    }
+    return true;
+  }
+  if (j.is_array()) {
+    for (size_t i = 0; i < j.size(); ++i)
+      if (!CheckReportNumbers(j[i], path + "[" + std::to_string(i) + "]", numeric, error)) return false;
+    return true;
+  }
+  if (!numeric || j.is_null()) return true;
+  if (!j.is_number()) {
+    *error = "\"" + path + "\" is " + j.dump().substr(0, 40) + ": must be a number";
+    return false;
+  }
+  const double v = j.get<double>();
+  if (!(std::fabs(v) <= kMaxReportNumber)) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+    *error = "\"" + path + "\" is " + buf + ": must be at most 1e18 in magnitude";
+    return false;
+  }
+  if (path == report::kWorldSize && (v < 1 || v > static_cast<double>(limits::kMaxWorldSize) || v != std::floor(v))) {
+    *error = "\"world_size\" is " + j.dump() + ": must be an integer in 1.." + std::to_string(limits::kMaxWorldSize);
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::optional<json> LoadReport(const std::string& path, std::string* error) {
   std::error_code ec;
   fs::path p(path);
-  if (fs::is_directory(p, ec)) p /= std::string(report::kFileName);
-  std::ifstream in(p);
-  if (!in) {
-    *error = p.string() + ": cannot read (no such file or not readable)";
+  // Why not for a directory named report.json: the user named the file; saying it is a directory is the answer.
+  if (fs::is_directory(p, ec) && p.filename() != report::kFileName) p /= std::string(report::kFileName);
+  std::string text, why;
+  if (!ReadFileBounded(p.string(), limits::kMaxReportFileBytes, "report files", &text, error)) return std::nullopt;
+  if (!CheckJsonShape(text, DocumentBounds{}, &why)) {
+    *error = p.string() + ": JSON " + why;
     return std::nullopt;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
+  json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) {
     *error = p.string() + ": not valid JSON";
     return std::nullopt;
@@ -90,6 +142,10 @@ std::optional<json> LoadReport(const std::string& path, std::string* error) {
   }
   if (!j[K(report::kRanks)].is_array()) {
     *error = p.string() + ": \"ranks\" is not an array";
+    return std::nullopt;
+  }
+  if (!CheckReportNumbers(j, "", false, &why)) {
+    *error = p.string() + ": " + why;
     return std::nullopt;
   }
   return j;

@@ -21,6 +21,7 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "prism/limits.h"
 #include "coordinator/comm_registry.h"
 #include "coordinator/coordinator_state.h"
 #include "coordinator/hang_watch.h"
@@ -33,44 +34,6 @@ namespace prism::coord {
 
 using json = nlohmann::json;
 
-bool ParseRankList(const std::string& text, int world_size, std::vector<int>* out, std::string* error) {
-  out->clear();
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    std::string part = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    start = comma == std::string::npos ? text.size() + 1 : comma + 1;
-    if (part.empty()) {
-      *error = fmt::format("rank list '{}': empty entry", text);
-      return false;
-    }
-    int lo = 0, hi = 0;
-    size_t dash = part.find('-');
-    try {
-      size_t used = 0;
-      if (dash == std::string::npos) {
-        lo = hi = std::stoi(part, &used);
-        if (used != part.size()) throw std::invalid_argument("trailing");
-      } else {
-        lo = std::stoi(part.substr(0, dash), &used);
-        if (used != dash) throw std::invalid_argument("trailing");
-        hi = std::stoi(part.substr(dash + 1), &used);
-        if (used != part.size() - dash - 1) throw std::invalid_argument("trailing");
-      }
-    } catch (...) {
-      *error = fmt::format("rank list '{}': '{}' is not a rank or a range a-b", text, part);
-      return false;
-    }
-    if (lo < 0 || hi < lo || (world_size > 0 && hi >= world_size)) {
-      *error = fmt::format("rank list '{}': '{}' is outside 0..{}", text, part, world_size - 1);
-      return false;
-    }
-    for (int r = lo; r <= hi; ++r) out->push_back(r);
-  }
-  std::sort(out->begin(), out->end());
-  out->erase(std::unique(out->begin(), out->end()), out->end());
-  return true;
-}
 
 class Coordinator::Impl {
  public:
@@ -116,8 +79,9 @@ class Coordinator::Impl {
 bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error) {
   st_.opts = opts;
   CoordinatorOptions& o = st_.opts;
-  if (o.world_size <= 0) {
-    *error = "coordinator: world size must be positive";
+  // Why the upper bound: per-rank tables are sized by the world before any rank connects.
+  if (o.world_size <= 0 || o.world_size > limits::kMaxWorldSize) {
+    *error = fmt::format("coordinator: world size {} is outside 1..{}", o.world_size, limits::kMaxWorldSize);
     return false;
   }
   for (int r : o.real_ranks) {

@@ -183,7 +183,4 @@ inline constexpr const char* kHangKey = "__prism__/hang.json";
 // Followed by nccl_trace_rank_<R>: each real rank's Flight Recorder dump (flight_recorder.h), at a hang and at stop.
 inline constexpr const char* kFrKeyPrefix = "__prism__/flight_recorder/";
 
-// "0", "0,517", "0-7", "0-3,8" -> sorted unique ranks; false with *error naming the bad part.
-bool ParseRankList(const std::string& text, int world_size, std::vector<int>* out, std::string* error);
-
 }  // namespace prism::coord

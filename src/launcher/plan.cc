@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "analysis/observed_trace.h"
+#include "common/rank_list.h"
 
 namespace prism::launcher {
 using namespace ::prism::analysis;  // the post-run analysis (src/analysis) this file calls
@@ -165,38 +166,6 @@ HostInfo DetectHost(const std::string& prism_exe) {
   return h;
 }
 
-std::optional<std::vector<int>> ParseRankList(const std::string& spec, int world_size, std::string* error) {
-  std::vector<int> out;
-  std::set<int> seen;
-  if (Trim(spec).empty()) {
-    *error = "--ranks is empty (expected e.g. \"0\", \"0,517\", \"0-7\")";
-    return std::nullopt;
-  }
-  for (const std::string& raw : SplitComma(spec)) {
-    std::string item = Trim(raw);
-    int lo = 0, hi = 0;
-    size_t dash = item.find('-');
-    bool ok = dash == std::string::npos ? ToInt(item, &lo) && ToInt(item, &hi)
-                                        : ToInt(item.substr(0, dash), &lo) && ToInt(item.substr(dash + 1), &hi);
-    if (!ok || lo > hi) {
-      *error = "--ranks \"" + spec + "\": \"" + item + "\" is not a rank or a range LOW-HIGH";
-      return std::nullopt;
-    }
-    for (int r = lo; r <= hi; ++r) {
-      if (r >= world_size) {
-        *error = "--ranks \"" + spec + "\": rank " + std::to_string(r) + " is outside the world (ranks 0-" +
-                 std::to_string(world_size - 1) + ")";
-        return std::nullopt;
-      }
-      if (!seen.insert(r).second) {
-        *error = "--ranks \"" + spec + "\": rank " + std::to_string(r) + " is given twice";
-        return std::nullopt;
-      }
-      out.push_back(r);
-    }
-  }
-  return out;
-}
 
 std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std::string* error) {
   Plan p;
@@ -297,7 +266,7 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
   if (req.node_rank >= 0 && !req.ranks.empty() && !req.coordinator.empty()) {
     // Joining a coordinator: --node-rank names this host among the hosts (as torchrun's does); --ranks picks.
     p.host_index = req.node_rank;
-    auto r = ParseRankList(req.ranks, p.world_size, error);
+    auto r = prism::ParseRankList(req.ranks, p.world_size, "--ranks", error);
     if (!r) return std::nullopt;
     ranks = *r;
   } else if (req.node_rank >= 0) {
@@ -354,7 +323,7 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
           "assumed: every expert-parallel rank routes tokens like it); add --real-routing to run them for real");
     }
   } else {
-    auto r = ParseRankList(req.ranks.empty() ? "0" : req.ranks, p.world_size, error);
+    auto r = prism::ParseRankList(req.ranks.empty() ? "0" : req.ranks, p.world_size, "--ranks", error);
     if (!r) return std::nullopt;
     ranks = *r;
   }
@@ -455,9 +424,8 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
     // Workers here reach the store on loopback, or on the listen address when it is a specific one.
     p.store_addr = req.listen.empty() || req.listen == "0.0.0.0" || req.listen == "::" ? "127.0.0.1" : req.listen;
     if (!req.remote_ranks.empty()) {
-      auto rr = ParseRankList(req.remote_ranks, p.world_size, error);
+      auto rr = prism::ParseRankList(req.remote_ranks, p.world_size, "--remote-ranks", error);
       if (!rr) {
-        *error = "--remote-ranks: " + *error;
         return std::nullopt;
       }
       for (int r : *rr) {

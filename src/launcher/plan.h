@@ -146,9 +146,6 @@ std::optional<Plan> BuildPlan(const PlanRequest& req, const HostInfo& host, std:
 // After the coordinator started: rewrites MASTER_PORT (and PRISM_COORD_SOCKET when `socket` is not empty).
 void SetStorePort(Plan* plan, int port, const std::string& socket = "");
 
-// "0", "0,517", "0-7", "0,4-7": distinct ranks, each < world_size, in the order given.
-std::optional<std::vector<int>> ParseRankList(const std::string& spec, int world_size, std::string* error);
-
 // The --dry-run --json document: world_size, layout {tp,pp,dp,cp,ep,etp,vpp,order}, real_ranks
 // [{rank,gpu,node,local_rank,device,coords[,why]}], real_routing (collect), gpus_per_node, nnodes, gpus, command,
 // env, workers, warnings.

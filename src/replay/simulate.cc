@@ -11,6 +11,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "common/rank_list.h"
 #include "prism/report.h"
 #include "replay/trace_io.h"
 #include "replay/trace_validate.h"
@@ -104,27 +105,6 @@ struct Progress {
 
 }  // namespace
 
-bool ParseRankList(const std::string& list, std::vector<int32_t>* out, std::string* error) {
-  std::vector<int32_t> v;
-  std::stringstream ss(list);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    size_t dash = item.find('-', 1);
-    int64_t a = 0, b = 0;
-    bool ok = dash == std::string::npos ? ParseInt(item, &a) && (b = a, true)
-                                        : ParseInt(item.substr(0, dash), &a) && ParseInt(item.substr(dash + 1), &b);
-    if (!ok || a < 0 || b < a || b > (1 << 24)) {
-      *error = "rank list \"" + list + "\": \"" + item + "\" is not a rank or a range A-B";
-      return false;
-    }
-    for (int64_t r = a; r <= b; ++r) v.push_back(static_cast<int32_t>(r));
-  }
-  std::sort(v.begin(), v.end());
-  v.erase(std::unique(v.begin(), v.end()), v.end());
-  *out = std::move(v);
-  return true;
-}
 
 bool ParseWhatIf(const std::string& spec, WhatIf* out, std::string* error) {
   WhatIf w;
@@ -401,10 +381,13 @@ int RunSimulate(const SimulateOptions& o, std::ostream& out, std::ostream& err) 
   std::vector<int32_t> trace_ranks;
   if (!o.trace_ranks.empty() && o.trace_ranks != "none") {
     std::string e;
-    if (!ParseRankList(o.trace_ranks, &trace_ranks, &e)) {
-      err << me << "--trace-ranks: " << e << "\n";
+    auto parsed = prism::ParseRankList(o.trace_ranks, 0, "--trace-ranks", &e);
+    if (!parsed) {
+      err << me << e << "\n";
       return kExitBadInput;
     }
+    trace_ranks.assign(parsed->begin(), parsed->end());
+    std::sort(trace_ranks.begin(), trace_ranks.end());
   }
   CostModelOptions mo;
   if (o.model == "nccl") {

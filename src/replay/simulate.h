@@ -24,9 +24,6 @@ struct WhatIf {
 };
 bool ParseWhatIf(const std::string& spec, WhatIf* out, std::string* error);
 
-// "0", "0,517", "0-7", "0-3,8" -> ranks (sorted, unique). False + *error on anything else.
-bool ParseRankList(const std::string& list, std::vector<int32_t>* out, std::string* error);
-
 struct SimulateOptions {
   std::string graph;                // .prism or .prism.json
   std::string topology;             // NAME|FILE|JSON; empty: the graph's own, else h100-8x400g

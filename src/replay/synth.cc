@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <utility>
 #include <vector>
+
+#include "prism/limits.h"
 
 namespace prism::replay {
 namespace {
@@ -399,8 +403,41 @@ bool Synthesize(const SynthOptions& o, trace::Trace* out, std::string* error) {
       !positive(o.micro_batch_size, "micro-batch-size") || !positive(o.moe_topk, "moe-topk")) {
     return false;
   }
+  if (!Check(o.microbatches <= kSynthMaxMicrobatches,
+             "--microbatches " + std::to_string(o.microbatches) + " is more than " +
+                 std::to_string(kSynthMaxMicrobatches), error) ||
+      !Check(o.iterations <= kSynthMaxIterations,
+             "--iterations " + std::to_string(o.iterations) + " is more than " + std::to_string(kSynthMaxIterations),
+             error)) {
+    return false;
+  }
+  for (auto [name, v] : {std::pair{"fwd-us", o.fwd_us}, {"bwd-us", o.bwd_us}, {"optimizer-us", o.optimizer_us}}) {
+    // Why -1 alone: it is the "derive it" default; any other negative, NaN or huge value is a typo.
+    if (!(v == -1.0 || (v >= 0 && v <= limits::kMaxDurationUs))) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "--%s %.6g is outside 0..%.0e us", name, v, limits::kMaxDurationUs);
+      return Check(false, buf, error);
+    }
+  }
+  {
+    // An upper estimate of one class's nodes (forward + backward per microbatch and chunk, each with its
+    // per-layer collectives), refused before anything is allocated.
+    const int64_t per_layer = (o.tp_comm ? 4 : 0) + (o.ep > 1 ? 4 : 0);
+    const int64_t layers_est = o.layers > 0 ? o.layers : 32 + o.pp * o.vpp;
+    const int64_t nodes = static_cast<int64_t>(o.iterations) * o.microbatches * o.vpp * 2 *
+                          (4 + per_layer * ((layers_est + o.pp * o.vpp - 1) / (o.pp * o.vpp)));
+    if (!Check(nodes <= kSynthMaxNodesPerClass,
+               "the graph would hold about " + std::to_string(nodes) + " nodes per rank (--iterations x "
+               "--microbatches x --vpp x layers), more than " + std::to_string(kSynthMaxNodesPerClass),
+               error)) {
+      return false;
+    }
+  }
   const int64_t world = static_cast<int64_t>(o.tp) * o.pp * o.dp;
-  if (!Check(world <= (1 << 22), "world size tp*pp*dp = " + std::to_string(world) + " is too large (max 4194304)", error)) return false;
+  if (!Check(world <= limits::kMaxWorldSize, "world size tp*pp*dp = " + std::to_string(world) + " is more than " +
+                                                  std::to_string(limits::kMaxWorldSize) + " ranks", error)) {
+    return false;
+  }
   if (!Check(o.dp % o.ep == 0, "--ep " + std::to_string(o.ep) + " must divide --dp " + std::to_string(o.dp), error)) return false;
   if (o.ep > 1 && !Check(o.num_experts >= o.ep && o.num_experts % o.ep == 0,
                          "--num-experts " + std::to_string(o.num_experts) + " must be a multiple of --ep " + std::to_string(o.ep), error)) {

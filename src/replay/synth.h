@@ -44,6 +44,12 @@ struct SynthOptions {
   std::string topology = "h100-8x400g";  // recorded in the graph (a preset name or JSON text)
 };
 
+// Bounds on the options, checked by Synthesize and by prism-run's flags. Why: a class's node lists grow with
+// iterations x microbatches x chunks x per-layer collectives; 2e9 microbatches is a bad_alloc, not a graph.
+inline constexpr int kSynthMaxMicrobatches = 1 << 16;
+inline constexpr int kSynthMaxIterations = 1 << 16;
+inline constexpr int64_t kSynthMaxNodesPerClass = int64_t{1} << 26;
+
 // Builds the graph. False + *error for an impossible layout (names the option).
 bool Synthesize(const SynthOptions& opts, trace::Trace* out, std::string* error);
 

@@ -5,6 +5,9 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "common/bounded_read.h"
+#include "common/document_shape.h"
+#include "prism/limits.h"
 #include "replay/trace_parse.h"
 #include "replay/trace_validate.h"
 
@@ -19,22 +22,20 @@ void ParseHeader(const json& j, trace::Trace* t) {
          std::string("wrong magic (expected \"") + std::string(trace::kMagic) + "\"): not a PrismTrace");
   }
   const std::string top = "trace";
-  int version = Get<int>(j, "schema_version", top);
+  int version = static_cast<int>(GetInt(j, "schema_version", 0, 0, 1 << 30, top, /*required=*/true));
   if (version != trace::kSchemaVersion) {
     Fail(top, "schema_version " + std::to_string(version) + " is not supported (this build reads " +
                   std::to_string(trace::kSchemaVersion) + ")");
   }
-  t->world_size = Get<int32_t>(j, "world_size", top);
+  t->world_size = static_cast<int32_t>(GetInt(j, "world_size", 0, 1, limits::kMaxWorldSize, top, true));
   if (const json* lj = Field(j, "layout")) {
     const std::string where = "layout";
     if (!lj->is_object()) Fail(where, "must be an object");
     trace::Layout* l = &t->layout;
-    l->tp = GetOr<int>(*lj, "tp", 1, where);
-    l->pp = GetOr<int>(*lj, "pp", 1, where);
-    l->dp = GetOr<int>(*lj, "dp", 1, where);
-    l->cp = GetOr<int>(*lj, "cp", 1, where);
-    l->ep = GetOr<int>(*lj, "ep", 1, where);
-    l->etp = GetOr<int>(*lj, "etp", 1, where);
+    for (auto [key, field] : {std::pair{"tp", &l->tp}, {"pp", &l->pp}, {"dp", &l->dp}, {"cp", &l->cp},
+                              {"ep", &l->ep}, {"etp", &l->etp}}) {
+      *field = static_cast<int>(GetInt(*lj, key, 1, 1, limits::kMaxWorldSize, where));
+    }
     l->order = GetOr<std::string>(*lj, "order", l->order, where);
   } else {
     t->layout.dp = t->world_size;  // Why: no layout means every rank is a data-parallel replica.
@@ -96,18 +97,34 @@ void ParseClass(const json& j, size_t index, trace::RoleClass* c) {
 void ParseComm(const json& cj, size_t i, trace::Comm* c) {
   std::string where = "comms[" + std::to_string(i) + "]";
   if (!cj.is_object()) Fail(where, "must be an object");
-  c->id = GetOr<uint32_t>(cj, "id", static_cast<uint32_t>(i), where);
-  c->ranks = Get<std::vector<int32_t>>(cj, "ranks", where);
+  c->id = static_cast<uint32_t>(GetInt(cj, "id", static_cast<int64_t>(i), 0, kU32Max, where));
+  const json* ranks = Field(cj, "ranks");
+  if (!ranks || !ranks->is_array()) Fail(where, "missing \"ranks\" array");
+  for (size_t k = 0; k < ranks->size(); ++k) {
+    const json& x = (*ranks)[k];
+    const bool ok = x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= kMaxRank &&
+                    !(x.is_number_unsigned() && x.get<uint64_t>() > static_cast<uint64_t>(kMaxRank));
+    if (!ok) Fail(where, "\"ranks\"[" + std::to_string(k) + "] is " + x.dump() + ": must be a rank in 0.." +
+                         std::to_string(kMaxRank));
+    c->ranks.push_back(static_cast<int32_t>(x.get<int64_t>()));
+  }
   c->desc = GetOr<std::string>(cj, "desc", "", where);
 }
 
 void ParseRankBinding(const json& e, size_t r, trace::RankBinding* b) {
   std::string where = "rank_class[" + std::to_string(r) + "]";
   if (e.is_number_integer()) {
-    b->cls = e.get<uint32_t>();
+    const json wrap = {{"class", e}};
+    b->cls = static_cast<uint32_t>(GetInt(wrap, "class", 0, 0, kU32Max, where, true));
   } else if (e.is_object()) {
-    b->cls = Get<uint32_t>(e, "class", where);
-    b->comms = GetOr<std::vector<uint32_t>>(e, "comms", {}, where);
+    b->cls = static_cast<uint32_t>(GetInt(e, "class", 0, 0, kU32Max, where, true));
+    if (const json* comms = Field(e, "comms")) {
+      if (!comms->is_array()) Fail(where, "\"comms\" must be an array of comm ids");
+      for (const json& x : *comms) {
+        const json wrap = {{"comms", x}};
+        b->comms.push_back(static_cast<uint32_t>(GetInt(wrap, "comms", 0, 0, kU32Max, where)));
+      }
+    }
   } else {
     Fail(where, "must be a class index or {\"class\": i, \"comms\": [...]}");
   }
@@ -163,15 +180,19 @@ json NodeToJson(const Node& n, const trace::RoleClass& c) {
   return j;
 }
 
+// The file, bounded, then its shape (depth, element counts against the bytes left) checked before any reader
+// builds from it (docs/trace-format.md "Limits").
 bool ReadFile(const std::string& path, std::string* data, std::string* error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = path + ": cannot open";
-    return false;
-  }
-  data->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (!ReadFileBounded(path, limits::kMaxGraphFileBytes, "graph files", data, error)) return false;
   if (data->empty()) {
     *error = path + ": empty file (truncated?)";
+    return false;
+  }
+  const size_t first = data->find_first_not_of(" \t\r\n");
+  const bool is_json = first != std::string::npos && (*data)[first] == '{';
+  std::string why;
+  if (is_json ? !CheckJsonShape(*data, DocumentBounds{}, &why) : !CheckCborShape(*data, DocumentBounds{}, &why)) {
+    *error = path + ": " + (is_json ? "JSON " : "CBOR ") + why + " (docs/trace-format.md \"Limits\")";
     return false;
   }
   return true;

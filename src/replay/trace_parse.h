@@ -3,12 +3,17 @@
 // fill the same trace::Trace and fail with the same message for the same input. Internal to src/replay.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
+#include "prism/limits.h"
 #include "prism/trace.h"
 
 namespace prism::replay::trace_parse {
@@ -78,6 +83,61 @@ T GetOr(const Obj& obj, const char* key, T dflt, const W& where) {
   return Field(obj, key) ? Get<T>(obj, key, where) : dflt;
 }
 
+// An integer field within [lo, hi]. Why not get<T>(): it wraps (-5 bytes read as 2^64-5) and truncates floats.
+// The error names the field, its value and the bounds, never a type's 300-digit extreme.
+template <typename Obj, typename W>
+int64_t GetInt(const Obj& obj, const char* key, int64_t dflt, int64_t lo, int64_t hi, const W& where,
+               bool required = false) {
+  const json* v = Field(obj, key);
+  if (!v) {
+    if (required) Fail(where, std::string("missing \"") + key + "\"");
+    return dflt;
+  }
+  const std::string name = std::string("\"") + key + "\"";
+  auto out_of_range = [&](const std::string& shown) {
+    Fail(where, name + " is " + shown + ": must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi));
+  };
+  if (v->is_number_unsigned()) {
+    const uint64_t u = v->template get<uint64_t>();
+    if (u > static_cast<uint64_t>(hi)) out_of_range(std::to_string(u));
+    return static_cast<int64_t>(u);
+  }
+  if (v->is_number_integer()) {
+    const int64_t i = v->template get<int64_t>();
+    if (i < lo || i > hi) out_of_range(std::to_string(i));
+    return i;
+  }
+  if (v->is_number_float()) {
+    const double d = v->template get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.6g", d);
+      out_of_range(buf);
+    }
+    return static_cast<int64_t>(d);
+  }
+  Fail(where, name + " has the wrong type (" + v->type_name() + "): must be an integer");
+}
+
+// A duration in microseconds: finite, 0 <= v <= limits::kMaxDurationUs. Absent: dflt.
+template <typename Obj, typename W>
+double GetDuration(const Obj& obj, const char* key, double dflt, const W& where) {
+  const json* v = Field(obj, key);
+  if (!v) return dflt;
+  if (!v->is_number())
+    Fail(where, std::string("\"") + key + "\" has the wrong type (" + v->type_name() + "): must be a number");
+  const double d = v->template get<double>();
+  if (!(d >= 0 && d <= limits::kMaxDurationUs)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g: must be in 0..%.0e", d, limits::kMaxDurationUs);
+    Fail(where, std::string("\"") + key + "\" is " + buf);
+  }
+  return d;
+}
+
+constexpr int64_t kU32Max = std::numeric_limits<uint32_t>::max();
+constexpr int64_t kMaxRank = limits::kMaxWorldSize - 1;
+
 template <typename E, typename Obj, typename W>
 E GetEnum(const Obj& obj, const char* key, E (*parse)(std::string_view), const W& where) {
   std::string s = Get<std::string>(obj, key, where);
@@ -93,16 +153,17 @@ void ParseNode(const Obj& j, const SlotIndex& slots, uint32_t default_id, const 
   if constexpr (std::is_same_v<Obj, json>) {
     if (!j.is_object()) Fail(where, "must be an object");
   }
-  n->id = GetOr<uint32_t>(j, "id", default_id, where);
+  n->id = static_cast<uint32_t>(GetInt(j, "id", default_id, 0, kU32Max, where));
   n->kind = GetEnum(j, "kind", trace::ParseNodeKind, where);
-  n->dur_us = GetOr<double>(j, "dur_us", -1.0, where);
-  n->iter = GetOr<uint32_t>(j, "iter", 0, where);
+  n->dur_us = GetDuration(j, "dur_us", -1.0, where);
+  n->iter = static_cast<uint32_t>(GetInt(j, "iter", 0, 0, kU32Max, where));
   n->name = GetOr<std::string>(j, "name", "", where);
   if (const json* a = Field(j, "after")) {
     if (!a->is_array()) Fail(where, "\"after\" must be an array of node ids");
     n->after.reserve(a->size());
     for (const json& x : *a) {
-      if (!x.is_number_integer() || x.get<int64_t>() < 0) Fail(where, "\"after\" must hold non-negative node ids");
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || (x.is_number_unsigned() && x.get<uint64_t>() > kU32Max))
+        Fail(where, "\"after\" must hold node ids in 0.." + std::to_string(kU32Max));
       n->after.push_back(x.get<uint32_t>());
     }
   }
@@ -114,13 +175,13 @@ void ParseNode(const Obj& j, const SlotIndex& slots, uint32_t default_id, const 
   auto it = slots.find(slot);
   if (it == slots.end()) Fail(where, "comm slot \"" + slot + "\" is not in the class's comm_slots");
   n->comm_slot = it->second;
-  n->bytes = GetOr<uint64_t>(j, "bytes", 0, where);
+  n->bytes = static_cast<uint64_t>(GetInt(j, "bytes", 0, 0, static_cast<int64_t>(limits::kMaxBytes), where));
   n->dtype = Field(j, "dtype") ? GetEnum(j, "dtype", trace::ParseDType, where) : trace::DType::kU8;
   if (n->kind == trace::NodeKind::kColl) {
     n->op = GetEnum(j, "op", trace::ParseCollOp, where);
-    n->root = GetOr<int32_t>(j, "root", -1, where);
+    n->root = static_cast<int32_t>(GetInt(j, "root", -1, -1, kMaxRank, where));
   } else {
-    n->peer = Get<int32_t>(j, "peer", where);
+    n->peer = static_cast<int32_t>(GetInt(j, "peer", 0, 0, kMaxRank, where, /*required=*/true));
   }
 }
 

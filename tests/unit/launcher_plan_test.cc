@@ -175,21 +175,8 @@ TEST(Plan, GpusFromCudaVisibleDevices) {
   EXPECT_EQ(p.warnings.size(), 1u);
 }
 
-TEST(Plan, RankLists) {
-  std::string err;
-  EXPECT_EQ(*ParseRankList("0", 64, &err), (std::vector<int>{0}));
-  EXPECT_EQ(*ParseRankList("0,517", 1024, &err), (std::vector<int>{0, 517}));
-  EXPECT_EQ(*ParseRankList("0-3,8", 64, &err), (std::vector<int>{0, 1, 2, 3, 8}));
-  EXPECT_EQ(*ParseRankList(" 5 , 2 ", 64, &err), (std::vector<int>{5, 2}));
-  EXPECT_FALSE(ParseRankList("0,517", 64, &err));
-  EXPECT_NE(err.find("517"), std::string::npos) << err;
-  EXPECT_NE(err.find("0-63"), std::string::npos) << err;
-  EXPECT_FALSE(ParseRankList("1,1", 64, &err));
-  EXPECT_NE(err.find("twice"), std::string::npos) << err;
-  EXPECT_FALSE(ParseRankList("3-1", 64, &err));
-  EXPECT_FALSE(ParseRankList("a", 64, &err));
-  EXPECT_FALSE(ParseRankList("-1", 64, &err));
-  EXPECT_FALSE(ParseRankList("", 64, &err));
+TEST(Plan, RankListsOutsideTheWorldAreRefused) {
+  // The parser itself: rank_list_test.cc.
   EXPECT_NE(BuildError(Request(kMegatron64, "64"), FakeHost()).find("outside the world"), std::string::npos);
 }
 

@@ -208,17 +208,9 @@ TEST_F(SimulateCli, ShippedExampleGraphSimulates) {
   EXPECT_GT(Load(P("out/report.json"))["iteration_time_s"].get<double>(), 0.0);
 }
 
-TEST(SimulateOptions, RankListsAndWhatIfSpecs) {
-  using prism::replay::ParseRankList;
+TEST(SimulateOptions, WhatIfSpecs) {
   using prism::replay::ParseWhatIf;
-  std::vector<int32_t> r;
   std::string err;
-  ASSERT_TRUE(ParseRankList("0,517,8-10,9", &r, &err)) << err;
-  EXPECT_EQ(r, (std::vector<int32_t>{0, 8, 9, 10, 517}));
-  for (const char* bad : {"x", "3-1", "-2", "1-", "1,,a"}) {
-    EXPECT_FALSE(ParseRankList(bad, &r, &err)) << bad;
-    EXPECT_NE(err.find(bad), std::string::npos) << err;
-  }
   prism::replay::WhatIf w;
   ASSERT_TRUE(ParseWhatIf("straggler=5:1.5,bw-scale=0.5,straggler=6:2", &w, &err)) << err;
   ASSERT_EQ(w.stragglers.size(), 2u);

@@ -108,7 +108,9 @@ TEST(TraceFormat, TruncatedCborIsRejected) {
   ASSERT_TRUE(WriteTrace(t, path, &err));
   fs::resize_file(path, fs::file_size(path) / 2);
   EXPECT_FALSE(ReadTrace(path, &t, &err));
-  EXPECT_NE(err.find("not valid CBOR"), std::string::npos) << err;
+  // The shape scan sees the cut first: a length that runs past the end of the file.
+  EXPECT_NE(err.find(": CBOR "), std::string::npos) << err;
+  EXPECT_NE(err.find("remain"), std::string::npos) << err;
   EXPECT_NE(err.find(path), std::string::npos) << err;
 }
 

@@ -51,7 +51,7 @@ void AddCalibrate(CLI::App& app, int* rc) {
   sub->add_option("--poor-fit-pct", o->fit.poor_fit_pct,
                   "report points the calibrated model misses by more than this many percent")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   sub->add_option("--gpus", o->measure.gpus, "GPUs to measure on, devices 0..N-1 (default: every visible GPU)")
       ->check(CLI::Range(2, 1 << 16));
   sub->add_option("--min-bytes", *min_bytes, "smallest message (S as nccl-tests counts it)")->capture_default_str();
@@ -71,13 +71,13 @@ void AddCalibrate(CLI::App& app, int* rc) {
       ->check(CLI::Range(1, 100000));
   sub->add_option("--target-ms", o->measure.target_ms, "timed duration per point, in ms")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   sub->add_option("--max-iters", o->measure.max_iters, "most timed calls per point")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 24));
   sub->add_option("--timeout", o->measure.timeout_s, "seconds one point may take before calibrate gives up")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   sub->add_option("--nccl", o->measure.nccl_path,
                   "NCCL library to load (default: the nvidia.nccl package of $PRISM_PYTHON, $PYTHON or python3 "
                   "(PyTorch's), then libnccl.so.2)");

@@ -53,7 +53,7 @@ void AddCollect(CLI::App& app, int* rc) {
   sub->add_option("--swap-stall", o.swap_stall,
                   "with --swap: seconds a rank may stay silent outside an exchange before its GPU counts as stalled "
                   "(default 30)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   sub->add_flag("--no-preload", o.no_preload, "run the workers without libprism.so (launch debugging, tests)");
   sub->add_option("--swap-driver", o.swap_driver,
                   "with --swap: the CUDA driver library to load (default libcuda.so.1)");

@@ -2,6 +2,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -9,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "common/rank_list.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/graph_release.h"
 #include "coordinator/world.h"
@@ -47,10 +49,13 @@ int RunCoordinator(const CoordinatorCli& o) {
   coord::CoordinatorOptions opts;
   opts.world_size = o.world_size;
   std::string error;
-  if (!coord::ParseRankList(o.ranks, o.world_size, &opts.real_ranks, &error)) {
-    std::fprintf(stderr, "prism-run coordinator: --ranks: %s\n", error.c_str());
+  auto ranks = prism::ParseRankList(o.ranks, o.world_size, "--ranks", &error);
+  if (!ranks) {
+    std::fprintf(stderr, "prism-run coordinator: %s\n", error.c_str());
     return kExitBadInput;
   }
+  opts.real_ranks = *ranks;
+  std::sort(opts.real_ranks.begin(), opts.real_ranks.end());
   // Megatron's groups from --layout: only a fallback, the Python hook's registrations win (docs/coordinator.md).
   std::unique_ptr<analysis::MegatronMembership> membership;
   if (!o.layout.empty()) {
@@ -137,7 +142,7 @@ void AddCoordinator(CLI::App& app, int* rc) {
                                  "stood in for), the event bus for libprism; until SIGINT/SIGTERM");
   sub->add_option("--world-size", o->world_size, "ranks of the target job")
       ->required()
-      ->check(CLI::PositiveNumber)
+      ->check(WorldSize())
       ->envname("PRISM_WORLD_SIZE");
   sub->add_option("--ranks", o->ranks, "logical ranks run for real: \"0\", \"0,517\", \"0-7\"")
       ->capture_default_str()
@@ -169,7 +174,7 @@ void AddCoordinator(CLI::App& app, int* rc) {
                   "seconds without progress of any real rank, while some wait, before the hang diagnosis "
                   "(<out>/hang.json, printed); 0 turns it off")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber)
+      ->check(NonNegative())
       ->envname("PRISM_HANG_TIMEOUT");
   sub->add_option("--on-hang", o->on_hang, "after the diagnosis: stop (exit 4) or wait (keep running)")
       ->capture_default_str()

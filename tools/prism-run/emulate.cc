@@ -78,14 +78,14 @@ EmulateOptions* AddEmulateOptions(CLI::App& app) {
   app.add_flag("--dry-run", opts.dry_run, "print the plan and run nothing");
   app.add_flag("--json", opts.json, "with --dry-run: the plan as JSON");
   app.add_option("--gpus", opts.gpus, "GPUs of this host to use (default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L)")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   app.add_option("--coordinator", opts.coordinator,
                  "HOST:PORT of a running coordinator's store to join (multi-host), or its coordinator.json; "
                  "default: start one here");
   app.add_option("--node-rank", opts.node_rank,
                  "run every rank of this virtual node for real (instead of --ranks); with --ranks and "
                  "--coordinator: this host's number among the hosts")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   app.add_option("--listen", opts.listen,
                  "the coordinator started here serves other hosts: its store and a TCP event bus bind this address "
                  "(0.0.0.0, or this host's address)");
@@ -106,7 +106,7 @@ EmulateOptions* AddEmulateOptions(CLI::App& app) {
                  "seconds without progress of any real rank, while some wait, before the hang diagnosis "
                  "(<out>/hang.json, printed); 0 turns it off")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber)
+      ->check(NonNegative())
       ->envname("PRISM_HANG_TIMEOUT");
   app.add_option("--payload-max-bytes", opts.payload_max_bytes,
                  "with --payload recorded: replay only recorded payloads up to this size, e.g. 4M (default 4M; 0: "
@@ -115,7 +115,7 @@ EmulateOptions* AddEmulateOptions(CLI::App& app) {
   app.add_option("--iterations", opts.iterations,
                  "stop the job once every real rank has completed K iterations (its iteration marks), as if it "
                  "had ended there: the report, trace and graph hold at least those K (0: run the job to its end)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   app.add_option("--on-hang", opts.on_hang,
                  "after a hang diagnosis: stop the job (report written, exit 4) or wait (keep running)")
       ->capture_default_str()

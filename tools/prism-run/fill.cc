@@ -31,11 +31,11 @@ void AddFill(CLI::App& app, int* rc) {
   sub->add_option("--topology", o.topology, "target cluster for the modelled communication");
   sub->add_option("--tolerance", o.tolerance_pct, "stop when a round moves the estimate by at most this many percent")
       ->capture_default_str();
-  sub->add_option("--rounds", o.max_rounds, "at most this many rounds")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--rounds", o.max_rounds, "at most this many rounds")->capture_default_str()->check(Positive());
   sub->add_option("--gpus", o.gpus,
                   "GPUs of this host: with G > 1 a slice is a tensor-parallel group (up to G ranks, each on its own "
                   "GPU, their communicator on the real NCCL); one slice runs at a time")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   sub->add_option("--hang-timeout", o.hang_timeout, "per slice, as for emulate")->capture_default_str();
   sub->add_option("--payload-max-bytes", o.payload_max_bytes, "per slice, as for emulate (default 4M)");
   sub->add_option("--lockstep", o.lockstep,
@@ -50,7 +50,7 @@ void AddFill(CLI::App& app, int* rc) {
   sub->add_flag("--resume", o.resume,
                 "continue an earlier fill into the same --out that stopped part way: its finished slices are reused");
   sub->add_option("--iterations", o.iterations, "stop each slice's job after K iterations (0: run it out)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   sub->callback([sub, rc] {
     std::vector<std::string> command = sub->remaining();
     if (command.empty()) {

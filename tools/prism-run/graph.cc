@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/observed_trace.h"
+#include "common/rank_list.h"
 #include "launcher/plan.h"
 #include "prism/events.h"
 #include "prism/report.h"
@@ -96,8 +97,8 @@ int RunGraphBuild(const GraphBuildArgs& a) {
 
   analysis::ObservedTraceOptions o;
   if (!a.ranks.empty()) {
-    auto r = launcher::ParseRankList(a.ranks, world_size, &error);
-    if (!r) return fail("--ranks: " + error, kExitBadInput);
+    auto r = prism::ParseRankList(a.ranks, world_size, "--ranks", &error);
+    if (!r) return fail(error, kExitBadInput);
     o.ranks = *r;
   }
   o.skip_iterations = a.skip_iterations;
@@ -187,10 +188,10 @@ void AddGraph(CLI::App& app, int* rc) {
   build->add_option("--ranks", a->ranks, "event files to read, e.g. 0-3 (default: all in DIR)");
   build->add_option("--skip-iterations", a->skip_iterations, "leave out the first K complete iterations (warm-up)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   build->add_option("--iterations", a->iterations, "keep at most K iterations (0: all complete ones)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   build->add_option("--stream-fallback", a->stream_fallback,
                     "for op lines without \"stream\": one (one stream) or per-comm (one per communicator)")
       ->capture_default_str();

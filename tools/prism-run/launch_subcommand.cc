@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "checks.h"
 #include "emulate_options.h"
 
 namespace prism::cli {
@@ -14,15 +15,15 @@ void AddLaunchSubcommandOptions(CLI::App* sub, LaunchSubcommandOptions* o, const
                                         "-2, ... while taken)");
   sub->add_option("--layout", o->layout, "as for emulate (default: the job's Megatron arguments)");
   sub->add_option("--topology", o->topology, "target cluster for the modelled durations: preset or JSON file");
-  sub->add_option("--gpus", o->gpus, gpus_help)->check(CLI::PositiveNumber);
+  sub->add_option("--gpus", o->gpus, gpus_help)->check(Positive());
   sub->add_flag("--quiet", o->quiet, "do not copy the workers' output to the terminal");
   sub->add_flag("--dry-run", o->dry_run, "print the plan (which ranks run) and run nothing");
   sub->add_flag("--json", o->json, "with --dry-run: the plan as JSON");
-  sub->add_option("--hang-timeout", o->hang_timeout, "as for emulate")->check(CLI::NonNegativeNumber);
+  sub->add_option("--hang-timeout", o->hang_timeout, "as for emulate")->check(NonNegative());
   sub->add_option("--payload-max-bytes", o->payload_max_bytes,
                   "record only payloads up to this size, e.g. 4M (default 4M; 0: all); larger ones replay as mirror");
   sub->add_option("--iterations", o->iterations, "as for emulate: stop the job after K iterations of every real rank")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
 }
 
 EmulateOptions ToEmulateOptions(const LaunchSubcommandOptions& o, const std::string& default_out) {

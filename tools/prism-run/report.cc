@@ -54,9 +54,9 @@ void AddReportKernels(CLI::App* report, int* rc) {
   k->add_option("--rank", rank, "rank of A (and of B unless --rank-b); default: the lowest rank with kernels in both");
   k->add_option("--rank-b", rank_b, "rank of B when it differs from A's (e.g. a native world-1 run's rank 0)");
   k->add_option("--skip", skip, "leading complete iterations left out (warm-up)")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   k->add_option("--rows", rows, "kernel rows to print (largest time per iteration first)")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   k->add_flag("--json", json_out, "the comparison as JSON (every kernel)");
   k->callback([rc] {
     std::string error;
@@ -152,7 +152,7 @@ void AddReport(CLI::App& app, int* rc) {
   diff->add_option("--max-regression", max_regression,
                    "percent by which iteration time or a peak memory may grow before it counts as a regression")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   diff->callback([rc] {
     std::string error;
     auto a = analysis::LoadReport(a_path, &error);

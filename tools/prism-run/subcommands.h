@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "checks.h"
 #include "launcher/emulate.h"
 
 namespace prism::cli {

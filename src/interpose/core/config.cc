@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/rank_list.h"
+
 namespace prism::interpose {
 
 const Setting kSettings[] = {
@@ -102,27 +104,11 @@ bool Config::IsReal(int global_rank) const {
 }
 
 bool ParseRankList(const std::string& text, std::vector<int>* out) {
-  out->clear();
-  size_t i = 0;
-  while (i < text.size()) {
-    size_t j = text.find(',', i);
-    if (j == std::string::npos) j = text.size();
-    std::string item = text.substr(i, j - i);
-    if (item.empty()) return false;
-    size_t dash = item.find('-');
-    int a = 0, b = 0;
-    if (dash == std::string::npos) {
-      if (!ParseInt(item.c_str(), 0, 1 << 30, &a)) return false;
-      b = a;
-    } else {
-      if (!ParseInt(item.substr(0, dash).c_str(), 0, 1 << 30, &a)) return false;
-      if (!ParseInt(item.substr(dash + 1).c_str(), 0, 1 << 30, &b)) return false;
-      if (b < a || b - a > (1 << 24)) return false;
-    }
-    for (int r = a; r <= b; ++r) out->push_back(r);
-    i = j + 1;
-  }
-  return !out->empty();
+  std::string error;
+  auto r = prism::ParseRankList(text, 0, "PRISM_REAL_RANKS", &error);
+  if (!r) return false;
+  *out = std::move(*r);
+  return true;
 }
 
 void LoadConfig(EnvLookup lookup, Config* c) {

@@ -12,6 +12,9 @@
 #include <google/protobuf/io/gzip_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 
+#include "common/bounded_read.h"
+#include "prism/limits.h"
+
 namespace prism::chakra {
 
 namespace pbio = google::protobuf::io;
@@ -67,11 +70,22 @@ bool ReadEtFile(const std::string& path, EtFile* out, std::string* error) {
     *error = path + ": cannot open: " + std::strerror(errno);
     return false;
   }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode) || (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode))) {
+    *error = path + (S_ISDIR(st.st_mode) ? ": is a directory, not a file" : ": is a device or socket, not a file");
+    ::close(fd);
+    return false;
+  }
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > limits::kMaxChakraFileBytes) {
+    *error = path + ": " + std::to_string(st.st_size) + " bytes is larger than the " +
+             ByteCap(limits::kMaxChakraFileBytes) + " cap on Chakra ET files";
+    ::close(fd);
+    return false;
+  }
   unsigned char magic[2] = {0, 0};
   ssize_t got = ::pread(fd, magic, 2, 0);
   const bool gzip = got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
-  struct stat st {};
-  const uint64_t file_size = !gzip && ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  const uint64_t file_size = !gzip && S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
   pbio::FileInputStream file(fd);
   file.SetCloseOnDelete(true);
   std::unique_ptr<pbio::GzipInputStream> gz;
@@ -97,6 +111,12 @@ bool ReadEtFile(const std::string& path, EtFile* out, std::string* error) {
     uint64_t at = offset;
     rc = ReadDelimited(in, &node, file_size, &offset, &why);
     if (rc == 0) break;
+    // Why: a gzip file (or a pipe) has no size to check up front; its uncompressed bytes are capped as they come.
+    if (offset > limits::kMaxChakraFileBytes) {
+      *error = path + ": more than the " + ByteCap(limits::kMaxChakraFileBytes) + " cap on Chakra ET files" +
+               (gzip ? " (uncompressed)" : "");
+      return false;
+    }
     if (rc < 0) {
       *error = path + ": " + MessageLabel(index) + where + std::to_string(at) + "): " + why;
       if (gz && gz->ZlibErrorMessage()) *error += std::string(" (gzip: ") + gz->ZlibErrorMessage() + ")";

@@ -1,6 +1,7 @@
 #include "replay/chakra/chakra_import.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_read.h"
+#include "common/document_shape.h"
+#include "prism/limits.h"
 #include "replay/chakra/chakra_attrs.h"
 #include "replay/chakra/chakra_et_io.h"
 #include "replay/trace_validate.h"
@@ -150,12 +154,13 @@ bool CheckGroupRanks(const json& v, int32_t world, const std::string& where, std
 
 bool ReadCommGroupFile(const std::string& path, int32_t world, std::map<std::string, Group>* groups,
                        std::string* error) {
-  std::ifstream in(path);
-  if (!in) {
-    *error = path + ": cannot open";
+  std::string text, why;
+  if (!ReadFileBounded(path, limits::kMaxReportFileBytes, "comm_group files", &text, error)) return false;
+  if (!CheckJsonShape(text, DocumentBounds{}, &why)) {
+    *error = path + ": JSON " + why;
     return false;
   }
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     *error = path + ": not valid JSON";
     return false;
@@ -446,11 +451,21 @@ class RankLoader {
     if (const auto* a = FindAttr(attrs, kAttrIsCpuOp)) r->cpu = AttrInt(*a).value_or(0) != 0;
     std::optional<double> exact_dur;
     if (const auto* a = FindAttr(attrs, kAttrDurUs)) exact_dur = AttrDouble(*a);
+    // Why bounded: a duration becomes the replay's clock; 1e308 us or NaN would print as a 63-digit time.
+    auto bad_duration = [&](double d) {
+      return !(d >= 0 && d <= limits::kMaxDurationUs);
+    };
+    auto duration_error = [&](double d) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "duration %.6g us is outside 0..%.0e", d, limits::kMaxDurationUs);
+      return fail(buf);
+    };
 
     switch (c.type()) {
       case et::COMP_NODE:
         r->kind = NodeKind::kCompute;
         r->dur_us = exact_dur ? *exact_dur : static_cast<double>(c.duration_micros());
+        if (bad_duration(r->dur_us)) return duration_error(r->dur_us);
         return true;
       case et::COMM_COLL_NODE:
       case et::COMM_SEND_NODE:
@@ -481,14 +496,17 @@ class RankLoader {
       if (r->dtype == trace::DType::kInvalid) return fail("unknown prism_dtype");
     }
     r->dur_us = exact_dur ? *exact_dur : c.duration_micros() > 0 ? static_cast<double>(c.duration_micros()) : -1.0;
+    if (r->dur_us != -1.0 && bad_duration(r->dur_us)) return duration_error(r->dur_us);
     std::optional<int64_t> size, type, src, dst, tag, root, exact_bytes;
     if (!int_attr(kAttrCommSize, &size) || !int_attr(kAttrCommType, &type) || !rank_attr(kAttrCommSrc, &src) ||
         !rank_attr(kAttrCommDst, &dst) || !int_attr(kAttrCommTag, &tag) || !int_attr(kAttrRoot, &root) ||
         !int_attr(kAttrBytes, &exact_bytes)) {
       return false;
     }
-    if (size && *size < 0) return fail("comm_size is negative");
-    if (exact_bytes && *exact_bytes < 0) return fail("prism_bytes is negative");
+    if (size && (*size < 0 || static_cast<uint64_t>(*size) > limits::kMaxBytes))
+      return fail("comm_size " + std::to_string(*size) + " is outside 0.." + std::to_string(limits::kMaxBytes));
+    if (exact_bytes && (*exact_bytes < 0 || static_cast<uint64_t>(*exact_bytes) > limits::kMaxBytes))
+      return fail("prism_bytes " + std::to_string(*exact_bytes) + " is outside 0.." + std::to_string(limits::kMaxBytes));
     if (exact_bytes) r->exact_bytes = static_cast<uint64_t>(*exact_bytes);
     r->bytes = size ? static_cast<uint64_t>(*size) : 0;
     r->tag = tag.value_or(0);
@@ -599,6 +617,11 @@ class Importer {
   bool Run(trace::Trace* out, std::string* error) {
     RankFiles files;
     if (!FindRankFiles(opts_, &files, error)) return false;
+    if (files.paths.size() > static_cast<size_t>(limits::kMaxWorldSize)) {
+      *error = files.dir + ": " + std::to_string(files.paths.size()) + " rank files is more than the " +
+               std::to_string(limits::kMaxWorldSize) + " ranks prism runs";
+      return false;
+    }
     world_ = static_cast<int32_t>(files.paths.size());
     summary_->world_size = world_;
     summary_->files = files.paths;
