@@ -89,8 +89,11 @@ bool CheckReportNumbers(const json& j, const std::string& path, bool numeric, st
     return true;
   }
   if (j.is_array()) {
+    // Why not into objects: an array of records under a numeric-looking name ("iterations": [{...}]) holds fields
+    // of their own kinds (a record's "steady" is a flag); their names decide.
     for (size_t i = 0; i < j.size(); ++i)
-      if (!CheckReportNumbers(j[i], path + "[" + std::to_string(i) + "]", numeric, error)) return false;
+      if (!CheckReportNumbers(j[i], path + "[" + std::to_string(i) + "]", numeric && !j[i].is_object(), error))
+        return false;
     return true;
   }
   if (!numeric || j.is_null()) return true;

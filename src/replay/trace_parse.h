@@ -119,7 +119,7 @@ int64_t GetInt(const Obj& obj, const char* key, int64_t dflt, int64_t lo, int64_
   Fail(where, name + " has the wrong type (" + v->type_name() + "): must be an integer");
 }
 
-// A duration in microseconds: finite, 0 <= v <= limits::kMaxDurationUs. Absent: dflt.
+// A duration in microseconds: finite, at most limits::kMaxDurationUs. Absent or negative: dflt.
 template <typename Obj, typename W>
 double GetDuration(const Obj& obj, const char* key, double dflt, const W& where) {
   const json* v = Field(obj, key);
@@ -127,6 +127,8 @@ double GetDuration(const Obj& obj, const char* key, double dflt, const W& where)
   if (!v->is_number())
     Fail(where, std::string("\"") + key + "\" has the wrong type (" + v->type_name() + "): must be a number");
   const double d = v->template get<double>();
+  // Negative: the format's "no recorded duration" (docs/trace-format.md), as when absent; a compute node then fails.
+  if (std::isfinite(d) && d < 0) return dflt;
   if (!(d >= 0 && d <= limits::kMaxDurationUs)) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.6g: must be in 0..%.0e", d, limits::kMaxDurationUs);

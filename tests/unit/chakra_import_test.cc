@@ -378,11 +378,19 @@ TEST_F(ChakraTest, AllGatherCommSizeIsEachRanksInput) {
 
 TEST_F(ChakraTest, AllGatherWhoseOutputOverflowsIsRefused) {
   std::vector<Rank> ranks(4);
+  // Each rank's input within the bound, the gathered output over it (limits::kMaxBytes = 2^50).
+  for (auto& r : ranks) r.Coll(7, "huge", et::ALL_GATHER, int64_t{1} << 49, "");
+  WriteRanks(ranks);
+  EXPECT_NE(ImportError().find("t.0.et: node 7 'huge': comm_size 562949953421312 x 4 ranks (the all-gather's "
+                               "output) is over 1125899906842624 bytes"),
+            std::string::npos)
+      << ImportError();
+  // A comm_size over the bound itself is refused where it is read.
+  ranks.assign(4, Rank{});
   for (auto& r : ranks) r.Coll(7, "huge", et::ALL_GATHER, int64_t{1} << 62, "");
   WriteRanks(ranks);
-  EXPECT_NE(ImportError().find("t.0.et: node 7 'huge': comm_size 4611686018427387904 x 4 ranks (the all-gather's "
-                               "output) does not fit in 64 bits"),
-            std::string::npos);
+  EXPECT_NE(ImportError().find("comm_size 4611686018427387904 is outside 0..1125899906842624"), std::string::npos)
+      << ImportError();
 }
 
 TEST_F(ChakraTest, ProcessGroupTableFromPyTorchMetadataNode) {

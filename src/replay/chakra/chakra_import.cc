@@ -780,9 +780,10 @@ class Importer {
         }
         if (opts_.allgather_comm_size == AllGatherCommSize::kOutput) continue;
         const uint64_t members = comms_[n.comm].ranks.size();
-        if (n.bytes > std::numeric_limits<uint64_t>::max() / members) {
+        if (n.bytes > limits::kMaxBytes / members) {
           *error = NodeRef(ranks_[r].file, n) + ": comm_size " + std::to_string(n.bytes) + " x " +
-                   std::to_string(members) + " ranks (the all-gather's output) does not fit in 64 bits";
+                   std::to_string(members) + " ranks (the all-gather's output) is over " +
+                   std::to_string(limits::kMaxBytes) + " bytes";
           return false;
         }
         n.bytes *= members;
