@@ -228,10 +228,14 @@ std::optional<int> GraphRelease::GraphComm(const CommView& comm) const {
   // The description first when it tells the twins apart: the graph's twins are in first-use order, the live ones in
   // creation order (CommView::desc).
   if (!comm.desc.empty()) {
-    std::vector<int> named;
-    for (int g : twins)
-      if (trace_.comms[static_cast<size_t>(g)].desc == comm.desc) named.push_back(g);
-    if (!named.empty()) return named[std::min<size_t>(comm.desc_twin, named.size() - 1)];
+    std::optional<int> named;  // the desc_twin-th twin of that description, else the last of them
+    uint32_t k = 0;
+    for (int g : twins) {
+      if (trace_.comms[static_cast<size_t>(g)].desc != comm.desc) continue;
+      named = g;
+      if (k++ == comm.desc_twin) break;
+    }
+    if (named) return named;
   }
   return twins[std::min<size_t>(comm.member_twin, twins.size() - 1)];
 }

@@ -8,7 +8,6 @@
 #include <fstream>
 #include <map>
 #include <optional>
-#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -106,11 +105,11 @@ bool SameShape(const trace::RoleClass& a, const trace::RoleClass& b) {
 }  // namespace
 
 size_t ClearUnsampledSetUp(trace::Trace* t, const analysis::FillSamples& samples) {
-  std::set<uint32_t> iters;
+  bool has_zero = false, has_later = false;
   for (const auto& cls : t->classes)
     for (const auto& st : cls.streams)
-      for (const auto& n : st.nodes) iters.insert(n.iter);
-  if (iters.size() < 2 || *iters.begin() != 0) return 0;  // no iteration marks: no set-up to tell apart
+      for (const auto& n : st.nodes) (n.iter == 0 ? has_zero : has_later) = true;
+  if (!has_zero || !has_later) return 0;  // no iteration marks: no set-up to tell apart
   size_t cleared = 0;
   for (uint32_t c = 0; c < t->classes.size(); ++c) {
     if (samples.Count(c) > 0) continue;
@@ -133,14 +132,12 @@ std::string LockstepSlots(const std::string& spec, const trace::Trace& t) {
   for (const auto& cls : t.classes)
     for (const std::string& name : cls.comm_slots) {
       const std::string base = name.substr(0, name.find('#'));
+      // Its '-'-separated dimensions ("tp-dp-cp") are all tp, cp or dp.
+      std::istringstream dims(base);
+      std::string dim;
       bool stage_local = !base.empty();
-      for (size_t b = 0; stage_local && b <= base.size();) {
-        size_t e = base.find('-', b);
-        if (e == std::string::npos) e = base.size();
-        const std::string tok = base.substr(b, e - b);
-        stage_local = tok == "tp" || tok == "cp" || tok == "dp";
-        b = e + 1;
-      }
+      while (stage_local && std::getline(dims, dim, '-')) stage_local = dim == "tp" || dim == "cp" || dim == "dp";
+      if (stage_local && base.back() == '-') stage_local = false;
       if (stage_local && std::find(out.begin(), out.end(), base) == out.end()) out.push_back(base);
     }
   std::string joined;
