@@ -212,7 +212,7 @@ class Builder {
   bool PickRepresentatives();
   bool IterationRange();
   bool BuildClass(ClassInfo& ci, trace::RoleClass* cls);
-  void SequenceMultiStreamSlots(const std::map<uint32_t, int64_t>& coll_seq, trace::RoleClass* cls);
+  void SequenceMultiStreamSlots(const std::map<uint32_t, int64_t>& comm_seq, trace::RoleClass* cls);
   void ApplyWaits(const RankEventLog& log, const std::map<std::pair<int64_t, int64_t>, UnitNodes>& unit_at,
                   trace::RoleClass* cls);
   bool Expand(const RankEventLog& log, const ObservedOp& op, std::vector<Piece>* pieces, std::vector<Piece>* local);
@@ -895,7 +895,7 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
 
   // Nodes.
   uint32_t next_id = 0;
-  std::map<uint32_t, int64_t> coll_seq;  // collective node id -> its communicator sequence on the rank
+  std::map<uint32_t, int64_t> comm_seq;  // communication node id -> its communicator sequence on the rank
   std::vector<trace::Stream> helpers;
   std::map<std::pair<int64_t, int64_t>, UnitNodes> unit_at;  // (recorded stream, sseq) -> its nodes
   for (auto& [key, units] : streams) {
@@ -999,7 +999,7 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
       if (!main.nodes.empty()) fork.push_back(main.nodes.back().id);
       std::vector<uint32_t> joined;
       for (const Piece& p : u.pieces) {
-        if (p.kind == NodeKind::kColl) coll_seq[next_id] = p.seq;  // the id `add` gives it
+        if (p.seq >= 0) comm_seq[next_id] = p.seq;  // the id `add` gives it (a copy to itself has none)
         Node node;
         node.kind = p.kind;
         node.op = p.op;
@@ -1045,7 +1045,7 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
   }
   for (trace::Stream& h : helpers) cls->streams.push_back(std::move(h));
   ApplyWaits(log, unit_at, cls);
-  SequenceMultiStreamSlots(coll_seq, cls);
+  SequenceMultiStreamSlots(comm_seq, cls);
   return true;
 }
 
@@ -1101,16 +1101,18 @@ void Builder::ApplyWaits(const RankEventLog& log, const std::map<std::pair<int64
   out_->waits_skipped += skipped;
 }
 
-// A communicator whose collectives the rank issued on several streams (torch runs a blocking collective on the
-// caller's current stream: Megatron's forward tensor-parallel all-reduces on one stream, backward ones on the
-// autograd stream) is sequenced by node id in the graph (docs/trace-format.md). Node ids are handed out stream by
-// stream, so permute the ids of that slot's collectives into communicator-sequence order and remap `after`.
-void Builder::SequenceMultiStreamSlots(const std::map<uint32_t, int64_t>& coll_seq, trace::RoleClass* cls) {
+// A communicator whose operations the rank issued on several streams is sequenced by node id in the graph
+// (docs/trace-format.md): torch runs a blocking collective on the caller's current stream (Megatron's forward
+// tensor-parallel all-reduces on one stream, backward ones on the autograd stream), and its point-to-point operations
+// on a stream of their own (a pipeline group's sends and receives beside its all-reduces on the main stream). Node
+// ids are handed out stream by stream, so permute the ids of that slot's numbered operations (collectives, sends and
+// receives; a copy to itself has no number) into communicator-sequence order and remap `after`.
+void Builder::SequenceMultiStreamSlots(const std::map<uint32_t, int64_t>& comm_seq, trace::RoleClass* cls) {
   std::map<uint32_t, std::set<size_t>> streams_of_slot;
   std::map<uint32_t, std::vector<Node*>> nodes_of_slot;
   for (size_t si = 0; si < cls->streams.size(); ++si) {
     for (Node& n : cls->streams[si].nodes) {
-      if (n.kind != NodeKind::kColl) continue;
+      if (n.kind == NodeKind::kCompute || !comm_seq.contains(n.id)) continue;
       streams_of_slot[n.comm_slot].insert(si);
       nodes_of_slot[n.comm_slot].push_back(&n);
     }
@@ -1122,9 +1124,7 @@ void Builder::SequenceMultiStreamSlots(const std::map<uint32_t, int64_t>& coll_s
     for (Node* n : nodes) ids.push_back(n->id);
     std::sort(ids.begin(), ids.end());
     std::stable_sort(nodes.begin(), nodes.end(), [&](const Node* a, const Node* b) {
-      auto sa = coll_seq.find(a->id), sb = coll_seq.find(b->id);
-      const int64_t ka = sa == coll_seq.end() ? -1 : sa->second, kb = sb == coll_seq.end() ? -1 : sb->second;
-      return ka < kb;
+      return comm_seq.at(a->id) < comm_seq.at(b->id);
     });
     for (size_t i = 0; i < nodes.size(); ++i) {
       if (nodes[i]->id != ids[i]) renamed[nodes[i]->id] = ids[i];

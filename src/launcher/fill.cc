@@ -104,6 +104,24 @@ bool SameShape(const trace::RoleClass& a, const trace::RoleClass& b) {
 
 }  // namespace
 
+static void PrintSliceCompute(const std::string& prefix, const ObservedTrace& g0, const FillSamples& samples,
+                       const std::vector<int>& slice) {
+  for (int r : slice) {
+    const auto it = std::find(g0.class_ranks.begin(), g0.class_ranks.end(), r);
+    if (it == g0.class_ranks.end()) continue;
+    const std::vector<double> v = samples.PerIterationS(static_cast<uint32_t>(it - g0.class_ranks.begin()));
+    if (v.empty()) continue;
+    std::string all;
+    for (double x : v) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%s%.1f", all.empty() ? "" : ", ", 1e3 * x);
+      all += b;
+    }
+    std::printf("%srank %d: compute %.1f ms per iteration in this slice (its class's slices so far: %s ms)\n",
+                prefix.c_str(), r, 1e3 * v.back(), all.c_str());
+  }
+}
+
 size_t ClearUnsampledSetUp(trace::Trace* t, const analysis::FillSamples& samples) {
   bool has_zero = false, has_later = false;
   for (const auto& cls : t->classes)
@@ -374,6 +392,12 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
                     {"wall_s", res.wall_s},
                     {"rounds", rounds},
                     {"progress", progress}};
+    // Each class's compute per iteration in each of its slices, oldest first (FillSamples::PerIterationS): how much
+    // the machine moved it between runs, the noise the tolerance is set against.
+    json per_class = json::object();
+    for (uint32_t c = 0; c < samples.Classes() && c < g0->class_ranks.size(); ++c)
+      if (samples.Count(c) > 0) per_class[std::to_string(g0->class_ranks[c])] = samples.PerIterationS(c);
+    summary["compute_per_iteration_s"] = per_class;
     std::string e;
     if (!WriteFileAtomic(res.summary, summary.dump(2) + "\n", &e)) std::fprintf(stderr, "%s%s\n", o.prefix.c_str(), e.c_str());
   };
@@ -463,6 +487,7 @@ FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command
         if (ec) return Fail(o, res, "rank " + std::to_string(r) + " wrote no event file in " + slice.string(), 1);
       }
       if (!rebuild(&sl, &error)) return Fail(o, res, "after the slice of " + what + ": " + error, 1);
+      PrintSliceCompute(o.prefix, *g0, samples, sl);
       progress.push_back({{"round", round}, {"slice", si}});
       write_summary(false);
     }

@@ -42,6 +42,9 @@ fill_shape() {
     w64pp4) shape_tag=w64pp4 shape_nnodes=8 shape_pp=4 shape_gbs=256 shape_tp=1 ;;
     *) echo "unknown FILL_SHAPE ${FILL_SHAPE}"; return 1 ;;
   esac
+  # FILL_GBS: another global batch (with FIDELITY_MBS, megatron_env.sh: a larger micro-batch keeps the micro-batch
+  # count, e.g. FIDELITY_MBS=8 FILL_GBS=256 for the medium model's GPU-bound variant).
+  shape_gbs=${FILL_GBS:-$shape_gbs}
   # FILL_MODEL=medium: the fidelity suite's GPU-bound model (megatron_env.sh), whose iterations vary less than the
   # tiny model's 8-12 % (docs/fill.md: one run of the tiny model cannot resolve the 2 % target); directories get
   # a "_medium" suffix.

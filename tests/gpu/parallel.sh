@@ -10,7 +10,9 @@
 # spaces): 'MEGATRON_CASES=collect,fill megatron'. Writes OUT/g<k>.txt (the group's output and tables), OUT/logs.tgz (the suites'
 # directories without event, kernel and payload files) and OUT/traces.tgz (trace.json files under 5 MB), and prints
 # the tables. KEEP=DIR puts the suites' directories under DIR instead of a scratch folder that is removed (e.g. the
-# git-ignored .keep/, which a later call on the still-warm machine can re-use).
+# git-ignored .keep/, which a later call on the still-warm machine can re-use). PARALLEL_ONE_GPU=1 runs every group
+# on GPU 0 side by side (for cases whose check is not a timing: memory, a pipeline bubble's presence).
+# PARALLEL_TOP=N writes OUT/top.txt: the busy processes every N seconds (top -b -i), to see what shares the host.
 set -uo pipefail
 out=$(realpath -m "${1:?usage: tests/gpu/parallel.sh OUT 'GROUP' ['GROUP'...]}"); shift
 mkdir -p "$out"
@@ -27,16 +29,23 @@ cpus_of_gpu() {  # GPU index -> its local cpulist, or nothing
   [ -n "$bus" ] || return
   cat "/sys/bus/pci/devices/${bus#0000}/local_cpulist" 2>/dev/null || cat "/sys/bus/pci/devices/${bus:4}/local_cpulist" 2>/dev/null
 }
-k=0
+if [ -n "${PARALLEL_TOP:-}" ] && command -v top > /dev/null; then
+  top -b -i -c -w 200 -d "$PARALLEL_TOP" -n $((deadline / PARALLEL_TOP + 1)) 2>/dev/null |
+    grep -v '^ *$' | cut -c1-200 > "$out/top.txt" &
+  top_pid=$!
+fi
+k=0 group_pids=()
 for group in "$@"; do
+  gpu=$k
+  [ "${PARALLEL_ONE_GPU:-}" = 1 ] && gpu=0
   bind=()
   if [ "${PARALLEL_BIND:-1}" = 1 ] && command -v taskset > /dev/null; then
-    cpus=$(cpus_of_gpu "$k")
+    cpus=$(cpus_of_gpu "$gpu")
     [ -n "$cpus" ] && bind=(taskset -c "$cpus")
   fi
   (
-    export CUDA_VISIBLE_DEVICES=$k
-    echo "== GPU $k: CPUs ${bind[2]:-all} (PARALLEL_BIND=${PARALLEL_BIND:-1})"
+    export CUDA_VISIBLE_DEVICES=$gpu
+    echo "== GPU $gpu (group $k): CPUs ${bind[2]:-all} (PARALLEL_BIND=${PARALLEL_BIND:-1})"
     IFS=';' read -ra steps <<< "$group"
     for ((st = 0; st < ${#steps[@]}; st++)); do
       envs=() suites=()
@@ -51,9 +60,11 @@ for group in "$@"; do
       "${bind[@]}" env "${envs[@]}" timeout "$t" tests/gpu/run.sh "$work/g$k.$st" "${suites[@]}"
     done
   ) > "$out/g$k.txt" 2>&1 &
+  group_pids+=($!)
   k=$((k + 1))
 done
-wait
+wait "${group_pids[@]}"
+[ -n "${top_pid:-}" ] && pkill -P $$ top 2>/dev/null
 (cd "$work" && tar czf "$out/logs.tgz" --exclude='*.events.jsonl' --exclude='*.kernels.jsonl' --exclude='payloads' \
    --exclude='*.sock' --exclude='*.bin' . ) 2>/dev/null
 find "$work" -name trace.json -size -5M -print0 | (cd / && tar czf "$out/traces.tgz" --null -T - 2>/dev/null)

@@ -3,6 +3,7 @@
 # (carry build/ and third_party/megatron/). Prints a PASS/FAIL table and writes logs under OUT_DIR.
 #   tests/gpu/run.sh OUT_DIR [suite...]      suites: shim megatron hang passthrough fidelity calibrate record kernels swap
 #                                            cost (libprism's added time, bottom-up: tests/gpu/libprism_cost.sh)
+#                                            pairs (native vs prism-run alternating: tests/gpu/overhead_pairs.sh)
 #                                            (default: shim megatron)
 set -uo pipefail
 out=$(realpath -m "${1:?usage: tests/gpu/run.sh OUT_DIR [suite...]}"); shift
@@ -42,6 +43,12 @@ for s in "${suites[@]}"; do
             tail -1 "$out/cost/cost.txt" | grep -qE '= (0\.[0-9]+|-[0-9.]+) %'
           }
           check libprism_cost_bottom_up cost_case ;;
+    pairs) pairs_case() {  # PASS: the median pair ratio is under 1.01 or the interval reaches below it (the noise allows)
+             tests/gpu/overhead_pairs.sh "$out/pairs" || return 1
+             tail -1 "$out/pairs/pairs.txt" > "$out/libprism_cost_pairs.detail"
+             tail -1 "$out/pairs/pairs.txt" | awk '{m = $3; split($10, iv, /\.\./); exit !(m < 1.01 || iv[1] < 1.01)}'
+           }
+           check libprism_cost_pairs pairs_case ;;
     *) echo "unknown suite $s" >&2 ;;
   esac
 done

@@ -59,27 +59,84 @@ TEST(FillSamples, EachComputeNodeIsTheMedianOfTheClassesSlices) {
   EXPECT_DOUBLE_EQ(Dur(t, 0, 1, 0), 55);
 }
 
-TEST(FillSamples, AClassOfAnotherShapeStartsOverAndOtherClassesStayAsTheyAre) {
+TEST(FillSamples, AClassOfAnotherShapeStartsItsNodesOverAndOtherClassesStayAsTheyAre) {
   FillSamples s;
   s.Add(OneClass(100, 200, 50, 2), 0);
   s.Add(OneClass(300, 400, 90, 2), 0);
   trace::Trace other = OneClass(1, 2, 3, 2);
   other.classes[0].streams[1].nodes.push_back(other.classes[0].streams[1].nodes[0]);
   other.classes[0].streams[1].nodes.back().id = 4;
-  s.Add(other, 0);  // another shape: a new history of one sample
-  EXPECT_EQ(s.Count(0), 1u);
+  s.Add(other, 0);  // another shape: a new per-node history of one sample; the levels of all three stay
+  EXPECT_EQ(s.Count(0), 3u);
   EXPECT_EQ(s.Count(1), 0u);
   trace::Trace t = other;
   t.classes[0].streams[0].nodes[0].dur_us = 55;
   t.classes[1].streams[0].nodes[0].dur_us = 66;
   EXPECT_EQ(s.Apply(&t), 1u);
-  EXPECT_EQ(Dur(t, 0, 0, 0), 1);   // from the one sample
+  // From the one sample of this shape, scaled to the median level: 350 us (of 350, 790 and 9) over its own 9 us.
+  EXPECT_DOUBLE_EQ(Dur(t, 0, 0, 0), 1 * 350.0 / 9.0);
   EXPECT_EQ(Dur(t, 1, 0, 0), 66);  // class 1 has no sample: unchanged
   trace::Trace old_shape = OneClass(5, 6, 7, 2);
   EXPECT_EQ(s.Apply(&old_shape), 0u);  // the held shape differs: nothing applied
   EXPECT_EQ(Dur(old_shape, 0, 0, 0), 5);
   s.Add(old_shape, 7);  // no such class: ignored
   EXPECT_EQ(s.Count(7), 0u);
+}
+
+// Per iteration: the compute of each iteration summed over the class's streams, then the median over the iterations
+// after the first (the set-up), per sample.
+TEST(FillSamples, PerIterationIsTheMedianOfTheIterationsAfterTheFirst) {
+  auto with_iters = [](double a, double b, double c) {
+    trace::Trace t = OneClass(a, b, c);
+    // Stream 0: compute (iteration 0), all-reduce, compute (iteration 1); stream 1: compute (iteration 2).
+    t.classes[0].streams[0].nodes[2].iter = 1;
+    t.classes[0].streams[1].nodes[0].iter = 2;
+    return t;
+  };
+  FillSamples s;
+  EXPECT_TRUE(s.PerIterationS(0).empty());
+  s.Add(with_iters(5000, 2000, 4000), 0);  // iterations 1 and 2: 2 and 4 ms, median 3 ms; the set-up's 5 ms is out
+  s.Add(with_iters(9000, 3000, 3000), 0);
+  const std::vector<double> v = s.PerIterationS(0);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_DOUBLE_EQ(v[0], 3e-3);
+  EXPECT_DOUBLE_EQ(v[1], 3e-3);
+  EXPECT_TRUE(s.PerIterationS(7).empty());  // a class it never saw
+}
+
+// A slice whose class has another shape (here one more compute node: a gap that opened) starts the per-node samples
+// over, but its level joins the earlier ones: the nodes are scaled to the median level of every slice.
+TEST(FillSamples, AnotherShapeKeepsTheLevelOfEveryEarlierSlice) {
+  auto with_iters = [](double a, double b, double c) {
+    trace::Trace t = OneClass(a, b, c);
+    t.classes[0].streams[0].nodes[2].iter = 1;
+    t.classes[0].streams[1].nodes[0].iter = 2;
+    return t;
+  };
+  auto wider = [&](double a, double b, double c, double d) {
+    trace::Trace t = with_iters(a, b, c);
+    trace::Node n;
+    n.id = 4, n.kind = NodeKind::kCompute, n.dur_us = d, n.iter = 2;
+    t.classes[0].streams[1].nodes.push_back(n);
+    return t;
+  };
+  FillSamples s;
+  s.Add(with_iters(5000, 2000, 4000), 0);  // level 3 ms
+  s.Add(with_iters(9000, 3000, 3000), 0);  // level 3 ms
+  s.Add(wider(5000, 6000, 3000, 3000), 0);  // another shape, level 6 ms (a slow slice)
+  EXPECT_EQ(s.Count(0), 3u);
+  EXPECT_EQ(s.PerIterationS(0), (std::vector<double>{3e-3, 3e-3, 6e-3}));
+  EXPECT_DOUBLE_EQ(s.SpreadPct(0), 100.0);
+  trace::Trace t = wider(1, 1, 1, 1);
+  EXPECT_EQ(s.Apply(&t), 1u);
+  // Its own nodes at half: the median level (3 ms) over its own (6 ms).
+  EXPECT_DOUBLE_EQ(Dur(t, 0, 0, 0), 2500);
+  EXPECT_DOUBLE_EQ(Dur(t, 0, 0, 2), 3000);
+  EXPECT_DOUBLE_EQ(Dur(t, 0, 1, 0), 1500);
+  EXPECT_DOUBLE_EQ(Dur(t, 0, 1, 1), 1500);
+  EXPECT_EQ(Dur(t, 0, 0, 1), 7);  // communication keeps its own
+  trace::Trace old = with_iters(1, 1, 1);  // the earlier shape is no longer what the samples describe
+  EXPECT_EQ(s.Apply(&old), 0u);
 }
 
 }  // namespace

@@ -54,7 +54,9 @@ struct JobOptions {
   bool recv_first = false;    // stage 1 receives its activations before the iteration's broadcast (which waits for it)
   int64_t tp_late_us = 0;     // tensor-parallel all-reduces' gates open this much after their release (the stream
                               // runs on from there: the coordinator's decision came late)
-  bool opened_field = false;  // op lines carry "opened_ns" (libprism from 2026-11-30)
+  bool opened_field = false;  // op lines carry "opened_ns"
+  bool pp_allreduce = false;  // each iteration ends with an all-reduce on the pipeline group, on the main stream
+                              // (Megatron's loss and grad-norm reductions), beside its sends on the pipeline stream
 };
 
 // Measured durations of the synthetic timeline (microseconds).
@@ -163,6 +165,7 @@ RankWriter MakeRank(int rank, const JobOptions& o) {
     w.Emit(w.Op(0, "allreduce", "bf16", 1 << 20, -1, 0, kTpUs));
     if (pp == 1) w.Emit(w.Op(1, "send", "bf16", o.grad_bytes, 0, 1, kSendUs));
     w.Emit(w.Op(2, "allreduce", "f32", 8 << 20, -1, 2, kDpUs));
+    if (o.pp_allreduce) w.Emit(w.Op(1, "allreduce", "f32", 8, -1, 0, kBcastUs));
     w.Compute(kOptUs);
     w.Mark(it);
   }
@@ -352,6 +355,38 @@ TEST(ObservedTrace, WithoutStreamFieldOneStreamOrOnePerCommunicator) {
   std::vector<std::string> names;
   for (const auto& s : pc->trace.classes[0].streams) names.push_back(s.name);
   EXPECT_EQ(names, (std::vector<std::string>{"tp", "pp", "dp"}));
+}
+
+// A pipeline group's sends and receives on the pipeline stream and its all-reduces on the main stream: the slot's
+// node ids follow the communicator's sequence (GraphRelease and the replay map the rank's n-th operation on a
+// communicator to the slot's n-th node by id). Found on the H200: in the MoE default run the pipeline slot held its
+// all-reduces first by id, so every send and receive of a real rank matched the wrong node.
+TEST(ObservedTrace, ASlotOnSeveralStreamsIsNumberedInCommunicatorOrderPointToPointIncluded) {
+  JobOptions o;
+  o.pp_allreduce = true;
+  std::string err;
+  auto g = Build(o, ReplicaZero(8), &err);
+  ASSERT_TRUE(g) << err;
+  for (int rank : {0, 4}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const auto& cls = g->trace.classes[g->trace.ranks[rank].cls];
+    const auto slot = std::find(cls.comm_slots.begin(), cls.comm_slots.end(), "pp") - cls.comm_slots.begin();
+    ASSERT_LT(static_cast<size_t>(slot), cls.comm_slots.size());
+    std::vector<std::pair<uint32_t, std::string>> nodes;  // (id, name "seq N")
+    std::set<size_t> streams;
+    for (size_t si = 0; si < cls.streams.size(); ++si)
+      for (const auto& n : cls.streams[si].nodes)
+        if (n.kind != NodeKind::kCompute && n.comm_slot == static_cast<uint32_t>(slot)) {
+          nodes.emplace_back(n.id, n.name);
+          streams.insert(si);
+        }
+    EXPECT_EQ(streams.size(), 2u);
+    std::sort(nodes.begin(), nodes.end());
+    ASSERT_EQ(nodes.size(), 9u);  // per iteration: send and receive (or receive and send) and the all-reduce
+    for (size_t k = 0; k < nodes.size(); ++k) EXPECT_EQ(nodes[k].second, "seq " + std::to_string(k)) << k;
+  }
+  std::vector<std::string> problems = prism::replay::ValidateTrace(g->trace);
+  EXPECT_TRUE(problems.empty()) << problems.front();
 }
 
 // "wait" lines (cudaStreamWaitEvent on another stream's unit) become `after` edges, and the time the stream waited

@@ -157,6 +157,9 @@ TEST_F(StagesE2E, CollectsFillsEmulatesThenHitsTheCache) {
   EXPECT_NE(log.find("prism: stage 2/3 fill:"), std::string::npos) << log;
   // The same recorded compute in every slice: the second round moves nothing.
   EXPECT_NE(log.find("converged after 2 round(s)"), std::string::npos) << log;
+  // Each slice says its rank's compute per iteration and the class's earlier slices (two rounds: two samples).
+  EXPECT_NE(log.find("prism fill: rank 0: compute "), std::string::npos) << log;
+  EXPECT_NE(log.find(" ms per iteration in this slice (its class's slices so far: "), std::string::npos) << log;
   // The tensor-parallel positions 1 and 33 take the slices of 0 and 32 (same operations in the same order).
   EXPECT_NE(log.find("2 symmetric tensor-parallel position(s)"), std::string::npos) << log;
   EXPECT_NE(log.find("prism: stage 3/3 emulate: rank(s) 0 against"), std::string::npos) << log;
