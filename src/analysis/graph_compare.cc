@@ -160,7 +160,7 @@ std::optional<nlohmann::json> SimulateGraph(const trace::Trace& t, const std::st
                                             const std::string& topology,
                                             const std::vector<std::pair<int32_t, double>>& stragglers,
                                             std::string* error) {
-  const std::string spec = !topology.empty() ? topology : (t.topology.empty() ? "h100-8x400g" : t.topology);
+  const std::string spec = replay::TopologySpec(topology, t.topology);
   replay::Topology topo;
   std::string e;
   if (!replay::LoadTopology(spec, &topo, &e)) {

@@ -44,6 +44,7 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
   LoopResult out;
   gr.SetReplicaSymmetry(opt.symmetry);
   if (!gr.SetStragglers(opt.stragglers, &out.error)) return out;
+  if (!opt.topology.empty() && !gr.UseTopology(opt.topology, &out.error)) return out;
   out.aliased_ranks = gr.aliased_ranks();
   const trace::RoleClass& rc = t.classes[t.ranks[real].cls];
   const uint32_t steady = SteadyIter(t);
@@ -156,8 +157,10 @@ LoopResult ClosedLoop(const trace::Trace& t, int real, const ClosedLoopOptions& 
     } else {
       const uint64_t k = slot_ids[n.comm_slot].size(), start = slot_start[n.comm_slot];
       const uint64_t seq = c.rep == 0 ? seq_in_slot[n.id] : k + (c.rep - 1) * (k - start) + (seq_in_slot[n.id] - start);
+      // The shim's duration: none (the graph's recorded one decides), or the cost model's, as libprism prices it.
+      const int64_t model_ns = opt.topology.empty() ? 0 : std::max<int64_t>(0, gr.ModelNs(real, n.id));
       Arrival a{real, ipc::OpArrive{views[n.comm_slot].comm_id, IpcOp(n), seq, n.bytes,
-                                    static_cast<uint64_t>(best_start), 0, n.peer, 0}};
+                                    static_cast<uint64_t>(best_start), static_cast<uint64_t>(model_ns), n.peer, 0}};
       std::optional<ReleasePolicy::Prerelease> pre;
       if (opt.predict_ahead) {
         auto ps = sent.find({n.comm_slot, seq});

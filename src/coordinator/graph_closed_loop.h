@@ -18,6 +18,9 @@ constexpr int64_t kClosedLoopT0 = 1'000'000'000'000;
 
 struct ClosedLoopOptions {
   uint32_t reps = 1;                                    // repetitions of the real rank's class
+  // A topology to price communication without a recorded duration (GraphRelease::UseTopology); the real rank's
+  // operations then carry the same model's duration as a shim would send. Empty: no model (recorded durations only).
+  std::string topology;
   std::vector<std::pair<int32_t, double>> stragglers;  // GraphRelease::SetStragglers
   bool idle = false;  // call GraphRelease::Idle after each decision until nothing is left (the coordinator's loop)
   int64_t idle_slice_ns = 200'000;  // the budget of each Idle call (the coordinator's)

@@ -30,6 +30,10 @@
 #include "coordinator/coordinator.h"
 #include "prism/trace.h"
 
+namespace prism::replay {
+struct Topology;
+}  // namespace prism::replay
+
 namespace prism::coord {
 
 class GraphRelease : public ReleasePolicy {
@@ -65,12 +69,27 @@ class GraphRelease : public ReleasePolicy {
   // lost 36 of its ~76 ms per iteration that way on the H200). Call before the first Decide.
   void SetLockstepSlots(const std::vector<std::string>& slots);
 
+  // An operation no real rank takes part in, whose graph node has no recorded duration (a filled graph leaves
+  // communication to the cost model), takes the replay engine's cost of it on `topology`, as `prism-run simulate`
+  // prices it. Why: without a model such operations took 0 and virtual ranks ran ahead of simulate (on the H200 the
+  // medium GPT's virtual stage 1, whose tensor-parallel pair were both virtual, reached its sends ~3.5 ms early per
+  // micro-batch: the real rank measured 3.7 % under simulate). False with *error when the model cannot be built.
+  // Call before the first Decide.
+  bool SetCostModel(const replay::Topology& topology, std::string* error);
+  // SetCostModel on the topology `prism-run simulate` would take: `option` (--topology) when given, else the one
+  // the graph names, else the default preset (replay::TopologySpec).
+  bool UseTopology(const std::string& option, std::string* error);
+  // The cost model's duration (ns) of communication node `node_id` of `rank`'s class, as that rank takes part in it
+  // (what a shim on the same topology sends as model_dur_ns); -1 without a model or for a compute node.
+  int64_t ModelNs(int rank, uint32_t node_id);
+
   // Counters, for tests and status.
   struct Stats {
     uint64_t decided = 0;     // releases computed from the graph
     uint64_t unmatched = 0;   // communicator or operation not in the graph: DefaultRelease answered
     uint64_t blocked = 0;     // a virtual member could not reach the operation yet: known arrivals only (see docs)
-    uint64_t no_duration = 0; // virtual-only operation with neither a recorded duration nor a shim's: 0 taken
+    uint64_t no_duration = 0; // virtual-only operation with no recorded duration, no shim's and no cost model: 0
+    uint64_t modelled = 0;    // virtual-only operations priced by the cost model (SetCostModel)
     uint64_t decide_steps = 0;  // virtual ranks advanced while a decision waited (inside Decide)
     uint64_t idle_steps = 0;    // ... ahead of time, in Idle
     uint64_t idle_stopped = 0;  // Idle slices ended early because a message waited
@@ -177,6 +196,9 @@ class GraphRelease : public ReleasePolicy {
   std::map<Inst, int64_t> arrival_;        // when a rank posts a comm node (or starts any node)
   std::map<Inst, int64_t> finish_;
   std::map<Inst, int64_t> shim_dur_;       // real arrivals' model_dur_ns
+  struct Model;                            // the cost model and its per-communicator tunings (SetCostModel)
+  std::shared_ptr<Model> model_;
+  int64_t ModelNsLocked(int rank, uint32_t node_id);
   // Per virtual rank, per stream: the next node to run (repetition, index).
   std::vector<std::vector<std::pair<uint32_t, uint32_t>>> cursor_;
   struct CollState {

@@ -80,7 +80,7 @@ class LocalCoordinator : public CoordinatorLink {
     }
     if (!o.graph.empty()) {
       graph_release_ = coord::GraphRelease::Load(o.graph, o.world_size, o.real_ranks, error);
-      if (!graph_release_) return false;
+      if (!graph_release_ || !graph_release_->UseTopology(o.topology, error)) return false;
       if (std::string w = EnvOf(*plan, "PRISM_WHAT_IF"); !w.empty()) {
         replay::WhatIf wi;
         if (!replay::ParseWhatIf(w, &wi, error) || !graph_release_->SetStragglers(wi.stragglers, error)) {
@@ -135,10 +135,10 @@ class LocalCoordinator : public CoordinatorLink {
       const coord::GraphRelease::Stats st = graph_release_->stats();
       std::fprintf(stderr,
                    "prism: graph replay: %llu decisions from the graph (%llu on the real rank's own arrival, lockstep), "
-                   "%llu blocked, %llu unmatched; %llu prereleases predicted\n",
+                   "%llu blocked, %llu unmatched; %llu prereleases predicted; %llu priced by the cost model\n",
                    static_cast<unsigned long long>(st.decided), static_cast<unsigned long long>(st.lockstep),
                    static_cast<unsigned long long>(st.blocked), static_cast<unsigned long long>(st.unmatched),
-                   static_cast<unsigned long long>(st.predicted));
+                   static_cast<unsigned long long>(st.predicted), static_cast<unsigned long long>(st.modelled));
     }
   }
 

@@ -425,8 +425,7 @@ int RunSimulate(const SimulateOptions& o, std::ostream& out, std::ostream& err) 
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Topology and cost model.
-  std::string topo_spec = o.topology;
-  if (topo_spec.empty()) topo_spec = t.topology.empty() ? "h100-8x400g" : t.topology;
+  const std::string topo_spec = TopologySpec(o.topology, t.topology);
   Topology topo;
   if (!LoadTopology(topo_spec, &topo, &e)) {
     err << me << (o.topology.empty() ? o.graph + " names a topology: " : "--topology: ") << e << "\n";

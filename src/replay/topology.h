@@ -73,6 +73,12 @@ nlohmann::json TopologyToJson(const Topology& t);
 // Resolves NAME|FILE|JSON text: an existing file path, inline JSON (starts with '{'), or a preset name
 // (PresetNames()). `what` names the source in error messages (e.g. "--topology").
 bool LoadTopology(const std::string& spec, Topology* out, std::string* error);
+// The topology a graph is priced on: the option when given, else the one the graph names, else the default preset
+// (what `prism-run simulate` and the coordinator's graph replay both use).
+inline constexpr const char* kDefaultTopology = "h100-8x400g";
+inline std::string TopologySpec(const std::string& option, const std::string& graph_topology) {
+  return !option.empty() ? option : !graph_topology.empty() ? graph_topology : kDefaultTopology;
+}
 
 // Presets compiled from examples/topologies/*.json.
 std::vector<std::string> PresetNames();

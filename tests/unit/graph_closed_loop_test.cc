@@ -111,6 +111,45 @@ TEST_F(GraphClosedLoop, RealRankFinishesWhereTheReplayEngineSays) {
   }
 }
 
+// A filled graph leaves communication to the cost model (no recorded durations). The operations no real rank takes
+// part in (stage 1's tensor-parallel all-reduces when rank 0 is the only real rank) must cost what simulate's model
+// says, not 0; the real rank's own carry the same model's duration, as a shim on that topology sends.
+// CLOSED_LOOP_GRAPH=FILE runs it on another graph (e.g. a GPU run's filled.prism).
+TEST_F(GraphClosedLoop, CommunicationWithoutRecordedDurationsIsPricedAsSimulatePricesIt) {
+  trace::Trace raw;
+  std::string err;
+  const char* other = std::getenv("CLOSED_LOOP_GRAPH");
+  ASSERT_TRUE(replay::ReadTrace(other ? other : (dir_ / "g.prism").string(), &raw, &err)) << err;
+  replay::Topology topo;
+  ASSERT_TRUE(replay::LoadTopology(replay::kDefaultTopology, &topo, &err)) << err;
+  replay::CostModel model;
+  ASSERT_TRUE(model.Init(topo, replay::CostModelOptions{}, &err)) << err;
+  replay::Simulator sim(raw, model, replay::EngineOptions{});
+  replay::SimResult r = sim.Run();
+  ASSERT_EQ(r.status, replay::SimResult::Status::kOk) << r.error;
+  for (int real : {0, 33}) {
+    SCOPED_TRACE("real rank " + std::to_string(real));
+    double end = -1;
+    for (const auto& rr : r.ranks)
+      if (rr.rank == real) end = rr.end_s * 1e9;
+    ASSERT_GT(end, 0);
+    ClosedLoopOptions o;
+    o.topology = replay::kDefaultTopology;
+    LoopResult priced = ClosedLoop(raw, real, o);
+    ASSERT_TRUE(priced.error.empty()) << priced.error;
+    EXPECT_GT(priced.stats.modelled, 0u);
+    EXPECT_EQ(priced.stats.no_duration, 0u);
+    EXPECT_EQ(priced.stats.unmatched, 0u);
+    // Without a model the virtual-only operations took 0: the rank finished early.
+    LoopResult unpriced = ClosedLoop(raw, real, ClosedLoopOptions{});
+    std::printf("real rank %d: closed loop %.3f ms (without a model %.3f ms), simulate %.3f ms\n", real,
+                priced.end_ns / 1e6, unpriced.end_ns / 1e6, end / 1e6);
+    EXPECT_NEAR(static_cast<double>(priced.end_ns), end, 1e-4 * end);
+    EXPECT_GT(unpriced.stats.no_duration, 0u);
+    EXPECT_LT(unpriced.end_ns, priced.end_ns);
+  }
+}
+
 // Issue 8's straggler what-if in emulation: a virtual rank 14 % slower (the paper's thermal throttling) moves the
 // real rank the way `simulate --what-if straggler=R:1.14` says. Rank 32 is rank 0's pipeline peer (stage 1 of the
 // same replica): it must slow rank 0 down. Rank 33 (rank 32's tensor-parallel partner), rank 2 (a data-parallel

@@ -85,6 +85,10 @@ int RunCoordinator(const CoordinatorCli& o) {
       std::fprintf(stderr, "prism-run coordinator: --graph: %s\n", error.c_str());
       return kExitBadInput;
     }
+    if (!graph_release->UseTopology(o.topology, &error)) {
+      std::fprintf(stderr, "prism-run coordinator: --topology: %s\n", error.c_str());
+      return kExitBadInput;
+    }
     opts.release_policy = graph_release.get();
   }
   opts.payload = o.payload;
