@@ -36,7 +36,9 @@ namespace prism::launcher {
 // Part of every key: raised whenever the graph a given job's collect and fill produce changes (the builder, the
 // fill's rules), so that a cache written by an older prism misses instead of replaying a graph built the old way.
 // 2: a slot's point-to-point nodes follow the communicator's sequence across streams (observed_trace.cc).
-inline constexpr int kGraphKeyVersion = 2;
+// 3: fill slices' virtual-only operations are priced by the cost model (GraphRelease::SetCostModel); the fill pools
+//    a class's level across shape changes (FillSamples).
+inline constexpr int kGraphKeyVersion = 3;
 inline constexpr size_t kMaxHashedFiles = 20000;
 inline constexpr uint64_t kMaxHashedBytes = 256ull << 20;
 
