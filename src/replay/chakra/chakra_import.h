@@ -38,6 +38,8 @@ struct ImportOptions {
   // The imported graph's send_completion. kInvalid: what files Prism wrote say (prism_send_completion; none:
   // none), else kEager, as ASTRA-sim replays sends (they complete without their receive).
   trace::SendCompletion send_completion = trace::SendCompletion::kInvalid;
+  // Threads reading rank files (0: one per core, at most 4). The result does not depend on it.
+  int threads = 0;
 };
 
 struct ImportSummary {
@@ -58,10 +60,18 @@ struct ImportSummary {
   std::string Format() const;
 };
 
-// Reads every rank's file and builds `out` (validated with ValidateTrace). Returns false with *error naming
-// the file and node (Chakra node id and name) for unreadable or inconsistent input: a missing rank file, a
-// dependency on a node that is not in the file, a dependency cycle, a collective without comm_type or
-// comm_size, an unknown process group, members disagreeing on a collective, a send without its receive.
+// Reads every rank's file, one node at a time, and builds `out` (validated with ValidateTrace). Memory is what the
+// distinct ranks need, not the whole trace: ranks whose mapped nodes are the same but for their communicators,
+// peers and tags are stored once. Returns false with *error naming the file and node (Chakra node id and name)
+// for unreadable or inconsistent input: a missing rank file, a dependency on a node that is not in the file, a
+// dependency cycle, a collective without comm_type or comm_size, an unknown process group, members disagreeing
+// on a collective, a send without its receive.
 bool ImportChakra(const ImportOptions& opts, trace::Trace* out, ImportSummary* summary, std::string* error);
+
+// The same import by the reference importer, which reads each file into protobuf messages and keeps every
+// rank's nodes until the end (memory grows with the whole trace). ImportChakra streams instead and gives the
+// same graph, summary and messages. Kept as the baseline of bench/chakra_import_bench and the reference of
+// tests/unit/chakra_stream_test.
+bool ImportChakraDocument(const ImportOptions& opts, trace::Trace* out, ImportSummary* summary, std::string* error);
 
 }  // namespace prism::chakra
