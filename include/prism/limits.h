@@ -24,6 +24,10 @@ inline constexpr int kMaxDocumentDepth = 64;
 // Values (numbers, strings, arrays, maps, map keys) in one graph document: a parsed value takes ~16-48 bytes.
 inline constexpr uint64_t kMaxDocumentValues = uint64_t{1} << 27;
 
+// A clock stamp in an event file (ns: the Unix epoch, or a GPU clock), ~146 years. Why bounded: durations are
+// differences of two stamps, and these never overflow an int64.
+inline constexpr int64_t kMaxTimestampNs = int64_t{1} << 62;
+
 // Numeric fields of a graph: one node's duration, and its bytes (a 1 PiB message is already past any real one).
 inline constexpr double kMaxDurationUs = 1e12;  // ~11.6 days
 inline constexpr uint64_t kMaxBytes = uint64_t{1} << 50;
