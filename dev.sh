@@ -22,8 +22,9 @@ if [ "$cmd" = test-fuzz ]; then "$here/scripts/setup.sh" fuzz; else "$here/scrip
 # library cannot load into them) and would take longer than CI's time; these tests drive every reader, the store and
 # the CLI with hostile bytes.
 asan_targets=(prism-run input_limits_test hostile_input_cli_test rank_list_test input_fuzz_test trace_format_test
-  store_protocol_test store_server_test chakra_import_test report_compare_test synth_test observed_trace_test)
-asan_tests='^(InputLimits|SynthLimits|HostileInputCli|RankList|InputFuzz|TraceFormat|StoreProtocol|StoreServer(Test|CapTest|Exceptions|Bind|Record)|ChakraTest|ReportDiff|ReportLoad|ReportShow|RunReport|ReportCli|Synth|ObservedTrace|GraphCli)\.'
+  store_protocol_test store_server_test chakra_import_test report_compare_test synth_test observed_trace_test
+  event_bus_test coordinator_exchange_test)
+asan_tests='^(InputLimits|SynthLimits|HostileInputCli|RankList|InputFuzz|TraceFormat|StoreProtocol|StoreServer(Test|CapTest|Exceptions|Bind|Record)|ChakraTest|ReportDiff|ReportLoad|ReportShow|RunReport|ReportCli|Synth|ObservedTrace|GraphCli|EventBusCaps|ExchangeHub)\.'
 if [ "$cmd" = test-asan ]; then
   asan=build-asan
   if [ ! -f "$asan/CMakeCache.txt" ]; then

@@ -32,4 +32,26 @@ inline constexpr int64_t kMaxTimestampNs = int64_t{1} << 62;
 inline constexpr double kMaxDurationUs = 1e12;  // ~11.6 days
 inline constexpr uint64_t kMaxBytes = uint64_t{1} << 50;
 
+// The coordinator's event bus, per client connection (docs/coordinator.md, the event bus's "Limits"). A client past
+// one is dropped with a log line naming it; the others are served on.
+// One frame (ipc::kMaxFrameBytes): a larger length drops the client as soon as its header arrives.
+inline constexpr uint32_t kMaxBusFrameBytes = 16u << 20;
+// Replies to the client's own requests (kHelloAck, kCommInfo, kError, ...) that it has not read yet, checked as each
+// is queued. Why a cap: a 60-byte kCommInit is answered with its communicator's members (7 MB for a world of 2^20
+// ranks), so a client that sends requests without reading could make the coordinator hold any amount.
+inline constexpr uint64_t kMaxBusReplyBytes = uint64_t{256} << 20;
+// Everything queued for the client, exchange results (kOpResult) included. Why this large: a result carries real
+// members' outputs (a gradient bucket can be hundreds of MB), read by the shim's own reader thread.
+inline constexpr uint64_t kMaxBusQueuedBytes = uint64_t{8} << 30;
+// kCommInit requests of one client waiting for their communicator's id (bytes of their JSON text).
+inline constexpr uint64_t kMaxBusParkedBytes = uint64_t{64} << 20;
+// Nesting and values of one JSON message (checked before it is parsed: a kCommInit's members are ~1 value a rank).
+inline constexpr int kMaxBusJsonDepth = 16;
+inline constexpr uint64_t kMaxBusJsonValues = uint64_t{1} << 22;
+// Real data between real members (src/coordinator/exchange_hub.h): one operation's payload, and what the hub holds
+// for one rank at once (inputs being assembled, posted and waiting for the other members, sends waiting for their
+// receive). A result larger than kMaxBusQueuedBytes is refused (kExchangeError) before it is computed.
+inline constexpr uint64_t kMaxExchangeBytes = uint64_t{64} << 30;
+inline constexpr uint64_t kMaxExchangeHeldBytes = uint64_t{64} << 30;
+
 }  // namespace prism::limits
