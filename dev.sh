@@ -23,8 +23,8 @@ if [ "$cmd" = test-fuzz ]; then "$here/scripts/setup.sh" fuzz; else "$here/scrip
 # the CLI with hostile bytes.
 asan_targets=(prism-run input_limits_test hostile_input_cli_test rank_list_test input_fuzz_test trace_format_test
   store_protocol_test store_server_test chakra_import_test report_compare_test synth_test observed_trace_test
-  event_bus_test coordinator_exchange_test)
-asan_tests='^(InputLimits|SynthLimits|HostileInputCli|RankList|InputFuzz|TraceFormat|StoreProtocol|StoreServer(Test|CapTest|Exceptions|Bind|Record)|ChakraTest|ReportDiff|ReportLoad|ReportShow|RunReport|ReportCli|Synth|ObservedTrace|GraphCli|EventBusCaps|ExchangeHub)\.'
+  event_bus_test coordinator_exchange_test kernel_report_test topology_test)
+asan_tests='^(InputLimits|SynthLimits|HostileInputCli|RankList|InputFuzz|TraceFormat|StoreProtocol|StoreServer(Test|CapTest|Exceptions|Bind|Record)|ChakraTest|ReportDiff|ReportLoad|ReportShow|RunReport|ReportCli|Synth|ObservedTrace|GraphCli|EventBusCaps|ExchangeHub|KernelFile|Topology)\.'
 if [ "$cmd" = test-asan ]; then
   asan=build-asan
   if [ ! -f "$asan/CMakeCache.txt" ]; then

@@ -17,6 +17,10 @@ inline constexpr uint64_t kMaxGraphFileBytes = uint64_t{1} << 30;       // Prism
 inline constexpr uint64_t kMaxEventFileBytes = uint64_t{4} << 30;       // rank<R>.events.jsonl
 inline constexpr uint64_t kMaxReportFileBytes = uint64_t{256} << 20;    // report.json, comm_group files
 inline constexpr uint64_t kMaxChakraFileBytes = uint64_t{4} << 30;      // a Chakra ET file (uncompressed bytes)
+// rank<R>.kernels.jsonl: one ~100-byte line per kernel, copy or marker CUPTI recorded (a long run: a few 100 MB).
+inline constexpr uint64_t kMaxKernelFileBytes = uint64_t{4} << 30;
+// A --topology file: the presets are under 1 KiB.
+inline constexpr uint64_t kMaxTopologyFileBytes = uint64_t{16} << 20;
 
 // Nesting of arrays and objects in a JSON or CBOR document. Why 64: a PrismTrace nests 8 deep; the readers'
 // recursion (nlohmann's CBOR reader, the DOM's destructor) overflows the stack at ~100k levels.
