@@ -59,6 +59,9 @@ bool RankField(const json& j, const char* key, int32_t* out) {
   return true;
 }
 
+// A clock stamp (limits::kMaxTimestampNs says why bounded).
+bool Stamp(int64_t ns) { return ns >= 0 && ns <= limits::kMaxTimestampNs; }
+
 std::string Str(const json& j, const char* key) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_string()) return "";
@@ -118,6 +121,8 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
     o.arrival_ns = Int(j, "arrival_ns", 0);
     o.release_ns = Int(j, "release_ns", 0);
     o.opened_ns = Int(j, "opened_ns", 0);
+    if (!Stamp(o.arrival_ns) || !Stamp(o.release_ns) || !Stamp(o.opened_ns))
+      return malformed("op line's arrival_ns, release_ns or opened_ns is outside 0..2^62");
     o.sseq = Int(j, "sseq", -1);
     o.passthrough = Int(j, "passthrough", 0) != 0;
     o.nops = static_cast<int32_t>(std::clamp<int64_t>(Int(j, "nops", 1), 1, INT32_MAX));
@@ -160,6 +165,7 @@ void FeedEventLine(RankEventLog* log, std::string_view line, int64_t line_no) {
     ObservedMark m;
     m.iteration = Int(j, "iteration", static_cast<int64_t>(log->marks.size()));
     m.t_ns = Int(j, "t_ns", 0);
+    if (!Stamp(m.t_ns)) return malformed("iteration line's t_ns is outside 0..2^62");
     m.stream = 0;
     if (j.contains("stream") && !RankField(j, "stream", &m.stream))
       return malformed("iteration line's stream is outside -1.." + std::to_string(limits::kMaxWorldSize - 1));

@@ -16,7 +16,10 @@
 
 #include "prism/kernels.h"
 #include "analysis/run_report.h"
+#include "common/bounded_read.h"
+#include "common/document_shape.h"
 #include "prism/events.h"
+#include "prism/limits.h"
 
 namespace prism::analysis {
 namespace {
@@ -27,7 +30,25 @@ using nlohmann::json;
 int64_t I(const json& j, const char* key, int64_t dflt = 0) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_number()) return dflt;
+  if (it->is_number_float()) {
+    // Why the bounds: casting a double past int64 (1e308) is undefined behaviour.
+    const double d = it->get<double>();
+    if (!std::isfinite(d)) return dflt;
+    if (d >= 9.2e18) return INT64_MAX;
+    if (d <= -9.2e18) return INT64_MIN;
+    return static_cast<int64_t>(d);
+  }
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return INT64_MAX;
   return it->get<int64_t>();
+}
+
+// The lines of a whole file as ReadRankEventLog takes them: an unterminated last line is still being written (or
+// was cut by a kill) and is left out.
+template <typename F>
+void ForEachLine(const std::string& text, F&& f) {
+  for (size_t start = 0, nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    f(std::string_view(text).substr(start, nl - start));
+  }
 }
 
 std::string S(const json& j, const char* key) {
@@ -85,6 +106,11 @@ bool IsStampKernel(const std::string& name) { return name == "prism_stamp" || na
 // The file
 
 void ParseKernelLine(const std::string& line, KernelFile* f) {
+  std::string why;
+  if (!CheckJsonShape(line, DocumentBounds{}, &why)) {
+    ++f->malformed;
+    return;
+  }
   json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     ++f->malformed;
@@ -165,17 +191,12 @@ void ParseKernelLine(const std::string& line, KernelFile* f) {
 }
 
 std::optional<KernelFile> ReadKernelFile(const std::string& path, std::string* error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = "cannot read " + path;
-    return std::nullopt;
-  }
+  std::string text;
+  if (!ReadFileBounded(path, limits::kMaxKernelFileBytes, "kernel files", &text, error)) return std::nullopt;
   KernelFile f;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (in.eof()) break;  // a last line without its newline: still being written, or cut by a kill
-    if (!line.empty()) ParseKernelLine(line, &f);
-  }
+  ForEachLine(text, [&](std::string_view line) {
+    if (!line.empty()) ParseKernelLine(std::string(line), &f);
+  });
   return f;
 }
 
@@ -320,6 +341,12 @@ std::optional<RankKernels> LoadRankKernels(const std::string& dir, int rank, std
   }
   auto file = ReadKernelFile(path, error);
   if (!file) return std::nullopt;
+  // Why an error and not a warning: nothing in it was readable, so whatever follows would be about nothing.
+  if (!file->has_header && file->records.empty() && file->malformed > 0) {
+    *error = path + ": not a kernel file (no header line, no records, " + std::to_string(file->malformed) +
+             " unreadable lines)";
+    return std::nullopt;
+  }
   RankKernels rk;
   rk.rank = rank;
   rk.file = std::move(*file);
@@ -345,16 +372,23 @@ std::optional<RankKernels> LoadRankKernels(const std::string& dir, int rank, std
   std::vector<int64_t> stamps;
   std::vector<std::pair<int64_t, int64_t>> iters;  // (iteration, t)
   {
-    std::ifstream in((fs::path(dir) / events::FileName(rank)).string());
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.find("\"iter\"") == std::string::npos && line.find("\"op\"") == std::string::npos) continue;
+    // A run without an event file has no marks and no stamps; one that is there is read within its cap.
+    const std::string events_path = (fs::path(dir) / events::FileName(rank)).string();
+    std::string text;
+    if (fs::exists(events_path, ec) &&
+        !ReadFileBounded(events_path, limits::kMaxEventFileBytes, "event files", &text, error)) {
+      return std::nullopt;
+    }
+    ForEachLine(text, [&](std::string_view line) {
+      if (line.find("\"iter\"") == std::string::npos && line.find("\"op\"") == std::string::npos) return;
+      std::string why;
+      if (!CheckJsonShape(line, DocumentBounds{}, &why)) return;
       json j = json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.is_object()) continue;
+      if (j.is_discarded() || !j.is_object()) return;
       const std::string type = S(j, "type");
       if (type == events::kIter) {
         int64_t t = I(j, "t_ns");
-        if (t <= 0) continue;
+        if (t <= 0) return;
         if (S(j, "clock") == "host") {
           t = clock.HostToGpu(t);
         } else {
@@ -365,7 +399,7 @@ std::optional<RankKernels> LoadRankKernels(const std::string& dir, int rank, std
         const int64_t a = I(j, "arrival_ns");
         if (a > 0) stamps.push_back(a);
       }
-    }
+    });
   }
   std::sort(iters.begin(), iters.end());
   for (const auto& [n, t] : iters) {

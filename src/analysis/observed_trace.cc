@@ -18,6 +18,7 @@
 #include "analysis/class_key.h"
 #include "analysis/megatron_membership.h"
 #include "prism/events.h"
+#include "prism/limits.h"
 #include "replay/trace_io.h"
 #include "replay/trace_validate.h"
 
@@ -949,9 +950,10 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
     };
     // Whether iteration `it`'s mark was stamped on this stream (streams without a recorded index: one per
     // communicator or one for all, never with wait lines, so either answer is harmless).
-    auto marks_here = [&](int64_t it) {
+    // Why a copy of the key: clang before 16 cannot capture a structured binding.
+    auto marks_here = [&, stream_key = key](int64_t it) {
       auto ms = mark_stream.find(it);
-      return key.first != 0 || (ms != mark_stream.end() && ms->second == key.second);
+      return stream_key.first != 0 || (ms != mark_stream.end() && ms->second == stream_key.second);
     };
     bool have_t = false;
     int64_t t = 0;
@@ -1044,6 +1046,18 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
     cls->streams.push_back(std::move(main));
   }
   for (trace::Stream& h : helpers) cls->streams.push_back(std::move(h));
+  // Why here: a duration comes from two clock stamps of the file, and past the format's bound the graph written
+  // would be refused by every reader (a stamp missing or cut makes a gap of decades).
+  for (const trace::Stream& st : cls->streams) {
+    for (size_t i = 0; i < st.nodes.size(); ++i) {
+      if (st.nodes[i].dur_us <= limits::kMaxDurationUs) continue;
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%.6g us, past the format's bound of %.0e us", st.nodes[i].dur_us,
+                    limits::kMaxDurationUs);
+      return Fail(rank_s + "'s events give stream '" + st.name + "' node " + std::to_string(i) + " a duration of " +
+                  buf + ": its clock stamps (arrival_ns, release_ns, opened_ns, t_ns) jump");
+    }
+  }
   ApplyWaits(log, unit_at, cls);
   SequenceMultiStreamSlots(comm_seq, cls);
   return true;

@@ -11,13 +11,19 @@ namespace prism::coord {
 
 using json = nlohmann::json;
 
-void CommRegistry::OnCommInit(BusId id, BusClient& c, json j) {
+void CommRegistry::OnCommInit(BusId id, BusClient& c, json j, size_t text_bytes) {
   // Replies keep the order of requests: behind a parked request of this client, park too.
   bool behind = std::any_of(parked_.begin(), parked_.end(), [&](const Parked& p) { return p.id == id; });
-  if (behind || !HandleCommInit(id, c, j, false)) {
-    parked_.push_back(
-        Parked{id, std::move(j), std::chrono::steady_clock::now() + std::chrono::milliseconds(st_.opts.comm_wait_ms)});
+  if (!behind && HandleCommInit(id, c, j, false)) return;
+  const uint64_t cap = st_.bus.limits().max_parked_bytes;
+  if (c.parked_bytes + text_bytes > cap) {
+    c.drop_reason = fmt::format("has {} bytes of kCommInit requests waiting for their ids, and {} more would pass the "
+                                "{}-byte cap", c.parked_bytes, text_bytes, cap);
+    return;
   }
+  c.parked_bytes += text_bytes;
+  parked_.push_back(Parked{id, std::move(j), text_bytes,
+                           std::chrono::steady_clock::now() + std::chrono::milliseconds(st_.opts.comm_wait_ms)});
 }
 
 void CommRegistry::RetryParked(bool timer) {
@@ -33,6 +39,8 @@ void CommRegistry::RetryParked(bool timer) {
     if (behind || !HandleCommInit(p.id, *c, p.request, final)) {
       blocked.push_back(p.id);
       keep.push_back(std::move(p));
+    } else {
+      c->parked_bytes -= std::min(c->parked_bytes, p.bytes);
     }
   }
   parked_ = std::move(keep);

@@ -23,8 +23,10 @@ class CommRegistry {
 
   // comm_id - 1 -> view.
   const std::vector<CommView>& comms() const { return comms_; }
-  // A kCommInit: answered now, or parked until the store records a new id (RetryParked) or its deadline passes.
-  void OnCommInit(BusId id, BusClient& c, nlohmann::json j);
+  // A kCommInit (`text_bytes`: its JSON's size): answered now, or parked until the store records a new id
+  // (RetryParked) or its deadline passes. A client whose parked requests would pass the bus's max_parked_bytes is
+  // marked to be dropped instead.
+  void OnCommInit(BusId id, BusClient& c, nlohmann::json j, size_t text_bytes);
   // The loop's wake-up (`timer` false) or tick (true): parked requests are tried again; past their deadline,
   // answered with what is known.
   void RetryParked(bool timer);
@@ -44,6 +46,7 @@ class CommRegistry {
   struct Parked {
     BusId id;
     nlohmann::json request;
+    uint64_t bytes;  // counted in the client's BusClient::parked_bytes
     std::chrono::steady_clock::time_point deadline;
   };
   // Why park: a leader's SET of its id (store, TCP) and its kCommInit (bus) race; the SET has no reply.

@@ -19,6 +19,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "common/document_shape.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "prism/limits.h"
@@ -134,6 +135,10 @@ bool Coordinator::Impl::Start(const CoordinatorOptions& opts, std::string* error
   ep.store_port = store_.port();
   ep.info_path = (std::filesystem::path(o.out_dir) / "coordinator.json").string();
   ep.status_path = (std::filesystem::path(o.out_dir) / "status.json").string();
+  BusLimits bl;
+  bl.max_reply_bytes = o.bus_max_reply_bytes;
+  bl.max_parked_bytes = o.bus_max_parked_bytes;
+  st_.bus.set_limits(bl);
   if (!st_.bus.Listen(o.out_dir, o.bus_tcp, o.status_interval_ms, started_ns, &ep.socket_path, &ep.bus_tcp, error)) {
     store_.Stop();
     return false;
@@ -228,6 +233,7 @@ bool Coordinator::Impl::OnDrop(BusId id, BusClient& c) {
     RankState& r = st_.ranks[c.rank];
     if (r.conn == id) {
       release_.ForgetPrereleases(c.rank);
+      st_.xhub.ForgetRank(c.rank);
       lost = r.state == "connected";
       if (lost) {
         r.state = "lost";
@@ -245,7 +251,17 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::FrameView
   using ipc::MsgType;
   st_.status_dirty = true;
   if (swap_ && c.rank >= 0) swap_->scheduler().Activity(c.rank, NowNs());
+  // Why the shape first: one 16 MiB frame can hold 8 million nested brackets or values, and a parsed value takes
+  // 16-48 bytes; the scan is far cheaper than the parse (document_shape.h).
+  auto shape_ok = [&]() {
+    std::string why;
+    const DocumentBounds bounds{limits::kMaxBusJsonDepth, limits::kMaxBusJsonValues};
+    if (CheckJsonShape(f.payload, bounds, &why)) return true;
+    c.drop_reason = fmt::format("message type {}: JSON {}", static_cast<int>(f.type), why);
+    return false;
+  };
   auto parse = [&](json* j) {
+    if (!shape_ok()) return false;
     *j = json::parse(f.payload, nullptr, false);
     if (j->is_discarded() || !j->is_object()) {
       c.drop_reason = fmt::format("message type {} carries no JSON object", static_cast<int>(f.type));
@@ -275,7 +291,7 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::FrameView
       case MsgType::kCommInit: {
         json j;
         if (!need_hello() || !parse(&j)) return;
-        comms_.OnCommInit(id, c, std::move(j));
+        comms_.OnCommInit(id, c, std::move(j), f.payload.size());
         return;
       }
       case MsgType::kRealNcclId: {
@@ -337,8 +353,13 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::FrameView
         std::memcpy(&h, f.payload.data(), sizeof(h));
         std::vector<ExchangeHub::Outgoing> out;
         std::vector<ExchangeHub::Wait> waits;
-        std::string why = st_.xhub.OnData(c.rank, h, f.payload.substr(sizeof(h)), &out, &waits);
-        if (!why.empty()) Log("coord")->warn("rank {}: {}", c.rank, why);
+        bool over_cap = false;
+        std::string why = st_.xhub.OnData(c.rank, h, f.payload.substr(sizeof(h)), &out, &waits, &over_cap);
+        if (over_cap) {
+          c.drop_reason = why;  // logged when it is dropped
+        } else if (!why.empty()) {
+          Log("coord")->warn("rank {}: {}", c.rank, why);
+        }
         // A real rank blocked in an exchange waits at that operation: the hang diagnosis must see it (a send
         // whose receive is never posted, e.g. two ranks that both send first, is a p2p wait-for cycle).
         const uint64_t now = NowNs();
@@ -390,7 +411,7 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::FrameView
         return;
       }
       case MsgType::kBye: {
-        if (!need_hello()) return;
+        if (!need_hello() || !shape_ok()) return;
         json j = json::parse(f.payload, nullptr, false);
         RankState& s = st_.ranks[c.rank];
         s.state = "bye";

@@ -24,6 +24,7 @@
 #include "coordinator/swap_usage.h"
 #include "coordinator/virtual_ranks.h"
 #include "prism/ipc.h"
+#include "prism/limits.h"
 
 namespace prism::coord {
 
@@ -112,6 +113,9 @@ struct CoordinatorOptions {
   int status_interval_ms = 500;          // status.json refresh
   // A kCommInit whose id the store has not seen yet waits this long for it (a leader's SET races its kCommInit).
   int comm_wait_ms = 5000;
+  // Per-client caps of the event bus (include/prism/limits.h has the rest and why; tests lower these).
+  uint64_t bus_max_reply_bytes = limits::kMaxBusReplyBytes;
+  uint64_t bus_max_parked_bytes = limits::kMaxBusParkedBytes;
   // Passthrough (ipc.h): a communicator whose members are all real, each on its own GPU and able to run real NCCL,
   // runs on the real NCCL. false: never (every communicator goes through libprism's exchange or gate).
   bool passthrough = true;

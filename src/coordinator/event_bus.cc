@@ -27,9 +27,6 @@ constexpr BusId kUnixListenId = 1;
 constexpr BusId kTcpListenId = 2;
 constexpr BusId kWakeId = 3;
 constexpr BusId kTimerId = 4;
-// Why this large: kOpResult frames carry real members' outputs (a gradient bucket can be hundreds of MB); a shim reads
-// them on its own reader thread, so a client over this limit has stopped reading.
-constexpr uint64_t kMaxBusOutput = 8ull << 30;
 
 bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port) {
   size_t c = s.rfind(':');
@@ -194,6 +191,7 @@ void EventBus::AcceptOn(int listen_fd) {
     BusId id = next_id_++;
     BusClient c;
     c.fd = fd;
+    c.decoder = ipc::FrameDecoder(limits_.max_frame_bytes);
     c.peer = listen_fd == tcp_fd_ ? "tcp#" + std::to_string(id) : "unix#" + std::to_string(id);
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -239,9 +237,20 @@ void EventBus::OnReadable(BusId id) {
 void EventBus::Send(BusId id, ipc::MsgType type, std::string_view payload) {
   auto it = clients_.find(id);
   if (it == clients_.end()) return;
-  if (!ipc::AppendFrame(&it->second.out, type, payload.data(), payload.size())) {
-    Log("coord")->error("dropping an oversized {}-byte message to {}", payload.size(), it->second.peer);
+  BusClient& c = it->second;
+  const uint64_t frame = sizeof(ipc::FrameHeader) + payload.size();
+  if (c.reply_bytes + frame > limits_.max_reply_bytes) {
+    if (c.drop_reason.empty()) {
+      c.drop_reason = fmt::format("does not read its replies: {} bytes of them unread, and {} more would pass the "
+                                  "{}-byte cap", c.reply_bytes, frame, limits_.max_reply_bytes);
+    }
+    return;
   }
+  if (!ipc::AppendFrame(&c.out, type, payload.data(), payload.size())) {
+    Log("coord")->error("dropping an oversized {}-byte message to {}", payload.size(), c.peer);
+    return;
+  }
+  c.reply_bytes += frame;
 }
 
 void EventBus::Flush(BusId id, BusClient& c) {
@@ -249,11 +258,16 @@ void EventBus::Flush(BusId id, BusClient& c) {
     if (c.drop_reason.empty()) c.drop_reason = fmt::format("send failed: {}", std::strerror(errno));
     return;
   }
-  if (c.out_pos == c.out.size()) {
+  const uint64_t unsent = c.out.size() - c.out_pos;
+  c.reply_bytes = std::min(c.reply_bytes, unsent);
+  if (unsent == 0) {
     c.out.clear();
     c.out_pos = 0;
-  } else if (c.out.size() - c.out_pos > kMaxBusOutput) {
-    if (c.drop_reason.empty()) c.drop_reason = "does not read its messages";
+  } else if (unsent > limits_.max_queued_bytes) {
+    if (c.drop_reason.empty()) {
+      c.drop_reason = fmt::format("does not read its messages: {} bytes unread, over the {}-byte cap", unsent,
+                                  limits_.max_queued_bytes);
+    }
     return;
   }
   bool want = c.out_pos < c.out.size();

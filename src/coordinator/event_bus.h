@@ -14,10 +14,19 @@
 #include <nlohmann/json.hpp>
 
 #include "common/ipc_io.h"
+#include "prism/limits.h"
 
 namespace prism::coord {
 
 using BusId = uint64_t;
+
+// What one client may make the bus hold (include/prism/limits.h says why each is what it is).
+struct BusLimits {
+  uint32_t max_frame_bytes = limits::kMaxBusFrameBytes;
+  uint64_t max_reply_bytes = limits::kMaxBusReplyBytes;    // unread replies to its own requests (Send)
+  uint64_t max_queued_bytes = limits::kMaxBusQueuedBytes;  // unread output of any kind
+  uint64_t max_parked_bytes = limits::kMaxBusParkedBytes;  // its requests parked by the handler (parked_bytes)
+};
 
 struct BusClient {
   int fd = -1;
@@ -28,6 +37,8 @@ struct BusClient {
   bool want_write = false;
   int rank = -1;
   std::string drop_reason;  // set: the client is dropped at the end of the turn (after its output is flushed)
+  uint64_t reply_bytes = 0;   // of out's unsent bytes, at most this many are replies queued by Send
+  uint64_t parked_bytes = 0;  // the handler's count of what it holds for this client's requests
 };
 
 class EventBus {
@@ -40,6 +51,9 @@ class EventBus {
   enum class Event { kNone, kWake, kTimer };
 
   EventBus(FrameHandler on_frame, DropHandler on_drop);
+  // Before Listen.
+  void set_limits(const BusLimits& limits) { limits_ = limits; }
+  const BusLimits& limits() const { return limits_; }
   ~EventBus();
   EventBus(const EventBus&) = delete;
   EventBus& operator=(const EventBus&) = delete;
@@ -66,6 +80,8 @@ class EventBus {
   int wake_fd() const { return wake_fd_; }
 
   BusClient* Find(BusId id);
+  // Queues a reply. A client whose unread replies would pass max_reply_bytes gets none: it is marked to be
+  // dropped (as a handler marks a bad client), so a stream of small requests cannot make the bus hold any amount.
   void Send(BusId id, ipc::MsgType type, std::string_view payload);
   void SendJson(BusId id, ipc::MsgType type, const nlohmann::json& j) { Send(id, type, j.dump()); }
   void Flush(BusId id, BusClient& c);
@@ -77,6 +93,7 @@ class EventBus {
 
   FrameHandler on_frame_;
   DropHandler on_drop_;
+  BusLimits limits_;
   int epoll_fd_ = -1, unix_fd_ = -1, tcp_fd_ = -1, wake_fd_ = -1, timer_fd_ = -1;
   std::unordered_map<BusId, BusClient> clients_;
   BusId next_id_ = 16;

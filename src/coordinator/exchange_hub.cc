@@ -9,6 +9,7 @@
 
 #include "common/ipc_io.h"
 #include "nccl_patch/exchange.h"
+#include "prism/limits.h"
 
 namespace prism::coord {
 namespace {
@@ -140,7 +141,7 @@ std::vector<ExchangeHub::Wait> ExchangeHub::Waits() const {
 }
 
 std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::string_view bytes,
-                                std::vector<Outgoing>* out, std::vector<Wait>* waits) {
+                                std::vector<Outgoing>* out, std::vector<Wait>* waits, bool* over_cap) {
   const ipc::ExchangeHeader h = h_in;  // packed: copy fields out before use
   auto note = [&](const CommInfo& comm, const Posted& p, bool begin) {
     if (waits) waits->push_back(WaitOf(comm, p, begin));
@@ -161,38 +162,57 @@ std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::
   if (h.rank < 0 || h.rank >= n) {
     return refuse(fmt::format("kOpData rank {} outside communicator {} of {}", h.rank, h.comm_id, n));
   }
-  if (h.offset + bytes.size() > h.total_bytes || h.total_bytes > (uint64_t{64} << 30)) {
+  if (h.offset + bytes.size() > h.total_bytes || h.total_bytes > limits::kMaxExchangeBytes) {
     return refuse(
         fmt::format("kOpData chunk at {} of {} bytes exceeds the total {}", h.offset, bytes.size(), h.total_bytes));
   }
+  // What this frame makes the hub hold for `from`: its bytes, or the whole payload when it starts an assembly.
+  const bool single = h.total_bytes <= bytes.size() && h.offset == 0;
+  PartKey pk{from, h.comm_id, h.key, h.rank, h.peer, h.flags};
+  auto part_it = single ? partial_.end() : partial_.find(pk);
+  const uint64_t adds = single ? bytes.size() : part_it == partial_.end() ? h.total_bytes : 0;
+  uint64_t& held = held_[from];
+  if (held + adds > max_held_) {
+    if (over_cap) *over_cap = true;
+    return refuse(fmt::format("rank {} has {} bytes in exchanges, and {} more would pass the {}-byte cap", from, held,
+                              adds, max_held_));
+  }
+  held += adds;
   bytes_in_ += bytes.size();
 
   // Assemble chunks.
   std::string whole;
-  if (h.total_bytes <= bytes.size() && h.offset == 0) {
+  if (single) {
     whole = TakeBuffer(bytes.size());
     whole.assign(bytes);
   } else {
-    PartKey pk{from, h.comm_id, h.key, h.rank, h.peer, h.flags};
-    std::string& part = partial_[pk];
-    if (part.empty()) part = TakeBuffer(h.total_bytes);  // Why: growing by doubling would copy it again and again
+    if (part_it == partial_.end()) {
+      part_it = partial_.emplace(pk, Partial{TakeBuffer(h.total_bytes), h.total_bytes}).first;
+    }
+    std::string& part = part_it->second.bytes;
     if (h.offset != part.size()) {
       const size_t have = part.size();
-      partial_.erase(pk);
+      ForgetPartial(pk);
       return refuse(fmt::format("kOpData chunk at offset {} but {} bytes assembled", h.offset, have));
     }
     part.append(bytes);
     if (part.size() < h.total_bytes) return "";
+    // Held from here on: the whole payload instead of what its first chunk reserved.
+    held = held - part_it->second.total + part.size();
     whole = std::move(part);
-    partial_.erase(pk);
+    partial_.erase(part_it);
   }
   Posted posted;
   posted.h = h;
+  posted.from = from;
   posted.seq = WidenSeq(from, h.comm_id, h.seq);
   posted.bytes = std::move(whole);
 
   if (IsP2p(h.op)) {
-    if (h.peer < 0 || h.peer >= n) return refuse(fmt::format("p2p peer {} outside communicator {}", h.peer, h.comm_id));
+    if (h.peer < 0 || h.peer >= n) {
+      Release(std::move(posted));
+      return refuse(fmt::format("p2p peer {} outside communicator {}", h.peer, h.comm_id));
+    }
     P2pKey k{h.comm_id, h.rank, h.peer, h.key};
     const int src = comm.members[static_cast<size_t>(h.rank)], dst = comm.members[static_cast<size_t>(h.peer)];
     const bool request = (h.flags & ipc::kExchangeRecvRequest) != 0;
@@ -213,11 +233,12 @@ std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::
       if (w != recv_waits_.end()) {
         match(posted, w->second);
         note(comm, w->second, false);
+        Release(std::move(w->second));
         recv_waits_.erase(w);
-        GiveBuffer(std::move(posted.bytes));
+        Release(std::move(posted));
       } else {
         note(comm, posted, true);
-        sends_[k] = std::move(posted);
+        Store(&sends_[k], std::move(posted));
       }
       return "";
     }
@@ -225,11 +246,12 @@ std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::
     if (s != sends_.end()) {
       match(s->second, posted);
       note(comm, s->second, false);
-      GiveBuffer(std::move(s->second.bytes));
+      Release(std::move(s->second));
       sends_.erase(s);
+      Release(std::move(posted));
     } else {
       note(comm, posted, true);
-      recv_waits_[k] = std::move(posted);
+      Store(&recv_waits_[k], std::move(posted));
     }
     return "";
   }
@@ -246,7 +268,7 @@ std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::
                         h.key, h.comm_id, c.first.op, h.op, c.first.count, h.count, c.first.dtype, h.dtype,
                         c.first.peer, h.peer);
   }
-  c.inputs[h.rank] = std::move(posted);
+  Store(&c.inputs[h.rank], std::move(posted));
   if (static_cast<int>(c.inputs.size()) < comm.real_count) {
     note(comm, c.inputs[h.rank], true);
     return "";
@@ -255,13 +277,48 @@ std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::
     if (r != h.rank) note(comm, p, false);  // the last member to post never waited
   }
   std::string why = c.why;
-  FinishCollective(h.comm_id, h.key, c, out);
-  for (auto& [r, p] : c.inputs) GiveBuffer(std::move(p.bytes));
+  std::string result_why = FinishCollective(h.comm_id, h.key, c, out);
+  if (why.empty()) why = std::move(result_why);
+  for (auto& [r, p] : c.inputs) Release(std::move(p));
   colls_.erase({h.comm_id, h.key});
   return why;
 }
 
-void ExchangeHub::FinishCollective(uint32_t comm_id, uint64_t key, Coll& c, std::vector<Outgoing>* out) {
+void ExchangeHub::Release(Posted&& p) {
+  auto it = held_.find(p.from);
+  if (it != held_.end()) it->second -= std::min<uint64_t>(it->second, p.bytes.size());
+  GiveBuffer(std::move(p.bytes));
+}
+
+void ExchangeHub::Store(Posted* slot, Posted&& p) {
+  if (slot->from >= 0) Release(std::move(*slot));  // a repeated post replaces the earlier one
+  *slot = std::move(p);
+}
+
+void ExchangeHub::ForgetPartial(const PartKey& pk) {
+  auto part = partial_.find(pk);
+  if (part == partial_.end()) return;
+  auto it = held_.find(std::get<0>(pk));
+  if (it != held_.end()) it->second -= std::min(it->second, part->second.total);
+  GiveBuffer(std::move(part->second.bytes));
+  partial_.erase(part);
+}
+
+void ExchangeHub::ForgetRank(int rank) {
+  std::vector<PartKey> gone;
+  for (const auto& [pk, part] : partial_) {
+    if (std::get<0>(pk) == rank) gone.push_back(pk);
+  }
+  for (const PartKey& pk : gone) ForgetPartial(pk);
+}
+
+uint64_t ExchangeHub::HeldBytes(int rank) const {
+  auto it = held_.find(rank);
+  return it == held_.end() ? 0 : it->second;
+}
+
+std::string ExchangeHub::FinishCollective(uint32_t comm_id, uint64_t key, Coll& c, std::vector<Outgoing>* out) {
+  std::string why;
   const CommInfo& comm = comms_[comm_id];
   const ipc::ExchangeHeader first = c.first;
   payload::ExchangeOp op;
@@ -297,7 +354,13 @@ void ExchangeHub::FinishCollective(uint32_t comm_id, uint64_t key, Coll& c, std:
         sizes_ok ? payload::ExchangePlanOutput(op, inputs, r, &bytes) : payload::ExchangeResult::kInvalid;
     switch (res) {
       case payload::ExchangeResult::kData:
-        if (shared && shared_at != SIZE_MAX) {
+        // Why refused before it is computed: a result is queued whole for its member, and the bus drops a client
+        // with more than this unread (a world-sized all-gather of a small input can ask for any amount).
+        if (bytes > max_result_) {
+          why = fmt::format("exchanged collective {} of communicator {}: a {}-byte result is over the {}-byte cap",
+                            key, comm_id, bytes, max_result_);
+          AppendResult(h, ipc::kExchangeError, {}, &o.frames);
+        } else if (shared && shared_at != SIZE_MAX) {
           o.frames = TakeBuffer((*out)[shared_at].frames.size());
           o.frames.assign((*out)[shared_at].frames);
           PatchResultHeaders(r, p.h.seq, &o.frames);
@@ -320,6 +383,7 @@ void ExchangeHub::FinishCollective(uint32_t comm_id, uint64_t key, Coll& c, std:
     }
     out->push_back(std::move(o));
   }
+  return why;
 }
 
 bool ExchangeHub::AppendComputed(const ipc::ExchangeHeader& base, const payload::ExchangeOp& op,

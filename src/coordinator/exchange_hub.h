@@ -15,6 +15,7 @@
 
 #include "nccl_patch/exchange.h"
 #include "prism/ipc.h"
+#include "prism/limits.h"
 
 namespace prism::coord {
 
@@ -40,15 +41,27 @@ class ExchangeHub {
     int peer = -1;       // p2p: the peer's global rank; -1 for collectives
   };
 
+  // `max_held_bytes`: what the hub holds for one rank at most (HeldBytes); `max_result_bytes`: the largest result
+  // it computes for a member (larger ones are answered with kExchangeError). Tests lower them.
+  explicit ExchangeHub(uint64_t max_held_bytes = limits::kMaxExchangeHeldBytes,
+                       uint64_t max_result_bytes = limits::kMaxBusQueuedBytes)
+      : max_held_(max_held_bytes), max_result_(max_result_bytes) {}
+
   // `members`: global ranks in communicator-rank order; `real`: which of them run for real.
   void AddComm(uint32_t comm_id, std::vector<int> members, std::vector<bool> real);
 
   // One kOpData frame from real global rank `from`. Appends what must be sent to `out` and, when `waits` is given,
   // the waits that began or ended. Returns "" or a reason: the frame was refused (its sender is answered with
   // kExchangeError, and kExchangeSendDone for a send, so it does not wait forever), or the members of a collective
-  // disagreed (each got kExchangeError). The caller logs the reason.
+  // disagreed (each got kExchangeError). The caller logs the reason. *over_cap (when given) is set when the frame
+  // was refused because `from` would hold more than max_held_bytes in the hub: the caller drops it.
   std::string OnData(int from, const ipc::ExchangeHeader& h, std::string_view bytes, std::vector<Outgoing>* out,
-                     std::vector<Wait>* waits = nullptr);
+                     std::vector<Wait>* waits = nullptr, bool* over_cap = nullptr);
+  // `rank`'s connection is gone: its inputs being assembled are dropped (a new connection starts them again at
+  // offset 0). What it posted whole stays for its peers.
+  void ForgetRank(int rank);
+  // Bytes held for `rank` (inputs being assembled, posted inputs and sends not yet taken), for the cap and tests.
+  uint64_t HeldBytes(int rank) const;
 
   // Operations waiting for real members (collectives), for a send (p2p receives), for a receive (sends, buffered
   // and not acknowledged yet); for status and tests.
@@ -75,6 +88,7 @@ class ExchangeHub {
   // A complete kOpData as posted: its header, the sender's sequence widened to 64 bits, its bytes.
   struct Posted {
     ipc::ExchangeHeader h{};
+    int from = -1;  // the global rank that posted it (-1: an empty slot)
     uint64_t seq = 0;
     std::string bytes;
   };
@@ -87,7 +101,11 @@ class ExchangeHub {
   using PartKey = std::tuple<int, uint32_t, uint64_t, int32_t, int32_t, uint32_t>;  // from, comm, key, rank, peer, flags
   using P2pKey = std::tuple<uint32_t, int32_t, int32_t, uint64_t>;                  // comm, src, dst, k
 
-  void FinishCollective(uint32_t comm_id, uint64_t key, Coll& c, std::vector<Outgoing>* out);
+  // Returns "" or why a member's result was refused.
+  std::string FinishCollective(uint32_t comm_id, uint64_t key, Coll& c, std::vector<Outgoing>* out);
+  void Release(Posted&& p);              // no longer held: uncounted, its buffer kept for reuse
+  void Store(Posted* slot, Posted&& p);  // into a map's slot, releasing what a repeated post replaces
+  void ForgetPartial(const PartKey& pk);
   static void AppendResult(const ipc::ExchangeHeader& base, uint32_t flags, std::string_view bytes, std::string* to);
   // kOpResult frames of member `rank`'s output (`bytes` long, ExchangePlanOutput said kData), computed in place.
   bool AppendComputed(const ipc::ExchangeHeader& base, const payload::ExchangeOp& op,
@@ -101,7 +119,13 @@ class ExchangeHub {
   uint64_t WidenSeq(int from, uint32_t comm_id, uint32_t low);
 
   std::map<uint32_t, CommInfo> comms_;
-  std::map<PartKey, std::string> partial_;
+  struct Partial {
+    std::string bytes;   // reserved whole: growing by doubling would copy it again and again
+    uint64_t total = 0;  // what the first chunk's header said, counted in held_ from then on
+  };
+  std::map<PartKey, Partial> partial_;
+  std::map<int, uint64_t> held_;  // global rank -> bytes held for it
+  uint64_t max_held_, max_result_;
   std::map<std::pair<uint32_t, uint64_t>, Coll> colls_;
   std::map<P2pKey, Posted> sends_;       // buffered sends: not acknowledged until their receive is posted
   std::map<P2pKey, Posted> recv_waits_;  // receive requests (no bytes) waiting for their send

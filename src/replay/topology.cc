@@ -1,10 +1,11 @@
 #include "replay/topology.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <sys/stat.h>
 
+#include "common/bounded_read.h"
+#include "common/document_shape.h"
+#include "prism/limits.h"
 #include "replay/topology_presets.h"
 
 namespace prism::replay {
@@ -238,21 +239,25 @@ bool LoadTopology(const std::string& spec, Topology* out, std::string* error) {
     text = spec;
     source = "inline topology";
   } else if (IsFile(spec)) {
-    std::ifstream in(spec, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (!in.good() && !in.eof()) {
-      if (error) *error = spec + ": cannot read";
+    std::string why;
+    if (!ReadFileBounded(spec, limits::kMaxTopologyFileBytes, "topology files", &text, &why)) {
+      if (error) *error = why;
       return false;
     }
-    text = ss.str();
     source = spec;
   } else if (PresetJson(spec, &text)) {
     source = "preset " + spec;
+  } else if (struct stat st; ::stat(spec.c_str(), &st) == 0) {
+    if (error) *error = "topology \"" + spec + "\": not a regular file (a directory or a device) and not a preset";
+    return false;
   } else {
     std::string names;
     for (const std::string& n : PresetNames()) names += (names.empty() ? "" : ", ") + n;
     if (error) *error = "topology \"" + spec + "\": no such file and not a preset (presets: " + names + ")";
+    return false;
+  }
+  if (std::string why; !CheckJsonShape(text, DocumentBounds{}, &why)) {
+    if (error) *error = source + ": JSON " + why;
     return false;
   }
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);

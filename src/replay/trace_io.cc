@@ -180,19 +180,18 @@ json NodeToJson(const Node& n, const trace::RoleClass& c) {
   return j;
 }
 
-// The file, bounded, then its shape (depth, element counts against the bytes left) checked before any reader
-// builds from it (docs/trace-format.md "Limits").
-bool ReadFile(const std::string& path, std::string* data, std::string* error) {
-  if (!ReadFileBounded(path, limits::kMaxGraphFileBytes, "graph files", data, error)) return false;
-  if (data->empty()) {
-    *error = path + ": empty file (truncated?)";
+// The shape (depth, element counts against the bytes left) checked before any reader builds from the bytes
+// (docs/trace-format.md "Limits").
+bool CheckShape(const std::string& data, std::string* why) {
+  if (data.empty()) {
+    *why = "empty file (truncated?)";
     return false;
   }
-  const size_t first = data->find_first_not_of(" \t\r\n");
-  const bool is_json = first != std::string::npos && (*data)[first] == '{';
-  std::string why;
-  if (is_json ? !CheckJsonShape(*data, DocumentBounds{}, &why) : !CheckCborShape(*data, DocumentBounds{}, &why)) {
-    *error = path + ": " + (is_json ? "JSON " : "CBOR ") + why + " (docs/trace-format.md \"Limits\")";
+  const size_t first = data.find_first_not_of(" \t\r\n");
+  const bool is_json = first != std::string::npos && data[first] == '{';
+  std::string shape;
+  if (is_json ? !CheckJsonShape(data, DocumentBounds{}, &shape) : !CheckCborShape(data, DocumentBounds{}, &shape)) {
+    *why = std::string(is_json ? "JSON " : "CBOR ") + shape + " (docs/trace-format.md \"Limits\")";
     return false;
   }
   return true;
@@ -265,8 +264,8 @@ bool LooksLikeJson(const std::string& data) {
   return first != std::string::npos && data[first] == '{';
 }
 
-// The document reader on bytes already read: the whole file as one nlohmann::json, then TraceFromJson.
-bool TraceFromBytesDom(const std::string& data, trace::Trace* out, std::string* error) {
+// The document reader on bytes whose shape was checked: the whole file as one nlohmann::json, then TraceFromJson.
+bool DomFromCheckedBytes(const std::string& data, trace::Trace* out, std::string* error) {
   const bool is_json = LooksLikeJson(data);
   json j = is_json ? json::parse(data, nullptr, /*allow_exceptions=*/false)
                    : json::from_cbor(data, /*strict=*/true, /*allow_exceptions=*/false);
@@ -277,11 +276,29 @@ bool TraceFromBytesDom(const std::string& data, trace::Trace* out, std::string* 
   return TraceFromJson(j, out, error);
 }
 
+// The file, refused above its cap before a byte is read (*error names it).
+bool ReadBytes(const std::string& path, std::string* data, std::string* error) {
+  return ReadFileBounded(path, limits::kMaxGraphFileBytes, "graph files", data, error);
+}
+
 }  // namespace
+
+bool TraceFromBytesDom(const std::string& data, trace::Trace* out, std::string* error) {
+  return CheckShape(data, error) && DomFromCheckedBytes(data, out, error);
+}
+
+bool TraceFromBytes(const std::string& data, trace::Trace* out, std::string* error) {
+  if (!CheckShape(data, error)) return false;
+  SaxResult r = TraceFromBytesSax(data, LooksLikeJson(data), out, error);
+  // Why a second pass: keys in an order the streaming reader does not follow (a node list before its class's
+  // comm_slots were known, and the like) are left to the document reader, which takes any order.
+  if (r == SaxResult::kIrregular) r = DomFromCheckedBytes(data, out, error) ? SaxResult::kOk : SaxResult::kError;
+  return r == SaxResult::kOk;
+}
 
 bool ReadTraceUncheckedDom(const std::string& path, trace::Trace* out, std::string* error) {
   std::string data, why;
-  if (!ReadFile(path, &data, error)) return false;
+  if (!ReadBytes(path, &data, error)) return false;
   if (TraceFromBytesDom(data, out, &why)) return true;
   *error = path + ": " + why;
   return false;
@@ -289,12 +306,8 @@ bool ReadTraceUncheckedDom(const std::string& path, trace::Trace* out, std::stri
 
 bool ReadTraceUnchecked(const std::string& path, trace::Trace* out, std::string* error) {
   std::string data, why;
-  if (!ReadFile(path, &data, error)) return false;
-  SaxResult r = TraceFromBytesSax(data, LooksLikeJson(data), out, &why);
-  // Why a second pass: keys in an order the streaming reader does not follow (a node list before its class's
-  // comm_slots were known, and the like) are left to the document reader, which takes any order.
-  if (r == SaxResult::kIrregular) r = TraceFromBytesDom(data, out, &why) ? SaxResult::kOk : SaxResult::kError;
-  if (r == SaxResult::kOk) return true;
+  if (!ReadBytes(path, &data, error)) return false;
+  if (TraceFromBytes(data, out, &why)) return true;
   *error = path + ": " + why;
   return false;
 }

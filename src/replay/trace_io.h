@@ -29,6 +29,12 @@ bool ReadTraceUnchecked(const std::string& path, trace::Trace* out, std::string*
 // streaming reader must equal (tests/unit/trace_sax_test.cc) and the baseline of bench/replay_load_bench.cc.
 bool ReadTraceUncheckedDom(const std::string& path, trace::Trace* out, std::string* error);
 
+// What ReadTraceUnchecked and ReadTraceUncheckedDom do once the file is read, on bytes in memory (tests, the fuzz
+// targets of tests/fuzz): the shape checks, then the streaming reader (falling back to the document reader for key
+// orders it does not stream), or the document reader alone. *error has no path.
+bool TraceFromBytes(const std::string& data, trace::Trace* out, std::string* error);
+bool TraceFromBytesDom(const std::string& data, trace::Trace* out, std::string* error);
+
 // Limits of the streaming reader. Why: a hostile file must not make it recurse or allocate without bound; the
 // trace itself nests 8 levels deep (top, classes, class, streams, stream, nodes, node, after), a topology object
 // a few more. A CBOR array or map that declares more elements than bytes remain is refused before anything is

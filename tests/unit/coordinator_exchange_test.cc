@@ -295,5 +295,79 @@ TEST(ExchangeHub, RefusesUnknownCommAndBadChunks) {
   EXPECT_NE(hub.OnData(0, Header(OpKind::kAllReduce, 0, 5, -1, 1, 4), Ints({1}), &out), "");
 }
 
+// What the hub holds for one rank is capped (limits::kMaxExchangeHeldBytes; 1 KiB here): an input being assembled
+// counts whole from its first chunk, buffered sends until their receive; a rank past the cap is refused with
+// over_cap (the coordinator drops it), and what it held is counted again once taken.
+TEST(ExchangeHub, WhatOneRankMakesItHoldIsCapped) {
+  ExchangeHub hub(1024);
+  hub.AddComm(7, {20, 21}, {true, true});
+  std::vector<ExchangeHub::Outgoing> out;
+  bool over = false;
+  // A 4-byte first chunk announcing 1000 bytes holds 1000.
+  EXPECT_EQ(hub.OnData(20, Header(OpKind::kSend, 0, 0, 1, 250, 1000), Ints({1}), &out, nullptr, &over), "");
+  EXPECT_EQ(hub.HeldBytes(20), 1000u);
+  // Another announcing 100 more is over the cap: refused (answered with an error), and flagged.
+  std::string why = hub.OnData(20, Header(OpKind::kSend, 1, 0, 1, 25, 100), Ints({1}), &out, nullptr, &over);
+  EXPECT_TRUE(over);
+  EXPECT_NE(why.find("rank 20 has 1000 bytes in exchanges, and 100 more would pass the 1024-byte cap"),
+            std::string::npos) << why;
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Decode(out[0].frames).first.flags & ipc::kExchangeError, ipc::kExchangeError);
+  EXPECT_EQ(hub.HeldBytes(21), 0u);  // another rank is not charged
+  // The connection gone: its assembly is dropped, and a buffered 8-byte send then holds 8 until it is received.
+  hub.ForgetRank(20);
+  EXPECT_EQ(hub.HeldBytes(20), 0u);
+  out.clear();
+  over = false;
+  EXPECT_EQ(hub.OnData(20, Header(OpKind::kSend, 2, 0, 1, 2, 8), Ints({1, 2}), &out, nullptr, &over), "");
+  EXPECT_FALSE(over);
+  EXPECT_EQ(hub.HeldBytes(20), 8u);
+  hub.OnData(21, Header(OpKind::kRecv, 2, 0, 1, 2, 0, 0, ipc::kExchangeRecvRequest), "", &out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(Decode(out[0].frames).second, Ints({1, 2}));
+  EXPECT_EQ(hub.HeldBytes(20), 0u);
+}
+
+// A collective's inputs are held until every real member posted; a member posting twice replaces its input.
+TEST(ExchangeHub, CollectiveInputsAreHeldUntilTheLastMember) {
+  ExchangeHub hub(1024);
+  hub.AddComm(7, {0, 1}, {true, true});
+  std::vector<ExchangeHub::Outgoing> out;
+  hub.OnData(0, Header(OpKind::kAllReduce, 0, 0, -1, 2, 8), Ints({1, 2}), &out);
+  hub.OnData(0, Header(OpKind::kAllReduce, 0, 0, -1, 2, 8), Ints({1, 2}), &out);
+  EXPECT_EQ(hub.HeldBytes(0), 8u);
+  hub.OnData(1, Header(OpKind::kAllReduce, 0, 1, -1, 2, 8), Ints({3, 4}), &out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(Decode(out[0].frames).second, Ints({4, 6}));
+  EXPECT_EQ(hub.HeldBytes(0) + hub.HeldBytes(1), 0u);
+}
+
+// A result larger than a client may have queued (limits::kMaxBusQueuedBytes; 1 MiB here) is refused before it is
+// computed: a world-sized all-gather of a small input asks for world x input bytes.
+TEST(ExchangeHub, AResultOverTheCapIsAnErrorNotComputed) {
+  ExchangeHub hub(limits::kMaxExchangeHeldBytes, 1 << 20);
+  std::vector<int> members(1024);
+  std::vector<bool> real(members.size(), false);
+  for (size_t i = 0; i < members.size(); ++i) members[i] = static_cast<int>(i);
+  real[0] = real[1] = true;
+  hub.AddComm(7, members, real);
+  std::vector<ExchangeHub::Outgoing> out;
+  const uint64_t count = 1024;  // 4 KiB of int32 from each member: 4 MiB of output for each
+  std::string in(count * 4, '\1');
+  EXPECT_EQ(hub.OnData(0, Header(OpKind::kAllGather, 0, 0, -1, count, in.size()), in, &out), "");
+  std::string why = hub.OnData(1, Header(OpKind::kAllGather, 0, 1, -1, count, in.size()), in, &out);
+  EXPECT_NE(why.find("a 4194304-byte result is over the 1048576-byte cap"), std::string::npos) << why;
+  ASSERT_EQ(out.size(), 2u);
+  for (const auto& o : out) EXPECT_EQ(Decode(o.frames).first.flags & ipc::kExchangeError, ipc::kExchangeError);
+  // Under the cap, the same gather is computed.
+  ExchangeHub roomy(limits::kMaxExchangeHeldBytes, 4 << 20);
+  roomy.AddComm(7, members, real);
+  out.clear();
+  roomy.OnData(0, Header(OpKind::kAllGather, 0, 0, -1, count, in.size()), in, &out);
+  EXPECT_EQ(roomy.OnData(1, Header(OpKind::kAllGather, 0, 1, -1, count, in.size()), in, &out), "");
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(Decode(out[0].frames).second.size(), 4u << 20);
+}
+
 }  // namespace
 }  // namespace prism::coord

@@ -537,6 +537,76 @@ TEST_F(CoordinatorTest, GarbageOnTheBusCostsOnlyThatConnection) {
   EXPECT_EQ(good.Hello()["world_size"], 8);
 }
 
+// The bus's per-client caps through the coordinator's own handlers (limits.h; event_bus_test.cc has the bus alone).
+class CoordinatorBusCaps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CoordinatorOptions o;
+    o.world_size = 4096;
+    o.real_ranks = {0, 5};
+    o.out_dir = TempDir("coord-caps");
+    o.comm_wait_ms = 1000;  // a world kCommInit waits this long for a real member that never said hello
+    o.bus_max_reply_bytes = 1 << 20;
+    o.bus_max_parked_bytes = 4096;
+    std::string error;
+    coord_ = Coordinator::Start(o, &error);
+    ASSERT_TRUE(coord_) << error;
+  }
+  // Sends `frames` without reading anything, then reads whatever came until the coordinator closes the connection:
+  // true when it did within 5 s.
+  bool ClosedAfter(FakeShim& shim, const std::string& frames) {
+    std::string error;
+    if (ipc::WriteAll(shim.fd(), frames.data(), frames.size(), &error) != ipc::IoStatus::kOk) return true;
+    ipc::Frame f;
+    for (;;) {
+      ipc::IoStatus st = ipc::RecvFrame(shim.fd(), &f, 5000, &error);
+      if (st == ipc::IoStatus::kClosed || st == ipc::IoStatus::kError) return true;
+      if (st == ipc::IoStatus::kTimeout) return false;
+    }
+  }
+  // The other real rank is served: its hello, and its kCommInit of the world with all 4096 members.
+  void ExpectServed() {
+    FakeShim good(coord_->endpoints().socket_path, 5);
+    good.Hello();
+    json info = good.CommInit("w", 4096, 5);
+    EXPECT_EQ(info["members"].size(), 4096u) << info.dump().substr(0, 200);
+  }
+  std::unique_ptr<Coordinator> coord_;
+};
+
+TEST_F(CoordinatorBusCaps, CommInitsWhoseMemberListsAreNotReadDropOnlyThatClient) {
+  FakeShim bad(coord_->endpoints().socket_path, 0);
+  bad.Hello();
+  // ~60 bytes each, answered with the world's 4096 members (~45 KB): 200 of them ask for 9 MB.
+  std::string frames;
+  json req = {{"key", "w"}, {"nranks", 4096}, {"rank", 0}};
+  for (int i = 0; i < 200; ++i) frames += ipc::EncodeFrame(ipc::MsgType::kCommInit, req.dump());
+  EXPECT_TRUE(ClosedAfter(bad, frames));
+  ExpectServed();
+}
+
+TEST_F(CoordinatorBusCaps, CommInitsParkedPastTheCapDropOnlyThatClient) {
+  FakeShim bad(coord_->endpoints().socket_path, 0);
+  bad.Hello();
+  // Unknown 128-byte ids wait for the store (comm_wait_ms): ~300 bytes each held per request.
+  std::string frames;
+  for (int i = 0; i < 64; ++i) {
+    std::string id(128, static_cast<char>(i + 1));
+    frames += ipc::EncodeFrame(ipc::MsgType::kCommInit,
+                               json{{"key", ipc::HexEncode(id)}, {"nranks", 2}, {"rank", 0}}.dump());
+  }
+  EXPECT_TRUE(ClosedAfter(bad, frames));
+  ExpectServed();
+}
+
+TEST_F(CoordinatorBusCaps, JsonNestedTooDeepDropsOnlyThatClient) {
+  FakeShim bad(coord_->endpoints().socket_path, 0);
+  std::string deep = std::string(1000, '[') + std::string(1000, ']');
+  std::string hello = R"({"rank":0,"x":)" + deep + "}";
+  EXPECT_TRUE(ClosedAfter(bad, ipc::EncodeFrame(ipc::MsgType::kHello, hello)));
+  ExpectServed();
+}
+
 TEST(CoordinatorStart, BadOptionsAreClearErrors) {
   std::string error;
   CoordinatorOptions o;

@@ -135,5 +135,47 @@ TEST_F(HostileInputCli, RankListsGetTheSameErrorInEverySubcommand) {
   EXPECT_TRUE(Has(r.out, "--trace-ranks \"1,1\": rank 1 is given twice")) << r.out;
 }
 
+// A --topology file is read within its cap and its shape (limits::kMaxTopologyFileBytes, 16 MiB): a 20 GB file or
+// a broken one is an error naming it, exit 2, in simulate and in graph build.
+TEST_F(HostileInputCli, TopologyFilesAreBoundedAndNamed) {
+  const std::string graph = std::string(PRISM_SOURCE_DIR) + "/examples/graphs/gpt-tp2-pp2-dp2.prism.json";
+  const std::string big = Write("big.json", "x");
+  fs::resize_file(big, uint64_t{20} << 30);  // sparse: nothing on disk
+  const std::string cap = ": 21474836480 bytes is larger than the 16777216-byte (16 MiB) cap on topology files";
+  auto r = RunPrism("simulate " + graph + " --out " + P("out") + " --topology " + big);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_TRUE(Has(r.out, big + cap)) << r.out;
+  const std::string broken = Write("broken.json", R"({"node": {"gpus": )");
+  r = RunPrism("simulate " + graph + " --out " + P("out") + " --topology " + broken);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_TRUE(Has(r.out, broken + ": not valid JSON")) << r.out;
+  const std::string events = std::string(PRISM_SOURCE_DIR) + "/tests/data/graph/megatron_w64_collect";
+  r = RunPrism("graph build " + events + " --out " + P("g.prism") + " --topology " + big);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_TRUE(Has(r.out, big + cap)) << r.out;
+  const std::string deep = Write("deep.json", std::string(100000, '[') + std::string(100000, ']'));
+  r = RunPrism("graph build " + events + " --out " + P("g.prism") + " --topology " + deep);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_TRUE(Has(r.out, deep + ": JSON nested deeper than 64 levels")) << r.out;
+  EXPECT_FALSE(fs::exists(P("g.prism")));
+}
+
+// `report kernels` reads a run's kernel files within their cap (limits::kMaxKernelFileBytes, 4 GiB); a file over it,
+// or one with nothing readable in it, is an error naming it, exit 2.
+TEST_F(HostileInputCli, ReportKernelsBoundsAndNamesItsFiles) {
+  fs::create_directories(P("run"));
+  const std::string big = Write("run/rank0.kernels.jsonl", "x");
+  fs::resize_file(big, uint64_t{5} << 30);
+  auto r = RunPrism("report kernels " + P("run"));
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_TRUE(Has(r.out, big + ": 5368709120 bytes is larger than the 4294967296-byte (4 GiB) cap on kernel files"))
+      << r.out;
+  fs::create_directories(P("run2"));
+  const std::string junk = Write("run2/rank0.kernels.jsonl", "garbage\n\x01\x02 more garbage\n");
+  r = RunPrism("report kernels " + P("run2"));
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_TRUE(Has(r.out, junk + ": not a kernel file (no header line, no records, 2 unreadable lines)")) << r.out;
+}
+
 }  // namespace
 }  // namespace prism

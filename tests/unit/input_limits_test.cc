@@ -233,6 +233,40 @@ TEST_F(InputLimits, EventFileReaderCapsTheFileAndCountsOutOfRangeLinesAsMalforme
   EXPECT_EQ(log.world_size, 0);
 }
 
+// Found by event_file_fuzz: an op line cut short of its arrival_ns and release_ns (read as 0) sorted first and made
+// a 57-year compute gap to the next operation, which the builder wrote and every graph reader then refused (> 1e12
+// us). Clock stamps are bounded where they are read (0..2^62, so that differences never overflow), and a duration
+// past the format's bound is the builder's error, naming the rank.
+TEST_F(InputLimits, EventFileClockStampsAndTheDurationsTheyMakeAreBounded) {
+  analysis::RankEventLog log;
+  log.rank = 0;
+  int64_t n = 0;
+  for (const char* line : {
+           R"({"type":"hello","rank":0,"world_size":1})",
+           R"({"type":"comm","comm_id":0,"key":"k","desc":"default_pg","nranks":1,"rank":0,"members":[0]})",
+           R"({"type":"comm","comm_id":1,"key":"k1","desc":"","nranks":1,"rank":0,"members":[0]})",
+           R"({"type":"op","comm_id":0,"seq":0,"op":"allreduce","dtype":"f32","bytes":4,"stream":0,)"
+           R"("arrival_ns":1795952516301822784,"release_ns":1795952516310191568})",
+           R"({"type":"op","comm_id":1,"seq":0,"op":"allreduce","dtype":"bf16","bytes":262144,"stream":0})",
+           R"({"type":"op","comm_id":0,"seq":1,"op":"allreduce","dtype":"f32","bytes":4,"stream":0,)"
+           R"("arrival_ns":1795952517890266944,"release_ns":1795952518151978448})",
+           R"({"type":"iter","iteration":0,"t_ns":-5})",
+           R"({"type":"op","comm_id":0,"seq":2,"op":"allreduce","arrival_ns":9000000000000000000})"}) {
+    analysis::FeedEventLine(&log, line, ++n);
+  }
+  EXPECT_EQ(log.malformed, 2);
+  EXPECT_TRUE(Has(log.first_malformed, "line 7: iteration line's t_ns is outside 0..2^62")) << log.first_malformed;
+  ASSERT_EQ(log.ops.size(), 3u);
+  std::string error;
+  world::Layout layout;
+  ASSERT_TRUE(world::ResolveLayout(&layout, 1, "test", &error)) << error;
+  auto w = world::World::Make(layout, 8, &error);
+  ASSERT_TRUE(w) << error;
+  EXPECT_FALSE(analysis::BuildObservedTrace({log}, *w, analysis::ObservedTraceOptions{}, &error));
+  EXPECT_TRUE(Has(error, "rank 0's events give stream 'stream0' node 1 a duration of 1.79595e+15 us, past the "
+                         "format's bound of 1e+12 us")) << error;
+}
+
 TEST_F(InputLimits, ChakraReaderRefusesDirectoriesAndOversizeFiles) {
   chakra::EtFile f;
   std::string error;

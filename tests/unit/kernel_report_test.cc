@@ -14,6 +14,7 @@
 
 #include "analysis/kernel_report.h"
 #include "analysis/run_report.h"
+#include "prism/limits.h"
 
 namespace {
 
@@ -114,6 +115,42 @@ TEST(KernelFile, PartialLastLineIsLeftForLater) {
   EXPECT_EQ(f->malformed, 0);
   EXPECT_FALSE(pl::ReadKernelFile((d / "nope.jsonl").string(), &error));
   fs::remove_all(d);
+}
+
+// Kernel and event files are refused above their caps (include/prism/limits.h) before a byte is read, by name.
+TEST(KernelFile, FilesOverTheirCapsAreRefusedByName) {
+  fs::path d = FreshDir("caps");
+  const std::string big = (d / "rank0.kernels.jsonl").string();
+  std::ofstream(big).close();
+  fs::resize_file(big, prism::limits::kMaxKernelFileBytes + 1);  // sparse: nothing on disk
+  std::string error;
+  EXPECT_FALSE(pl::ReadKernelFile(big, &error));
+  EXPECT_NE(error.find(big + ": 4294967297 bytes is larger than the 4294967296-byte (4 GiB) cap on kernel files"),
+            std::string::npos) << error;
+  EXPECT_FALSE(pl::LoadRankKernels(d.string(), 0, &error));
+  EXPECT_NE(error.find(big + ": 4294967297 bytes"), std::string::npos) << error;
+  // A good kernel file next to an event file over its cap.
+  std::ofstream(d / "rank1.kernels.jsonl") << R"({"type":"kernels","v":1,"rank":1,"status":"on","kinds":[]})" << "\n";
+  const std::string events = (d / "rank1.events.jsonl").string();
+  std::ofstream(events).close();
+  fs::resize_file(events, prism::limits::kMaxEventFileBytes + 1);
+  EXPECT_FALSE(pl::LoadRankKernels(d.string(), 1, &error));
+  EXPECT_NE(error.find(events + ": 4294967297 bytes is larger than the 4294967296-byte (4 GiB) cap on event files"),
+            std::string::npos) << error;
+  fs::remove_all(d);
+}
+
+// Numbers past int64 are clamped, never cast (a 1e308 cast to int64 is undefined behaviour, INT64_MIN on x86, and
+// 2^64-1 read as -1: each made the record end before it starts), and a line nested too deep is malformed.
+TEST(KernelFile, HostileNumbersAndNestingInALine) {
+  pl::KernelFile f;
+  pl::ParseKernelLine(R"({"type":"k","s":5,"e":1e308})", &f);
+  pl::ParseKernelLine(R"({"type":"k","s":5,"e":18446744073709551615})", &f);
+  pl::ParseKernelLine(R"({"type":"k","s":1,"e":2,"x":)" + std::string(100, '[') + std::string(100, ']') + "}", &f);
+  ASSERT_EQ(f.records.size(), 2u);
+  EXPECT_EQ(f.records[0].end_ns, INT64_MAX);
+  EXPECT_EQ(f.records[1].end_ns, INT64_MAX);
+  EXPECT_EQ(f.malformed, 1);
 }
 
 TEST(KernelClock, InterpolatesBothOffsets) {

@@ -2,13 +2,19 @@
 #include "replay/topology.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "prism/limits.h"
+
 namespace prism::replay {
 namespace {
+
+namespace fs = std::filesystem;
 
 TEST(Topology, PresetsIncludeH100AndH200AndAllLoad) {
   std::vector<std::string> names = PresetNames();
@@ -107,6 +113,28 @@ TEST(Topology, BadInputIsAnErrorNamingThePlace) {
   EXPECT_NE(err.find("not valid JSON"), std::string::npos) << err;
   EXPECT_FALSE(LoadTopology("no-such-preset", &t, &err));
   EXPECT_NE(err.find("h100-8x400g"), std::string::npos) << "should list the presets: " << err;
+}
+
+// A --topology file is refused above its cap (limits::kMaxTopologyFileBytes) before it is read, and when nested
+// deeper than the readers' bound; a directory is not taken for a file; each error names the path.
+TEST(Topology, FilesAreBoundedAndNamed) {
+  const fs::path dir = fs::temp_directory_path() / ("prism_topology_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  Topology t;
+  std::string err;
+  const std::string big = (dir / "big.json").string();
+  std::ofstream(big).close();
+  fs::resize_file(big, prism::limits::kMaxTopologyFileBytes + 1);  // sparse
+  EXPECT_FALSE(LoadTopology(big, &t, &err));
+  EXPECT_NE(err.find(big + ": 16777217 bytes is larger than the 16777216-byte (16 MiB) cap on topology files"),
+            std::string::npos) << err;
+  const std::string deep = (dir / "deep.json").string();
+  std::ofstream(deep) << std::string(100000, '[') << std::string(100000, ']');
+  EXPECT_FALSE(LoadTopology(deep, &t, &err));
+  EXPECT_NE(err.find(deep + ": JSON nested deeper than 64 levels"), std::string::npos) << err;
+  EXPECT_FALSE(LoadTopology(dir.string(), &t, &err));
+  EXPECT_NE(err.find(dir.string() + "\": not a regular file"), std::string::npos) << err;
+  fs::remove_all(dir);
 }
 
 TEST(Topology, ScaleNetworkBandwidthTouchesOnlyTheNetwork) {

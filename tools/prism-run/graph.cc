@@ -4,13 +4,17 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
 #include "analysis/observed_trace.h"
+#include "common/bounded_read.h"
+#include "common/document_shape.h"
 #include "common/rank_list.h"
 #include "launcher/plan.h"
 #include "prism/events.h"
+#include "prism/limits.h"
 #include "prism/report.h"
 #include "replay/trace_io.h"
 #include "subcommands.h"
@@ -36,22 +40,51 @@ struct GraphBuildArgs {
   bool quiet = false;
 };
 
-json LoadJson(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) return json();
-  json j = json::parse(in, nullptr, false);
-  return j.is_discarded() ? json() : j;
+// A JSON file read within its cap (include/prism/limits.h): null when there is none; false with *error naming it
+// when it is there but too large, not a regular file, nested too deep or not JSON.
+bool LoadJson(const fs::path& p, uint64_t cap, const std::string& what, json* out, std::string* error) {
+  *out = json();
+  std::error_code ec;
+  if (!fs::exists(p, ec)) return true;
+  std::string text, why;
+  if (!ReadFileBounded(p.string(), cap, what, &text, error)) return false;
+  if (!CheckJsonShape(text, DocumentBounds{}, &why)) {
+    *error = p.string() + ": JSON " + why;
+    return false;
+  }
+  *out = json::parse(text, nullptr, false);
+  if (out->is_discarded()) {
+    *error = p.string() + ": not valid JSON";
+    return false;
+  }
+  return true;
 }
 
-// World size from the first hello line of any event file in `dir` (0 when none says).
+// An integer field in 1..max, else 0 (as if absent). Why not json::value<int>: it casts a 1e12 or 2^40 silently.
+int PositiveField(const json& j, const std::string& key, int64_t max) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) return 0;
+  const int64_t v = it->get<int64_t>();
+  return v >= 1 && v <= max ? static_cast<int>(v) : 0;
+}
+
+// World size from the first hello line of any event file in `dir` (0 when none says). Why only the head of each
+// file: the hello line is the first one a rank writes, and the files may be gigabytes.
 int WorldSizeFromEvents(const std::string& dir) {
   for (int r : analysis::EventFileRanks(dir)) {
-    std::ifstream in(fs::path(dir) / events::FileName(r));
-    std::string line;
-    while (std::getline(in, line)) {
+    std::ifstream in(fs::path(dir) / events::FileName(r), std::ios::binary);
+    std::string head(64 << 10, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    head.resize(static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+    for (size_t start = 0, nl; (nl = head.find('\n', start)) != std::string::npos; start = nl + 1) {
+      const std::string_view line(head.data() + start, nl - start);
+      std::string why;
+      if (!CheckJsonShape(line, DocumentBounds{}, &why)) continue;
       json j = json::parse(line, nullptr, false);
-      if (j.is_object() && j.value("type", "") == events::kHello && j.value("world_size", 0) > 0)
-        return j["world_size"].get<int>();
+      if (!j.is_object() || j.value("type", "") != events::kHello) continue;
+      auto w = j.find("world_size");
+      if (w != j.end() && w->is_number_integer() && w->get<int64_t>() > 0 && w->get<int64_t>() <= limits::kMaxWorldSize)
+        return static_cast<int>(w->get<int64_t>());
     }
   }
   return 0;
@@ -66,7 +99,12 @@ int RunGraphBuild(const GraphBuildArgs& a) {
   if (!fs::is_directory(a.dir, ec)) return fail(a.dir + " is not a directory", kExitBadInput);
 
   // The world: command line > the run's report.json > the event files (world size) and pure data parallel.
-  json rep = LoadJson(fs::path(a.dir) / std::string(report::kFileName));
+  json rep;
+  std::string read_error;
+  if (!LoadJson(fs::path(a.dir) / std::string(report::kFileName), limits::kMaxReportFileBytes, "report files", &rep,
+                &read_error)) {
+    return fail(read_error, kExitBadInput);
+  }
   std::string spec = a.layout;
   std::string layout_from = "--layout";
   if (spec.empty() && rep.is_object() && rep.contains("layout") && rep["layout"].is_object() &&
@@ -75,11 +113,13 @@ int RunGraphBuild(const GraphBuildArgs& a) {
     layout_from = "report.json";
   }
   int world_size = a.world_size;
-  if (world_size <= 0 && rep.is_object()) world_size = rep.value(std::string(report::kWorldSize), 0);
+  if (world_size <= 0 && rep.is_object()) {
+    world_size = PositiveField(rep, std::string(report::kWorldSize), limits::kMaxWorldSize);
+  }
   if (world_size <= 0) world_size = WorldSizeFromEvents(a.dir);
   if (world_size <= 0) return fail("the world size is unknown: give --world-size", kExitBadInput);
   int gpus = a.gpus_per_node;
-  if (gpus <= 0 && rep.is_object()) gpus = rep.value("gpus_per_node", 0);
+  if (gpus <= 0 && rep.is_object()) gpus = PositiveField(rep, "gpus_per_node", limits::kMaxWorldSize);
   if (gpus <= 0) gpus = 8;
   std::string error;
   world::Layout layout;
@@ -111,8 +151,10 @@ int RunGraphBuild(const GraphBuildArgs& a) {
     return fail("--stream-fallback must be one or per-comm, not '" + a.stream_fallback + "'", kExitBadInput);
   }
   o.topology = a.topology;
-  if (!a.topology.empty() && fs::is_regular_file(a.topology, ec)) {
-    json topo = LoadJson(a.topology);
+  if (!a.topology.empty() && fs::exists(a.topology, ec) && !fs::is_directory(a.topology, ec)) {
+    json topo;
+    if (!LoadJson(a.topology, limits::kMaxTopologyFileBytes, "topology files", &topo, &error))
+      return fail("--topology " + error, kExitBadInput);
     if (!topo.is_object()) return fail("--topology " + a.topology + ": not a JSON object", kExitBadInput);
     o.topology = topo.dump();  // Why inline: the graph must not depend on a file next to it
   }

@@ -14,7 +14,7 @@
 
 namespace prism::chakra {
 
-namespace et = ::prism::chakra::et;
+// The generated messages are in prism::chakra::et (et_def.proto's package): `et::Node` here.
 
 struct EtFile {
   et::GlobalMetadata metadata;
