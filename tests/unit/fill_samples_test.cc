@@ -33,6 +33,15 @@ trace::Trace OneClass(double a, double b, double c, uint32_t classes = 1) {
   return t;
 }
 
+// OneClass over three iterations: stream 0's compute in iteration 0 (the set-up), its all-reduce, its compute in
+// iteration 1; stream 1's compute in iteration 2.
+trace::Trace WithIters(double a, double b, double c) {
+  trace::Trace t = OneClass(a, b, c);
+  t.classes[0].streams[0].nodes[2].iter = 1;
+  t.classes[0].streams[1].nodes[0].iter = 2;
+  return t;
+}
+
 double Dur(const trace::Trace& t, uint32_t cls, size_t stream, size_t node) {
   return t.classes[cls].streams[stream].nodes[node].dur_us;
 }
@@ -86,17 +95,10 @@ TEST(FillSamples, AClassOfAnotherShapeStartsItsNodesOverAndOtherClassesStayAsThe
 // Per iteration: the compute of each iteration summed over the class's streams, then the median over the iterations
 // after the first (the set-up), per sample.
 TEST(FillSamples, PerIterationIsTheMedianOfTheIterationsAfterTheFirst) {
-  auto with_iters = [](double a, double b, double c) {
-    trace::Trace t = OneClass(a, b, c);
-    // Stream 0: compute (iteration 0), all-reduce, compute (iteration 1); stream 1: compute (iteration 2).
-    t.classes[0].streams[0].nodes[2].iter = 1;
-    t.classes[0].streams[1].nodes[0].iter = 2;
-    return t;
-  };
   FillSamples s;
   EXPECT_TRUE(s.PerIterationS(0).empty());
-  s.Add(with_iters(5000, 2000, 4000), 0);  // iterations 1 and 2: 2 and 4 ms, median 3 ms; the set-up's 5 ms is out
-  s.Add(with_iters(9000, 3000, 3000), 0);
+  s.Add(WithIters(5000, 2000, 4000), 0);  // iterations 1 and 2: 2 and 4 ms, median 3 ms; the set-up's 5 ms is out
+  s.Add(WithIters(9000, 3000, 3000), 0);
   const std::vector<double> v = s.PerIterationS(0);
   ASSERT_EQ(v.size(), 2u);
   EXPECT_DOUBLE_EQ(v[0], 3e-3);
@@ -107,22 +109,16 @@ TEST(FillSamples, PerIterationIsTheMedianOfTheIterationsAfterTheFirst) {
 // A slice whose class has another shape (here one more compute node: a gap that opened) starts the per-node samples
 // over, but its level joins the earlier ones: the nodes are scaled to the median level of every slice.
 TEST(FillSamples, AnotherShapeKeepsTheLevelOfEveryEarlierSlice) {
-  auto with_iters = [](double a, double b, double c) {
-    trace::Trace t = OneClass(a, b, c);
-    t.classes[0].streams[0].nodes[2].iter = 1;
-    t.classes[0].streams[1].nodes[0].iter = 2;
-    return t;
-  };
   auto wider = [&](double a, double b, double c, double d) {
-    trace::Trace t = with_iters(a, b, c);
+    trace::Trace t = WithIters(a, b, c);
     trace::Node n;
     n.id = 4, n.kind = NodeKind::kCompute, n.dur_us = d, n.iter = 2;
     t.classes[0].streams[1].nodes.push_back(n);
     return t;
   };
   FillSamples s;
-  s.Add(with_iters(5000, 2000, 4000), 0);  // level 3 ms
-  s.Add(with_iters(9000, 3000, 3000), 0);  // level 3 ms
+  s.Add(WithIters(5000, 2000, 4000), 0);  // level 3 ms
+  s.Add(WithIters(9000, 3000, 3000), 0);  // level 3 ms
   s.Add(wider(5000, 6000, 3000, 3000), 0);  // another shape, level 6 ms (a slow slice)
   EXPECT_EQ(s.Count(0), 3u);
   EXPECT_EQ(s.PerIterationS(0), (std::vector<double>{3e-3, 3e-3, 6e-3}));
@@ -135,7 +131,7 @@ TEST(FillSamples, AnotherShapeKeepsTheLevelOfEveryEarlierSlice) {
   EXPECT_DOUBLE_EQ(Dur(t, 0, 1, 0), 1500);
   EXPECT_DOUBLE_EQ(Dur(t, 0, 1, 1), 1500);
   EXPECT_EQ(Dur(t, 0, 0, 1), 7);  // communication keeps its own
-  trace::Trace old = with_iters(1, 1, 1);  // the earlier shape is no longer what the samples describe
+  trace::Trace old = WithIters(1, 1, 1);  // the earlier shape is no longer what the samples describe
   EXPECT_EQ(s.Apply(&old), 0u);
 }
 
