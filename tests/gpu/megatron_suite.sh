@@ -210,6 +210,24 @@ megatron_default() {
   esac
   local name=megatron_${shape_tag}_default dir=$out/megatron_${shape_tag}_default cache=$out/graph-cache
   mkdir -p "$dir"
+  # MEM_SNAPSHOT=1: torch's allocation history on in every real rank (tests/gpu/mem_history.py), Megatron dumping
+  # snapshots; each new version of rank 0's is copied aside with its time and read by tests/gpu/mem_snapshot.py
+  # after the runs (which peak, which tensors live at it), so a stage's peak can be told from another's.
+  local snap=$dir/snap poll_pid= gpu_dir=$PWD/tests/gpu
+  if [ "${MEM_SNAPSHOT:-}" = 1 ]; then
+    mkdir -p "$snap/seen"
+    local i
+    for i in "${!job[@]}"; do [[ "${job[$i]}" == pretrain_gpt.py ]] && break; done
+    job=("${job[@]:0:$i}" "$gpu_dir/mem_history.py" "${job[@]:$i}" --record-memory-history
+      --memory-snapshot-path "$snap/mem.pickle")
+    ( last=; while sleep 1; do
+        m=$(stat -c %Y.%s "$snap/mem_0.pickle" 2>/dev/null) || continue
+        [ "$m" = "$last" ] && continue
+        sleep 1; last=$(stat -c %Y.%s "$snap/mem_0.pickle" 2>/dev/null)
+        cp "$snap/mem_0.pickle" "$snap/seen/mem_0.$EPOCHSECONDS.pickle" 2>/dev/null
+      done ) &
+    poll_pid=$!
+  fi
   local t0=$EPOCHREALTIME run
   local -a extra
   local da=${DEFAULT_ARGS:-}; read -r -a extra <<< "${da//,/ }"
@@ -221,6 +239,12 @@ megatron_default() {
   done
   local r1=$dir/run1/report.json r2=$dir/run2/report.json ok=0
   echo "run1: $(json_get "$r1" "$default_expr")" > "$out/$name.detail"
+  if [ -n "$poll_pid" ]; then
+    kill "$poll_pid" 2>/dev/null
+    grep -h "prism: stage\|prism: collect\|prism: fill\|prism: emulat" "$out/$name".run*.out | head -40 > "$out/$name.stages"
+    "$PYTHON" "$gpu_dir/mem_snapshot.py" "$snap"/seen/*.pickle > "$out/$name.snapshots" 2>&1
+    rm -rf "$snap"
+  fi
   if [ "${DEFAULT_RUNS:-2}" -ge 2 ]; then
     local start2 first2
     start2=$(head -1 "$out/$name.run2.out" | cut -d' ' -f1)
