@@ -360,103 +360,145 @@ ErrorStats Stats(const std::vector<PointFit>& points, Column column, MeasuredOp 
   return s;
 }
 
-bool Fit(const MeasurementSet& set, const FitOptions& options, FitResult* result, std::string* error) {
-  FitResult r;
-  r.base_spec = options.base.empty() ? BasePresetFor(set.gpu_name, set.compute_capability) : options.base;
-  if (r.base_spec.empty()) {
-    if (error) {
-      *error = "no preset topology for GPU \"" + set.gpu_name + "\" (compute capability " +
-               std::to_string(set.compute_capability) + "): pass --base PRESET|FILE";
+namespace {
+
+// Fit's steps, in its order. A step that returns false has set *error (when error is not null).
+class Fitter {
+ public:
+  Fitter(const MeasurementSet& set, const FitOptions& options, std::string* error)
+      : set_(set), options_(options), error_(error) {}
+
+  bool ChooseBase();
+  void StartFromBase();
+  void SplitMeasurements();
+  bool FitNcclModel();
+  void FitSendRecv();
+  void FitAlphaBeta();
+  bool CompareBeforeAfter();
+  void AddNotes();
+  void NameCalibrated();
+  void AddMetadata();
+  FitResult TakeResult() {
+    r_.calibrated = std::move(cal_);
+    return std::move(r_);
+  }
+
+ private:
+  const MeasurementSet& set_;
+  const FitOptions& options_;
+  std::string* error_;
+  FitResult r_;
+  int max_n_ = 0;  // the most GPUs of one measurement
+  Topology base_;  // r_.base without its calibration
+  Topology cal_;   // the calibrated topology, from base_
+  std::vector<const Measurement*> coll_, p2p_;
+};
+
+bool Fitter::ChooseBase() {
+  r_.base_spec = options_.base.empty() ? BasePresetFor(set_.gpu_name, set_.compute_capability) : options_.base;
+  if (r_.base_spec.empty()) {
+    if (error_) {
+      *error_ = "no preset topology for GPU \"" + set_.gpu_name + "\" (compute capability " +
+                std::to_string(set_.compute_capability) + "): pass --base PRESET|FILE";
     }
     return false;
   }
   std::string err;
-  if (!replay::LoadTopology(r.base_spec, &r.base, &err)) {
-    if (error) *error = "--base: " + err;
+  if (!replay::LoadTopology(r_.base_spec, &r_.base, &err)) {
+    if (error_) *error_ = "--base: " + err;
     return false;
   }
-  if (set.results.empty()) {
-    if (error) *error = "no measurements";
+  if (set_.results.empty()) {
+    if (error_) *error_ = "no measurements";
     return false;
   }
-  int max_n = 0;
-  for (const Measurement& m : set.results) max_n = std::max(max_n, m.nranks);
-  if (r.base.gpus_per_node < std::max(max_n, 2)) {
-    if (error) {
-      *error = "base topology " + r.base.name + " has " + std::to_string(r.base.gpus_per_node) +
-               " GPU(s) per node, but the measurements put " + std::to_string(max_n) +
-               " GPUs on one node: pick a base with at least that many (--base)";
+  for (const Measurement& m : set_.results) max_n_ = std::max(max_n_, m.nranks);
+  if (r_.base.gpus_per_node < std::max(max_n_, 2)) {
+    if (error_) {
+      *error_ = "base topology " + r_.base.name + " has " + std::to_string(r_.base.gpus_per_node) +
+                " GPU(s) per node, but the measurements put " + std::to_string(max_n_) +
+                " GPUs on one node: pick a base with at least that many (--base)";
     }
     return false;
   }
-  Topology base = r.base;
-  base.calibration = json();
-  Topology cal = base;
-  r.intra_bw_key = base.intra_nvlink ? "node.nvlink" : "node.pci_GBps";
-  r.intra_bw_before = r.intra_bw_after = IntraBw(base);
-  r.offset_before_us = r.offset_after_us = base.nccl_intra_latency_offset_us;
+  return true;
+}
 
-  std::vector<const Measurement*> coll, p2p;
-  for (const Measurement& m : set.results) {
-    if (IsNcclCollective(m.op)) coll.push_back(&m);
-    if (m.op == MeasuredOp::kSendRecv) p2p.push_back(&m);
+void Fitter::StartFromBase() {
+  base_ = r_.base;
+  base_.calibration = json();
+  cal_ = base_;
+  r_.intra_bw_key = base_.intra_nvlink ? "node.nvlink" : "node.pci_GBps";
+  r_.intra_bw_before = r_.intra_bw_after = IntraBw(base_);
+  r_.offset_before_us = r_.offset_after_us = base_.nccl_intra_latency_offset_us;
+}
+
+void Fitter::SplitMeasurements() {
+  for (const Measurement& m : set_.results) {
+    if (IsNcclCollective(m.op)) coll_.push_back(&m);
+    if (m.op == MeasuredOp::kSendRecv) p2p_.push_back(&m);
   }
+}
 
-  // NCCL model.
-  if (!coll.empty()) {
+// NCCL model.
+bool Fitter::FitNcclModel() {
+  if (!coll_.empty()) {
     NcclFit nf;
-    if (!FitNccl(base, set, coll, &nf, error)) return false;
-    SetIntraBw(&cal, nf.bw);
-    cal.nccl_intra_latency_offset_us = nf.offset;
-    r.intra_bw_after = nf.bw;
-    r.offset_after_us = nf.offset;
-    r.fitted_nccl = true;
+    if (!FitNccl(base_, set_, coll_, &nf, error_)) return false;
+    SetIntraBw(&cal_, nf.bw);
+    cal_.nccl_intra_latency_offset_us = nf.offset;
+    r_.intra_bw_after = nf.bw;
+    r_.offset_after_us = nf.offset;
+    r_.fitted_nccl = true;
   } else {
-    r.notes.push_back("no NCCL collective was measured: the intra-node bandwidth and nccl.intra_latency_offset_us "
-                      "keep the base's values");
+    r_.notes.push_back("no NCCL collective was measured: the intra-node bandwidth and nccl.intra_latency_offset_us "
+                       "keep the base's values");
   }
+  return true;
+}
 
-  // Send/receive: p2p.intra.
-  {
-    std::vector<LinearPoint> lp;
-    for (const Measurement* m : p2p) lp.push_back({1.0, static_cast<double>(m->bytes), m->time_us});
-    double a, x;
-    if (!p2p.empty() && FitLinear(lp, &a, &x)) {
-      cal.p2p_intra.latency_us = Round(a, 0.01);
-      cal.p2p_intra.bandwidth_GBps = Round(1.0 / (x * 1e3), 0.1);
-      r.fitted_p2p = cal.p2p_intra.bandwidth_GBps > 0;
-      if (!r.fitted_p2p) cal.p2p_intra = base.p2p_intra;
-    }
-    if (!r.fitted_p2p) {
-      r.notes.push_back(p2p.empty() ? "no send/receive was measured: p2p.intra keeps the base's values"
+// Send/receive: p2p.intra.
+void Fitter::FitSendRecv() {
+  std::vector<LinearPoint> lp;
+  for (const Measurement* m : p2p_) lp.push_back({1.0, static_cast<double>(m->bytes), m->time_us});
+  double a, x;
+  if (!p2p_.empty() && FitLinear(lp, &a, &x)) {
+    cal_.p2p_intra.latency_us = Round(a, 0.01);
+    cal_.p2p_intra.bandwidth_GBps = Round(1.0 / (x * 1e3), 0.1);
+    r_.fitted_p2p = cal_.p2p_intra.bandwidth_GBps > 0;
+    if (!r_.fitted_p2p) cal_.p2p_intra = base_.p2p_intra;
+  }
+  if (!r_.fitted_p2p) {
+    r_.notes.push_back(p2p_.empty() ? "no send/receive was measured: p2p.intra keeps the base's values"
                                     : "send/receive could not be fitted (fewer than two sizes, or time does not grow "
                                       "with size): p2p.intra keeps the base's values");
-    }
   }
+}
 
-  // Alpha-beta: every measurement.
-  {
-    std::vector<LinearPoint> lp;
-    for (const Measurement& m : set.results) {
-      double c1, c2;
-      AbCoefficients(m, &c1, &c2);
-      lp.push_back({c1, c2 * static_cast<double>(m.bytes), m.time_us});
-    }
-    double a, x;
-    if (FitLinear(lp, &a, &x) && Round(1.0 / (x * 1e3), 0.1) > 0) {
-      cal.ab_intra.latency_us = Round(a, 0.01);
-      cal.ab_intra.bandwidth_GBps = Round(1.0 / (x * 1e3), 0.1);
-      r.fitted_ab = true;
-    } else {
-      r.notes.push_back("the alpha-beta model could not be fitted (fewer than two sizes, or time does not grow with "
-                        "size): alpha_beta.intra keeps the base's values");
-    }
+// Alpha-beta: every measurement.
+void Fitter::FitAlphaBeta() {
+  std::vector<LinearPoint> lp;
+  for (const Measurement& m : set_.results) {
+    double c1, c2;
+    AbCoefficients(m, &c1, &c2);
+    lp.push_back({c1, c2 * static_cast<double>(m.bytes), m.time_us});
   }
+  double a, x;
+  if (FitLinear(lp, &a, &x) && Round(1.0 / (x * 1e3), 0.1) > 0) {
+    cal_.ab_intra.latency_us = Round(a, 0.01);
+    cal_.ab_intra.bandwidth_GBps = Round(1.0 / (x * 1e3), 0.1);
+    r_.fitted_ab = true;
+  } else {
+    r_.notes.push_back("the alpha-beta model could not be fitted (fewer than two sizes, or time does not grow with "
+                       "size): alpha_beta.intra keeps the base's values");
+  }
+}
 
-  // Before / after, both under the measurement's conditions.
+// Before / after, both under the measurement's conditions.
+bool Fitter::CompareBeforeAfter() {
   Evaluator before, after;
-  if (!before.Init(base, set, error) || !after.Init(cal, set, error)) return false;
-  for (const Measurement& m : set.results) {
+  if (!before.Init(base_, set_, error_) || !after.Init(cal_, set_, error_)) return false;
+  for (const Measurement& m : set_.results) {
     PointFit p;
     p.m = m;
     p.nccl_before_us = before.Nccl(m).time_us;
@@ -465,120 +507,143 @@ bool Fit(const MeasurementSet& set, const FitOptions& options, FitResult* result
     p.choice_after = c.Label();
     p.ab_before_us = before.Ab(m);
     p.ab_after_us = after.Ab(m);
-    r.points.push_back(std::move(p));
+    r_.points.push_back(std::move(p));
   }
+  return true;
+}
 
-  // Notes: what the file cannot say, and what the model gets wrong.
-  const bool nvls_measured = set.NvlsAllowed();
-  if (!nvls_measured && base.nvls) {
-    if (options.keep_nvls) {
-      r.notes.push_back("NVLS was off while measuring (NCCL_NVLS_ENABLE=0): the model was compared without NVLS; "
-                        "--keep-nvls keeps nccl.nvls true, so one-node all-reduce may choose NVLS, which was never "
-                        "measured");
+// Notes: what the file cannot say, and what the model gets wrong.
+void Fitter::AddNotes() {
+  const bool nvls_measured = set_.NvlsAllowed();
+  if (!nvls_measured && base_.nvls) {
+    if (options_.keep_nvls) {
+      r_.notes.push_back("NVLS was off while measuring (NCCL_NVLS_ENABLE=0): the model was compared without NVLS; "
+                         "--keep-nvls keeps nccl.nvls true, so one-node all-reduce may choose NVLS, which was never "
+                         "measured");
     } else {
-      cal.nvls = false;
-      r.notes.push_back("NVLS was off while measuring (NCCL_NVLS_ENABLE=0): the calibrated topology has nccl.nvls "
-                        "false, like the NCCL that was measured (--keep-nvls keeps the base's true)");
+      cal_.nvls = false;
+      r_.notes.push_back("NVLS was off while measuring (NCCL_NVLS_ENABLE=0): the calibrated topology has nccl.nvls "
+                         "false, like the NCCL that was measured (--keep-nvls keeps the base's true)");
     }
   }
-  if (max_n < cal.gpus_per_node) {
-    r.notes.push_back("fitted on communicators of at most " + std::to_string(max_n) + " GPUs; the topology has " +
-                      std::to_string(cal.gpus_per_node) + " GPUs per node: larger one-node communicators use the " +
-                      "fitted values without having been measured");
+  if (max_n_ < cal_.gpus_per_node) {
+    r_.notes.push_back("fitted on communicators of at most " + std::to_string(max_n_) + " GPUs; the topology has " +
+                       std::to_string(cal_.gpus_per_node) + " GPUs per node: larger one-node communicators use the " +
+                       "fitted values without having been measured");
   }
-  r.notes.push_back("inter-node keys (network.*, p2p.inter, alpha_beta.inter) are the base's: calibrate measures "
-                    "inside one node");
-  if (!set.Env("NCCL_ALGO").empty() || !set.Env("NCCL_PROTO").empty()) {
-    r.notes.push_back("measured with NCCL_ALGO=\"" + set.Env("NCCL_ALGO") + "\" NCCL_PROTO=\"" +
-                      set.Env("NCCL_PROTO") + "\": the model was compared under the same restriction; the topology "
-                      "cannot carry it (set the same variables when simulating)");
+  r_.notes.push_back("inter-node keys (network.*, p2p.inter, alpha_beta.inter) are the base's: calibrate measures "
+                     "inside one node");
+  if (!set_.Env("NCCL_ALGO").empty() || !set_.Env("NCCL_PROTO").empty()) {
+    r_.notes.push_back("measured with NCCL_ALGO=\"" + set_.Env("NCCL_ALGO") + "\" NCCL_PROTO=\"" +
+                       set_.Env("NCCL_PROTO") + "\": the model was compared under the same restriction; the topology "
+                       "cannot carry it (set the same variables when simulating)");
   }
-  if (set.nccl_version != "2.28.9") {
-    r.notes.push_back("measured NCCL " + set.nccl_version + "; the model's tables are NCCL 2.28.9's");
+  if (set_.nccl_version != "2.28.9") {
+    r_.notes.push_back("measured NCCL " + set_.nccl_version + "; the model's tables are NCCL 2.28.9's");
   }
-  if (set.compute_capability != base.compute_capability) {
-    r.notes.push_back("the measured GPU has compute capability " + std::to_string(set.compute_capability) +
-                      " but the base topology " + std::to_string(base.compute_capability) +
-                      " (kept: NCCL's tables follow the base)");
+  if (set_.compute_capability != base_.compute_capability) {
+    r_.notes.push_back("the measured GPU has compute capability " + std::to_string(set_.compute_capability) +
+                       " but the base topology " + std::to_string(base_.compute_capability) +
+                       " (kept: NCCL's tables follow the base)");
   }
-  for (std::string& s : PoorFitNotes(r.points, options.poor_fit_pct, true)) {
-    r.notes.push_back("not fitted well by the NCCL model: " + s);
+  for (std::string& s : PoorFitNotes(r_.points, options_.poor_fit_pct, true)) {
+    r_.notes.push_back("not fitted well by the NCCL model: " + s);
   }
   {
     int bad = 0;
-    for (const PointFit& p : r.points) bad += std::fabs(ErrPct(p.ab_after_us, p.m.time_us)) > options.poor_fit_pct;
+    for (const PointFit& p : r_.points) bad += std::fabs(ErrPct(p.ab_after_us, p.m.time_us)) > options_.poor_fit_pct;
     if (bad > 0) {
-      r.notes.push_back("alpha-beta model: " + std::to_string(bad) + " of " + std::to_string(r.points.size()) +
-                        " points off by more than " + Fmt("%.0f", options.poor_fit_pct) +
-                        "% after calibration (one latency and one bandwidth for every op and size)");
+      r_.notes.push_back("alpha-beta model: " + std::to_string(bad) + " of " + std::to_string(r_.points.size()) +
+                         " points off by more than " + Fmt("%.0f", options_.poor_fit_pct) +
+                         "% after calibration (one latency and one bandwidth for every op and size)");
     }
   }
+}
 
-  cal.name = options.name.empty() ? base.name + "-calibrated" : options.name;
-  if (!set.gpu_name.empty()) cal.gpu = set.gpu_name;
-  cal.description = "Calibrated by prism-run calibrate from " + std::to_string(set.gpu_count) + " x " +
-                    set.gpu_name + " (NCCL " + set.nccl_version + ", measured " + set.created +
-                    ") on base topology " + base.name + "; intra-node keys fitted, inter-node keys from the base";
+void Fitter::NameCalibrated() {
+  cal_.name = options_.name.empty() ? base_.name + "-calibrated" : options_.name;
+  if (!set_.gpu_name.empty()) cal_.gpu = set_.gpu_name;
+  cal_.description = "Calibrated by prism-run calibrate from " + std::to_string(set_.gpu_count) + " x " +
+                     set_.gpu_name + " (NCCL " + set_.nccl_version + ", measured " + set_.created +
+                     ") on base topology " + base_.name + "; intra-node keys fitted, inter-node keys from the base";
+}
 
-  // Metadata.
+// Metadata.
+void Fitter::AddMetadata() {
   json c;
   c["tool"] = "prism-run calibrate";
-  if (!options.prism_version.empty()) c["prism_version"] = options.prism_version;
+  if (!options_.prism_version.empty()) c["prism_version"] = options_.prism_version;
   c["created"] = UtcNow();
-  c["measured"] = set.created;
-  c["measurements_file"] = options.measurements_file;
-  c["host"] = set.host;
-  c["gpu"] = set.gpu_name;
-  c["gpu_count"] = set.gpu_count;
-  c["compute_capability"] = set.compute_capability;
-  c["nccl_version"] = set.nccl_version;
-  c["nccl_library"] = set.nccl_library;
-  c["cuda_driver_version"] = set.cuda_driver_version;
+  c["measured"] = set_.created;
+  c["measurements_file"] = options_.measurements_file;
+  c["host"] = set_.host;
+  c["gpu"] = set_.gpu_name;
+  c["gpu_count"] = set_.gpu_count;
+  c["compute_capability"] = set_.compute_capability;
+  c["nccl_version"] = set_.nccl_version;
+  c["nccl_library"] = set_.nccl_library;
+  c["cuda_driver_version"] = set_.cuda_driver_version;
   json env = json::object();
-  for (const auto& [k, v] : set.nccl_env) env[k] = v;
+  for (const auto& [k, v] : set_.nccl_env) env[k] = v;
   c["nccl_env"] = env;
-  c["base_topology"] = r.base_spec;
-  c["measurements"] = set.results.size();
+  c["base_topology"] = r_.base_spec;
+  c["measurements"] = set_.results.size();
   json fitted = json::object();
-  if (r.fitted_nccl) {
-    fitted[base.intra_nvlink ? "node.nvlink_GBps" : "node.pci_GBps"] = {{"before", r.intra_bw_before},
-                                                                         {"after", r.intra_bw_after}};
-    fitted["nccl.intra_latency_offset_us"] = {{"before", r.offset_before_us}, {"after", r.offset_after_us}};
+  if (r_.fitted_nccl) {
+    fitted[base_.intra_nvlink ? "node.nvlink_GBps" : "node.pci_GBps"] = {{"before", r_.intra_bw_before},
+                                                                          {"after", r_.intra_bw_after}};
+    fitted["nccl.intra_latency_offset_us"] = {{"before", r_.offset_before_us}, {"after", r_.offset_after_us}};
   }
-  if (r.fitted_p2p) fitted["p2p.intra"] = {{"before", LinkJson(base.p2p_intra)}, {"after", LinkJson(cal.p2p_intra)}};
-  if (r.fitted_ab) fitted["alpha_beta.intra"] = {{"before", LinkJson(base.ab_intra)}, {"after", LinkJson(cal.ab_intra)}};
-  if (cal.nvls != base.nvls) fitted["nccl.nvls"] = {{"before", base.nvls}, {"after", cal.nvls}};
+  if (r_.fitted_p2p)
+    fitted["p2p.intra"] = {{"before", LinkJson(base_.p2p_intra)}, {"after", LinkJson(cal_.p2p_intra)}};
+  if (r_.fitted_ab)
+    fitted["alpha_beta.intra"] = {{"before", LinkJson(base_.ab_intra)}, {"after", LinkJson(cal_.ab_intra)}};
+  if (cal_.nvls != base_.nvls) fitted["nccl.nvls"] = {{"before", base_.nvls}, {"after", cal_.nvls}};
   c["fitted"] = fitted;
   json err_j = json::object();
   err_j["definition"] = "relative error of the modelled time, (model - measured) / measured, in percent";
   for (MeasuredOp op : {MeasuredOp::kInvalid, MeasuredOp::kAllReduce, MeasuredOp::kAllGather,
                         MeasuredOp::kReduceScatter, MeasuredOp::kBroadcast, MeasuredOp::kAllToAll,
                         MeasuredOp::kSendRecv}) {
-    ErrorStats nb = Stats(r.points, Column::kNcclBefore, op);
+    ErrorStats nb = Stats(r_.points, Column::kNcclBefore, op);
     if (nb.points == 0) continue;
     err_j[op == MeasuredOp::kInvalid ? "all" : ToString(op)] = {
         {"nccl_before", StatsJson(nb)},
-        {"nccl_after", StatsJson(Stats(r.points, Column::kNcclAfter, op))},
-        {"alpha_beta_before", StatsJson(Stats(r.points, Column::kAbBefore, op))},
-        {"alpha_beta_after", StatsJson(Stats(r.points, Column::kAbAfter, op))}};
+        {"nccl_after", StatsJson(Stats(r_.points, Column::kNcclAfter, op))},
+        {"alpha_beta_before", StatsJson(Stats(r_.points, Column::kAbBefore, op))},
+        {"alpha_beta_after", StatsJson(Stats(r_.points, Column::kAbAfter, op))}};
   }
   c["error"] = err_j;
   json poor = json::array();
-  for (const PointFit& p : r.points) {
+  for (const PointFit& p : r_.points) {
     double e = ErrPct(p.nccl_after_us, p.m.time_us);
-    if (std::fabs(e) > options.poor_fit_pct) {
+    if (std::fabs(e) > options_.poor_fit_pct) {
       poor.push_back({{"op", ToString(p.m.op)}, {"nranks", p.m.nranks}, {"bytes", p.m.bytes},
                       {"measured_us", p.m.time_us}, {"model_us", Round(p.nccl_after_us, 0.001)},
                       {"error_pct", Round(e, 0.1)}});
     }
   }
-  c["poorly_fitted_threshold_pct"] = options.poor_fit_pct;
+  c["poorly_fitted_threshold_pct"] = options_.poor_fit_pct;
   c["poorly_fitted"] = poor;
-  c["notes"] = r.notes;
-  cal.calibration = c;
-  r.calibration = c;
-  r.calibrated = std::move(cal);
-  *result = std::move(r);
+  c["notes"] = r_.notes;
+  cal_.calibration = c;
+  r_.calibration = c;
+}
+}  // namespace
+
+bool Fit(const MeasurementSet& set, const FitOptions& options, FitResult* result, std::string* error) {
+  Fitter f(set, options, error);
+  if (!f.ChooseBase()) return false;
+  f.StartFromBase();
+  f.SplitMeasurements();
+  if (!f.FitNcclModel()) return false;
+  f.FitSendRecv();
+  f.FitAlphaBeta();
+  if (!f.CompareBeforeAfter()) return false;
+  f.AddNotes();
+  f.NameCalibrated();
+  f.AddMetadata();
+  *result = f.TakeResult();
   return true;
 }
 

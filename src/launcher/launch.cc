@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <functional>
 
 #include "coordinator/world.h"
@@ -137,451 +138,575 @@ json EnvJson(const EnvList& a, const EnvList& b) {
   return j;
 }
 
+// One run of a plan. RunPlan calls the steps in order; Watch is the loop that runs until every worker ended,
+// each turn made of the steps below it.
+class PlanRun {
+ public:
+  PlanRun(Plan& plan, CoordinatorLink* coordinator, const LaunchOptions& opts);
+
+  // A step that returns false has set result() (error and exit code): the run ends there.
+  bool CreateLogDir();
+  bool StartCoordinator();
+  void WriteCommandJson();
+  void StartReport();
+  void StartWorkers();
+  void Watch(const SignalCatcher& signals);
+  void Finish();
+  const LaunchResult& result() const { return res_; }
+
+ private:
+  // The report.
+  json Extra();
+  void WriteReport();
+  // The workers.
+  void SignalAll(int sig);
+  void BeginStop(double grace);
+  bool Spawn(const Worker& w);
+  void Echo(Proc& p, Stream& s, const char* data, size_t n);
+  void Drain(Proc& p, Stream& s);
+  void Progress();
+  // One turn of Watch.
+  void SpawnAdmitted();
+  void DropDeferred();
+  void PollOutputAndSignals(const SignalCatcher& signals);
+  void Reap();
+  void EndLingeringPipes();
+  void Escalate();
+  void TakeHangs();
+  bool AllDone() const;
+  // Finish.
+  void SettleExitCode();
+  void WriteTraces();
+  void PrintFailedRankLog();
+
+  Plan& plan_;
+  CoordinatorLink* coordinator_;
+  const LaunchOptions& opts_;
+  LaunchResult res_;
+  Clock::time_point t0_;
+  std::function<void(const std::string&)> print_;
+  std::vector<int> ranks_;
+  std::optional<RunReport> report_;
+  std::string status_ = "running";
+  std::vector<std::unique_ptr<Proc>> procs_;
+  std::vector<std::string> base_env_;
+  bool stopping_ = false;  // a rank failed or Ctrl-C: the others are being stopped
+  Clock::time_point term_at_{}, kill_at_{};
+  bool termed_ = false, killed_ = false;
+  // Context switching (collect --swap): a rank starts only when the coordinator admits it (its GPU has room); the
+  // others wait here and are started from Watch.
+  std::vector<const Worker*> deferred_;
+  bool spawn_failed_ = false;
+  Clock::time_point last_report_;
+};
+
+PlanRun::PlanRun(Plan& plan, CoordinatorLink* coordinator, const LaunchOptions& opts)
+    : plan_(plan),
+      coordinator_(coordinator),
+      opts_(opts),
+      t0_(Clock::now()),
+      print_(opts.print ? opts.print : [](const std::string& s) {
+        std::fprintf(stdout, "%s\n", s.c_str());
+        std::fflush(stdout);
+      }) {}
+
+bool PlanRun::CreateLogDir() {
+  std::error_code ec;
+  fs::create_directories(fs::path(plan_.out_dir) / "logs", ec);
+  if (ec) {
+    res_.error = "cannot create " + plan_.out_dir + "/logs: " + ec.message();
+    res_.exit_code = 1;
+    return false;
+  }
+  return true;
+}
+
+bool PlanRun::StartCoordinator() {
+  if (plan_.start_coordinator) {
+    if (!coordinator_) {
+      res_.error = "no coordinator to start";
+      res_.exit_code = 1;
+      return false;
+    }
+    std::string err;
+    if (!coordinator_->Start(&plan_, &err)) {
+      res_.error = "could not start the coordinator: " + err;
+      res_.exit_code = 1;
+      return false;
+    }
+    print_("prism: " + coordinator_->Describe());
+  }
+  return true;
+}
+
+// command.json: exactly what runs.
+void PlanRun::WriteCommandJson() {
+  std::error_code ec;
+  json cmd;
+  cmd["prism"] = opts_.prism_argv;
+  cmd["job"] = PlanToJson(plan_)["job_command"];
+  cmd["cwd"] = fs::current_path(ec).string();
+  json workers = json::array();
+  for (const Worker& w : plan_.workers)
+    workers.push_back({{"rank", w.rank}, {"argv", w.argv}, {"shell", ShellJoin(w.argv)},
+                       {"env", EnvJson(plan_.env, w.env)}});
+  cmd["workers"] = workers;
+  cmd["store"] = plan_.store_addr + ":" + std::to_string(plan_.store_port);
+  std::string err;
+  if (!WriteJsonAtomic((fs::path(plan_.out_dir) / "command.json").string(), cmd, &err)) print_("prism: " + err);
+}
+
+void PlanRun::StartReport() {
+  for (const RealRank& r : plan_.real) ranks_.push_back(r.rank);
+  report_.emplace(plan_.out_dir, plan_.world_size, ranks_);
+  report_->SetCommLabeler(MegatronGroupLabeler(plan_));
+  WriteReport();
+}
+
+json PlanRun::Extra() {
+  json e;
+  e["status"] = status_;
+  e["exit_code"] = status_ == "running" ? json(nullptr) : json(res_.exit_code);
+  if (res_.failed_rank >= 0) e["failed_rank"] = res_.failed_rank;
+  if (res_.stopped_after_iterations) e["stopped_after_iterations"] = opts_.stop_after_iterations;
+  if (!res_.hang_json.empty()) {
+    // Why the whole diagnosis: report.json is what people and CI read first; hang.json stays the full record.
+    std::ifstream hin(res_.hang_json);
+    json h = hin ? json::parse(hin, nullptr, false) : json();
+    e["hang"] = {{"file", res_.hang_json}, {"stopped", res_.stopped_on_hang},
+                 {"diagnosis", h.is_discarded() ? json() : h}};
+  }
+  json l = PlanToJson(plan_);
+  e["layout"] = l["layout"];
+  e["real_ranks"] = l["real_ranks"];
+  e["gpus_per_node"] = plan_.nproc_per_node;
+  e["command"] = l["command"];
+  e["out_dir"] = plan_.out_dir;
+  e["iteration_time_note"] = "median over iterations excluding the first (warm-up)";
+  return e;
+}
+
+void PlanRun::WriteReport() {
+  double wall = std::chrono::duration<double>(Clock::now() - t0_).count();
+  std::string err;
+  if (!WriteJsonAtomic((fs::path(plan_.out_dir) / std::string(report::kFileName)).string(),
+                       report_->Build(wall, plan_.warnings, Extra()), &err))
+    print_("prism: " + err);
+}
+
+void PlanRun::SignalAll(int sig) {
+  for (auto& p : procs_)
+    if (p->pid > 0 && !p->reaped) kill(-p->pid, sig);
+}
+
+void PlanRun::BeginStop(double grace) {
+  stopping_ = true;
+  term_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
+  kill_at_ = term_at_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
+}
+
+// Returns false when the worker could not be started (the rest are not started either).
+bool PlanRun::Spawn(const Worker& w) {
+  auto p = std::make_unique<Proc>();
+  p->rank = w.rank;
+  p->log_path = (fs::path(plan_.out_dir) / "logs" / ("rank" + std::to_string(w.rank) + ".log")).string();
+  p->log.open(p->log_path, std::ios::trunc);
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+    res_.error = std::string("pipe: ") + std::strerror(errno);
+    return false;
+  }
+  std::vector<std::string> env = WorkerEnvironment(plan_, w, base_env_);
+  std::vector<char*> argv_c, env_c;
+  for (const std::string& a : w.argv) argv_c.push_back(const_cast<char*>(a.c_str()));
+  argv_c.push_back(nullptr);
+  for (const std::string& e : env) env_c.push_back(const_cast<char*>(e.c_str()));
+  env_c.push_back(nullptr);
+
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t def, none;
+  sigemptyset(&def);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaddset(&def, s);
+  sigemptyset(&none);
+  posix_spawnattr_setsigdefault(&attr, &def);
+  posix_spawnattr_setsigmask(&attr, &none);
+  // Why its own process group: Ctrl-C reaches prism only, which then stops every worker (and its children)
+  // in order and still writes the report.
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = -1;
+  // Why posix_spawnp: prism-run has threads (the coordinator's store); fork+exec in a threaded process is
+  // only safe with async-signal-safe calls in between.
+  int rc = posix_spawnp(&pid, w.argv[0].c_str(), &fa, &attr, argv_c.data(), env_c.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  close(out[1]);
+  close(err[1]);
+  p->out.fd = out[0];
+  p->err.fd = err[0];
+  p->err.to_stderr = true;
+  fcntl(out[0], F_SETFL, O_NONBLOCK);
+  fcntl(err[0], F_SETFL, O_NONBLOCK);
+  if (rc != 0) {
+    std::string msg = "cannot start rank " + std::to_string(w.rank) + ": " + w.argv[0] + ": " + std::strerror(rc);
+    print_("prism: " + msg);
+    p->log << msg << "\n";
+    p->log.flush();
+    p->reaped = true;
+    p->status = 127 << 8;  // as a shell reports "command not found"
+    report_->rank(w.rank).status = "failed";
+    report_->rank(w.rank).exit_code = 127;
+    if (res_.failed_rank < 0) {
+      res_.failed_rank = w.rank;
+      res_.exit_code = 127;
+    }
+    procs_.push_back(std::move(p));
+    return false;  // do not start the rest
+  }
+  p->pid = pid;
+  p->running = true;
+  report_->rank(w.rank).status = "running";
+  print_("prism: rank " + std::to_string(w.rank) + " started (pid " + std::to_string(pid) + "), log " + p->log_path);
+  procs_.push_back(std::move(p));
+  return true;
+}
+
+void PlanRun::StartWorkers() {
+  for (char** e = environ; e && *e; ++e) base_env_.emplace_back(*e);
+  for (const Worker& w : plan_.workers) {
+    if (spawn_failed_) break;
+    if (coordinator_ && !coordinator_->Admitted(w.rank)) {
+      deferred_.push_back(&w);
+      continue;
+    }
+    if (!Spawn(w)) spawn_failed_ = true;
+  }
+  if (!deferred_.empty()) {
+    print_("prism: " + std::to_string(deferred_.size()) + " rank(s) wait for room on their GPU before they start");
+  }
+  if (res_.failed_rank >= 0 || !res_.error.empty()) {
+    SignalAll(SIGTERM);
+    BeginStop(opts_.failure_grace_s);
+    termed_ = true;
+  }
+}
+
+void PlanRun::Echo(Proc& p, Stream& s, const char* data, size_t n) {
+  p.log.write(data, static_cast<std::streamsize>(n));
+  p.log.flush();
+  if (!opts_.echo_output) return;
+  s.partial.append(data, n);
+  size_t start = 0;
+  FILE* f = s.to_stderr ? stderr : stdout;
+  while (true) {
+    size_t nl = s.partial.find('\n', start);
+    if (nl == std::string::npos) break;
+    std::fprintf(f, "[rank %d] %.*s\n", p.rank, static_cast<int>(nl - start), s.partial.data() + start);
+    start = nl + 1;
+  }
+  s.partial.erase(0, start);
+  std::fflush(f);
+}
+
+void PlanRun::Drain(Proc& p, Stream& s) {
+  char buf[65536];
+  while (s.fd >= 0) {
+    ssize_t n = read(s.fd, buf, sizeof buf);
+    if (n > 0) {
+      Echo(p, s, buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      if (!s.partial.empty() && opts_.echo_output) {
+        std::fprintf(s.to_stderr ? stderr : stdout, "[rank %d] %s\n", p.rank, s.partial.c_str());
+        s.partial.clear();
+      }
+      close(s.fd);
+      s.fd = -1;
+    }
+    break;
+  }
+}
+
+void PlanRun::Progress() {
+  report_->Poll();
+  auto done = [&](int rank) {
+    for (auto& p : procs_)
+      if (p->rank == rank) return p->reaped;
+    return true;  // never started
+  };
+  for (int64_t it : report_->NewCompleteIterations(done)) {
+    print_(report_->ProgressLine(it));
+    // Iteration marks count from 0: mark K-1 ends the K-th iteration. Only while ranks still run (a job that
+    // ended by itself was not stopped) and every rank has started (one waiting for room on its GPU under
+    // collect --swap has not done its K iterations).
+    bool running = false;
+    for (auto& p : procs_) running = running || !p->reaped;
+    if (opts_.stop_after_iterations > 0 && it + 1 >= opts_.stop_after_iterations && !stopping_ && running &&
+        deferred_.empty()) {
+      print_("prism: " + std::to_string(opts_.stop_after_iterations) +
+             " iteration(s) complete on every real rank (--iterations): stopping the workers");
+      res_.stopped_after_iterations = true;
+      SignalAll(SIGTERM);
+      termed_ = true;
+      BeginStop(opts_.iterations_grace_s);
+    }
+  }
+}
+
+void PlanRun::Watch(const SignalCatcher& signals) {
+  last_report_ = Clock::now();
+  while (true) {
+    SpawnAdmitted();
+    DropDeferred();
+    PollOutputAndSignals(signals);
+    Reap();
+    EndLingeringPipes();
+    Escalate();
+    TakeHangs();
+    Progress();
+    if (Clock::now() - last_report_ > std::chrono::duration<double>(opts_.report_interval_s)) {
+      WriteReport();
+      last_report_ = Clock::now();
+    }
+    if (AllDone()) break;
+  }
+}
+
+void PlanRun::SpawnAdmitted() {
+  if (!deferred_.empty() && !stopping_ && !spawn_failed_) {
+    for (auto it = deferred_.begin(); it != deferred_.end();) {
+      if (!coordinator_->Admitted((*it)->rank)) {
+        ++it;
+        continue;
+      }
+      const Worker& w = **it;
+      it = deferred_.erase(it);
+      if (!Spawn(w)) {
+        spawn_failed_ = true;
+        SignalAll(SIGTERM);
+        BeginStop(opts_.failure_grace_s);
+        termed_ = true;
+        break;
+      }
+    }
+  }
+}
+
+void PlanRun::DropDeferred() {
+  if (stopping_ && !deferred_.empty()) {
+    for (const Worker* w : deferred_) {
+      report_->rank(w->rank).status = "not started";
+      print_("prism: rank " + std::to_string(w->rank) + " not started (the run is stopping)");
+    }
+    deferred_.clear();
+  }
+}
+
+void PlanRun::PollOutputAndSignals(const SignalCatcher& signals) {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Proc*, Stream*>> owners;
+  if (signals.fd() >= 0) {
+    fds.push_back({signals.fd(), POLLIN, 0});
+    owners.push_back({nullptr, nullptr});
+  }
+  for (auto& p : procs_)
+    for (Stream* s : {&p->out, &p->err})
+      if (s->fd >= 0) {
+        fds.push_back({s->fd, POLLIN, 0});
+        owners.push_back({p.get(), s});
+      }
+  poll(fds.data(), fds.size(), 100);
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    if (!owners[i].first) {
+      unsigned char sig[16];
+      ssize_t n = read(signals.fd(), sig, sizeof sig);
+      for (ssize_t k = 0; k < n; ++k) {
+        if (res_.interrupted) {
+          print_("prism: second signal: killing every worker now");
+          SignalAll(SIGKILL);
+          killed_ = true;
+        } else {
+          res_.interrupted = true;
+          print_(std::string("prism: ") + (sig[k] == SIGINT ? "Ctrl-C" : strsignal(sig[k])) +
+                 ": stopping the workers (again to kill them), the report is kept");
+          SignalAll(SIGINT);
+          BeginStop(opts_.interrupt_grace_s);
+        }
+      }
+      continue;
+    }
+    Drain(*owners[i].first, *owners[i].second);
+  }
+}
+
+// Reaps the workers that ended; the first that failed stops the others.
+void PlanRun::Reap() {
+  for (auto& p : procs_) {
+    if (p->reaped || p->pid <= 0) continue;
+    int st = 0;
+    pid_t r = waitpid(p->pid, &st, WNOHANG);
+    if (r != p->pid) continue;
+    p->reaped = true;
+    p->running = false;
+    p->status = st;
+    p->reaped_at = Clock::now();
+    int code = ExitCodeOf(st);
+    RankEvents& ev = report_->rank(p->rank);
+    ev.exit_code = code;
+    if (code == 0) {
+      ev.status = "exited";
+    } else if (stopping_) {
+      ev.status = res_.interrupted ? "interrupted" : "stopped";
+    } else {
+      ev.status = "failed";
+    }
+    print_("prism: rank " + std::to_string(p->rank) + " ended with " + DescribeStatus(st));
+    if (coordinator_) coordinator_->RankExited(p->rank);
+    if (code != 0 && !stopping_ && res_.failed_rank < 0) {
+      res_.failed_rank = p->rank;
+      res_.exit_code = code;
+      print_("prism: rank " + std::to_string(p->rank) + " failed; stopping the other workers");
+      SignalAll(SIGTERM);
+      termed_ = true;
+      BeginStop(opts_.failure_grace_s);
+    }
+  }
+}
+
+// A worker's children may keep its pipes open after it exited: give them 2 s, then end them.
+void PlanRun::EndLingeringPipes() {
+  for (auto& p : procs_) {
+    if (!p->reaped || (p->out.fd < 0 && p->err.fd < 0)) continue;
+    if (Clock::now() - p->reaped_at > std::chrono::seconds(2)) {
+      if (p->pid > 0) kill(-p->pid, SIGKILL);
+      Drain(*p, p->out);
+      Drain(*p, p->err);
+      for (Stream* s : {&p->out, &p->err})
+        if (s->fd >= 0) {
+          close(s->fd);
+          s->fd = -1;
+        }
+    }
+  }
+}
+
+void PlanRun::Escalate() {
+  if (stopping_) {
+    auto now = Clock::now();
+    if (!termed_ && now >= term_at_) {
+      SignalAll(SIGTERM);
+      termed_ = true;
+    }
+    if (!killed_ && now >= kill_at_) {
+      SignalAll(SIGKILL);
+      killed_ = true;
+    }
+  }
+}
+
+void PlanRun::TakeHangs() {
+  if (coordinator_) {
+    while (std::optional<std::string> hang = coordinator_->TakeHang()) {
+      res_.hang_json = *hang;
+      if (plan_.stop_on_hang && !stopping_) {
+        print_("prism: hang diagnosed (" + *hang + "); --on-hang stop: stopping the workers, the report is kept");
+        res_.stopped_on_hang = true;
+        SignalAll(SIGTERM);
+        termed_ = true;
+        BeginStop(opts_.failure_grace_s);
+      } else if (!plan_.stop_on_hang) {
+        print_("prism: hang diagnosed (" + *hang + "); --on-hang wait: the job keeps running");
+      }
+      WriteReport();
+    }
+  }
+}
+
+bool PlanRun::AllDone() const {
+  bool all_done = deferred_.empty();
+  for (auto& p : procs_)
+    if (!p->reaped || p->out.fd >= 0 || p->err.fd >= 0) all_done = false;
+  return all_done;
+}
+
+void PlanRun::Finish() {
+  if (coordinator_ && plan_.start_coordinator) {
+    print_("prism: " + coordinator_->Describe());
+    coordinator_->Stop();
+  }
+  Progress();
+
+  SettleExitCode();
+  WriteReport();
+  WriteTraces();
+  PrintFailedRankLog();
+}
+
+void PlanRun::SettleExitCode() {
+  if (res_.interrupted) {
+    status_ = "interrupted";
+    res_.exit_code = 130;
+  } else if (res_.stopped_on_hang) {
+    status_ = "hang";
+    res_.exit_code = kExitHang;
+  } else if (res_.stopped_after_iterations) {
+    // Why success: the ranks were stopped on purpose once they had done what was asked; their exit codes are ours.
+    status_ = "finished";
+    res_.exit_code = 0;
+  } else if (res_.failed_rank >= 0) {
+    status_ = "failed";
+  } else if (!res_.error.empty()) {
+    status_ = "failed";
+    res_.exit_code = 1;
+  } else {
+    status_ = "finished";
+    res_.exit_code = 0;
+    for (auto& p : procs_)
+      if (ExitCodeOf(p->status) != 0) res_.exit_code = ExitCodeOf(p->status);
+  }
+}
+
+void PlanRun::WriteTraces() {
+  std::string err;
+  if (!WriteJsonAtomic((fs::path(plan_.out_dir) / "trace.json").string(), report_->BuildTrace(), &err))
+    print_("prism: " + err);
+  // The observed PrismTrace of the real ranks (docs/collect.md), when they cover every class.
+  if (auto w = world::World::Make(plan_.layout, plan_.nproc_per_node, &err))
+    print_("prism: " + WriteObservedTrace(plan_.out_dir, *w, ranks_));
+}
+
+void PlanRun::PrintFailedRankLog() {
+  if (res_.failed_rank >= 0) {
+    std::string log =
+        (fs::path(plan_.out_dir) / "logs" / ("rank" + std::to_string(res_.failed_rank) + ".log")).string();
+    std::fprintf(stderr, "prism: rank %d failed (exit %d); last lines of %s:\n", res_.failed_rank, res_.exit_code,
+                 log.c_str());
+    for (const std::string& line : TailLines(log, opts_.log_tail_lines)) std::fprintf(stderr, "  | %s\n", line.c_str());
+    std::fflush(stderr);
+  }
+}
+
 }  // namespace
 
 LaunchResult RunPlan(Plan& plan, CoordinatorLink* coordinator, const LaunchOptions& opts) {
-  LaunchResult res;
-  auto t0 = Clock::now();
-  auto print = opts.print ? opts.print : [](const std::string& s) {
-    std::fprintf(stdout, "%s\n", s.c_str());
-    std::fflush(stdout);
-  };
-  std::error_code ec;
-  fs::create_directories(fs::path(plan.out_dir) / "logs", ec);
-  if (ec) {
-    res.error = "cannot create " + plan.out_dir + "/logs: " + ec.message();
-    res.exit_code = 1;
-    return res;
-  }
-
+  PlanRun run(plan, coordinator, opts);
+  if (!run.CreateLogDir()) return run.result();
   SignalCatcher signals;
-  if (plan.start_coordinator) {
-    if (!coordinator) {
-      res.error = "no coordinator to start";
-      res.exit_code = 1;
-      return res;
-    }
-    std::string err;
-    if (!coordinator->Start(&plan, &err)) {
-      res.error = "could not start the coordinator: " + err;
-      res.exit_code = 1;
-      return res;
-    }
-    print("prism: " + coordinator->Describe());
-  }
-
-  // command.json: exactly what runs.
-  {
-    json cmd;
-    cmd["prism"] = opts.prism_argv;
-    cmd["job"] = PlanToJson(plan)["job_command"];
-    cmd["cwd"] = fs::current_path(ec).string();
-    json workers = json::array();
-    for (const Worker& w : plan.workers)
-      workers.push_back({{"rank", w.rank}, {"argv", w.argv}, {"shell", ShellJoin(w.argv)},
-                         {"env", EnvJson(plan.env, w.env)}});
-    cmd["workers"] = workers;
-    cmd["store"] = plan.store_addr + ":" + std::to_string(plan.store_port);
-    std::string err;
-    if (!WriteJsonAtomic((fs::path(plan.out_dir) / "command.json").string(), cmd, &err)) print("prism: " + err);
-  }
-
-  std::vector<int> ranks;
-  for (const RealRank& r : plan.real) ranks.push_back(r.rank);
-  RunReport report(plan.out_dir, plan.world_size, ranks);
-  report.SetCommLabeler(MegatronGroupLabeler(plan));
-  std::string status = "running";
-  auto extra = [&]() {
-    json e;
-    e["status"] = status;
-    e["exit_code"] = status == "running" ? json(nullptr) : json(res.exit_code);
-    if (res.failed_rank >= 0) e["failed_rank"] = res.failed_rank;
-    if (res.stopped_after_iterations) e["stopped_after_iterations"] = opts.stop_after_iterations;
-    if (!res.hang_json.empty()) {
-      // Why the whole diagnosis: report.json is what people and CI read first; hang.json stays the full record.
-      std::ifstream hin(res.hang_json);
-      json h = hin ? json::parse(hin, nullptr, false) : json();
-      e["hang"] = {{"file", res.hang_json}, {"stopped", res.stopped_on_hang},
-                   {"diagnosis", h.is_discarded() ? json() : h}};
-    }
-    json l = PlanToJson(plan);
-    e["layout"] = l["layout"];
-    e["real_ranks"] = l["real_ranks"];
-    e["gpus_per_node"] = plan.nproc_per_node;
-    e["command"] = l["command"];
-    e["out_dir"] = plan.out_dir;
-    e["iteration_time_note"] = "median over iterations excluding the first (warm-up)";
-    return e;
-  };
-  auto write_report = [&]() {
-    double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::string err;
-    if (!WriteJsonAtomic((fs::path(plan.out_dir) / std::string(report::kFileName)).string(),
-                         report.Build(wall, plan.warnings, extra()), &err))
-      print("prism: " + err);
-  };
-  write_report();
-
-  // Start the workers.
-  std::vector<std::unique_ptr<Proc>> procs;
-  std::vector<std::string> base_env;
-  for (char** e = environ; e && *e; ++e) base_env.emplace_back(*e);
-  bool stopping = false;  // a rank failed or Ctrl-C: the others are being stopped
-  Clock::time_point term_at{}, kill_at{};
-  bool termed = false, killed = false;
-  auto signal_all = [&](int sig) {
-    for (auto& p : procs)
-      if (p->pid > 0 && !p->reaped) kill(-p->pid, sig);
-  };
-  auto begin_stop = [&](double grace) {
-    stopping = true;
-    term_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
-    kill_at = term_at + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
-  };
-
-  // Returns false when the worker could not be started (the rest are not started either).
-  auto spawn = [&](const Worker& w) -> bool {
-    auto p = std::make_unique<Proc>();
-    p->rank = w.rank;
-    p->log_path = (fs::path(plan.out_dir) / "logs" / ("rank" + std::to_string(w.rank) + ".log")).string();
-    p->log.open(p->log_path, std::ios::trunc);
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-      res.error = std::string("pipe: ") + std::strerror(errno);
-      return false;
-    }
-    std::vector<std::string> env = WorkerEnvironment(plan, w, base_env);
-    std::vector<char*> argv_c, env_c;
-    for (const std::string& a : w.argv) argv_c.push_back(const_cast<char*>(a.c_str()));
-    argv_c.push_back(nullptr);
-    for (const std::string& e : env) env_c.push_back(const_cast<char*>(e.c_str()));
-    env_c.push_back(nullptr);
-
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    sigset_t def, none;
-    sigemptyset(&def);
-    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaddset(&def, s);
-    sigemptyset(&none);
-    posix_spawnattr_setsigdefault(&attr, &def);
-    posix_spawnattr_setsigmask(&attr, &none);
-    // Why its own process group: Ctrl-C reaches prism only, which then stops every worker (and its children)
-    // in order and still writes the report.
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-    pid_t pid = -1;
-    // Why posix_spawnp: prism-run has threads (the coordinator's store); fork+exec in a threaded process is
-    // only safe with async-signal-safe calls in between.
-    int rc = posix_spawnp(&pid, w.argv[0].c_str(), &fa, &attr, argv_c.data(), env_c.data());
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    close(out[1]);
-    close(err[1]);
-    p->out.fd = out[0];
-    p->err.fd = err[0];
-    p->err.to_stderr = true;
-    fcntl(out[0], F_SETFL, O_NONBLOCK);
-    fcntl(err[0], F_SETFL, O_NONBLOCK);
-    if (rc != 0) {
-      std::string msg = "cannot start rank " + std::to_string(w.rank) + ": " + w.argv[0] + ": " + std::strerror(rc);
-      print("prism: " + msg);
-      p->log << msg << "\n";
-      p->log.flush();
-      p->reaped = true;
-      p->status = 127 << 8;  // as a shell reports "command not found"
-      report.rank(w.rank).status = "failed";
-      report.rank(w.rank).exit_code = 127;
-      if (res.failed_rank < 0) {
-        res.failed_rank = w.rank;
-        res.exit_code = 127;
-      }
-      procs.push_back(std::move(p));
-      return false;  // do not start the rest
-    }
-    p->pid = pid;
-    p->running = true;
-    report.rank(w.rank).status = "running";
-    print("prism: rank " + std::to_string(w.rank) + " started (pid " + std::to_string(pid) + "), log " + p->log_path);
-    procs.push_back(std::move(p));
-    return true;
-  };
-  // Context switching (collect --swap): a rank starts only when the coordinator admits it (its GPU has room); the
-  // others wait here and are started from the loop below.
-  std::vector<const Worker*> deferred;
-  bool spawn_failed = false;
-  for (const Worker& w : plan.workers) {
-    if (spawn_failed) break;
-    if (coordinator && !coordinator->Admitted(w.rank)) {
-      deferred.push_back(&w);
-      continue;
-    }
-    if (!spawn(w)) spawn_failed = true;
-  }
-  if (!deferred.empty()) {
-    print("prism: " + std::to_string(deferred.size()) + " rank(s) wait for room on their GPU before they start");
-  }
-  if (res.failed_rank >= 0 || !res.error.empty()) {
-    signal_all(SIGTERM);
-    begin_stop(opts.failure_grace_s);
-    termed = true;
-  }
-
-  auto echo = [&](Proc& p, Stream& s, const char* data, size_t n) {
-    p.log.write(data, static_cast<std::streamsize>(n));
-    p.log.flush();
-    if (!opts.echo_output) return;
-    s.partial.append(data, n);
-    size_t start = 0;
-    FILE* f = s.to_stderr ? stderr : stdout;
-    while (true) {
-      size_t nl = s.partial.find('\n', start);
-      if (nl == std::string::npos) break;
-      std::fprintf(f, "[rank %d] %.*s\n", p.rank, static_cast<int>(nl - start), s.partial.data() + start);
-      start = nl + 1;
-    }
-    s.partial.erase(0, start);
-    std::fflush(f);
-  };
-  auto drain = [&](Proc& p, Stream& s) {
-    char buf[65536];
-    while (s.fd >= 0) {
-      ssize_t n = read(s.fd, buf, sizeof buf);
-      if (n > 0) {
-        echo(p, s, buf, static_cast<size_t>(n));
-        continue;
-      }
-      if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-        if (!s.partial.empty() && opts.echo_output) {
-          std::fprintf(s.to_stderr ? stderr : stdout, "[rank %d] %s\n", p.rank, s.partial.c_str());
-          s.partial.clear();
-        }
-        close(s.fd);
-        s.fd = -1;
-      }
-      break;
-    }
-  };
-
-  auto last_report = Clock::now();
-  auto progress = [&]() {
-    report.Poll();
-    auto done = [&](int rank) {
-      for (auto& p : procs)
-        if (p->rank == rank) return p->reaped;
-      return true;  // never started
-    };
-    for (int64_t it : report.NewCompleteIterations(done)) {
-      print(report.ProgressLine(it));
-      // Iteration marks count from 0: mark K-1 ends the K-th iteration. Only while ranks still run (a job that
-      // ended by itself was not stopped) and every rank has started (one waiting for room on its GPU under
-      // collect --swap has not done its K iterations).
-      bool running = false;
-      for (auto& p : procs) running = running || !p->reaped;
-      if (opts.stop_after_iterations > 0 && it + 1 >= opts.stop_after_iterations && !stopping && running &&
-          deferred.empty()) {
-        print("prism: " + std::to_string(opts.stop_after_iterations) +
-              " iteration(s) complete on every real rank (--iterations): stopping the workers");
-        res.stopped_after_iterations = true;
-        signal_all(SIGTERM);
-        termed = true;
-        begin_stop(opts.iterations_grace_s);
-      }
-    }
-  };
-
-  while (true) {
-    if (!deferred.empty() && !stopping && !spawn_failed) {
-      for (auto it = deferred.begin(); it != deferred.end();) {
-        if (!coordinator->Admitted((*it)->rank)) {
-          ++it;
-          continue;
-        }
-        const Worker& w = **it;
-        it = deferred.erase(it);
-        if (!spawn(w)) {
-          spawn_failed = true;
-          signal_all(SIGTERM);
-          begin_stop(opts.failure_grace_s);
-          termed = true;
-          break;
-        }
-      }
-    }
-    if (stopping && !deferred.empty()) {
-      for (const Worker* w : deferred) {
-        report.rank(w->rank).status = "not started";
-        print("prism: rank " + std::to_string(w->rank) + " not started (the run is stopping)");
-      }
-      deferred.clear();
-    }
-    std::vector<pollfd> fds;
-    std::vector<std::pair<Proc*, Stream*>> owners;
-    if (signals.fd() >= 0) {
-      fds.push_back({signals.fd(), POLLIN, 0});
-      owners.push_back({nullptr, nullptr});
-    }
-    for (auto& p : procs)
-      for (Stream* s : {&p->out, &p->err})
-        if (s->fd >= 0) {
-          fds.push_back({s->fd, POLLIN, 0});
-          owners.push_back({p.get(), s});
-        }
-    poll(fds.data(), fds.size(), 100);
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      if (!owners[i].first) {
-        unsigned char sig[16];
-        ssize_t n = read(signals.fd(), sig, sizeof sig);
-        for (ssize_t k = 0; k < n; ++k) {
-          if (res.interrupted) {
-            print("prism: second signal: killing every worker now");
-            signal_all(SIGKILL);
-            killed = true;
-          } else {
-            res.interrupted = true;
-            print(std::string("prism: ") + (sig[k] == SIGINT ? "Ctrl-C" : strsignal(sig[k])) +
-                  ": stopping the workers (again to kill them), the report is kept");
-            signal_all(SIGINT);
-            begin_stop(opts.interrupt_grace_s);
-          }
-        }
-        continue;
-      }
-      drain(*owners[i].first, *owners[i].second);
-    }
-
-    // Reap.
-    for (auto& p : procs) {
-      if (p->reaped || p->pid <= 0) continue;
-      int st = 0;
-      pid_t r = waitpid(p->pid, &st, WNOHANG);
-      if (r != p->pid) continue;
-      p->reaped = true;
-      p->running = false;
-      p->status = st;
-      p->reaped_at = Clock::now();
-      int code = ExitCodeOf(st);
-      RankEvents& ev = report.rank(p->rank);
-      ev.exit_code = code;
-      if (code == 0) {
-        ev.status = "exited";
-      } else if (stopping) {
-        ev.status = res.interrupted ? "interrupted" : "stopped";
-      } else {
-        ev.status = "failed";
-      }
-      print("prism: rank " + std::to_string(p->rank) + " ended with " + DescribeStatus(st));
-      if (coordinator) coordinator->RankExited(p->rank);
-      if (code != 0 && !stopping && res.failed_rank < 0) {
-        res.failed_rank = p->rank;
-        res.exit_code = code;
-        print("prism: rank " + std::to_string(p->rank) + " failed; stopping the other workers");
-        signal_all(SIGTERM);
-        termed = true;
-        begin_stop(opts.failure_grace_s);
-      }
-    }
-    // A worker's children may keep its pipes open after it exited: give them 2 s, then end them.
-    for (auto& p : procs) {
-      if (!p->reaped || (p->out.fd < 0 && p->err.fd < 0)) continue;
-      if (Clock::now() - p->reaped_at > std::chrono::seconds(2)) {
-        if (p->pid > 0) kill(-p->pid, SIGKILL);
-        drain(*p, p->out);
-        drain(*p, p->err);
-        for (Stream* s : {&p->out, &p->err})
-          if (s->fd >= 0) {
-            close(s->fd);
-            s->fd = -1;
-          }
-      }
-    }
-    if (stopping) {
-      auto now = Clock::now();
-      if (!termed && now >= term_at) {
-        signal_all(SIGTERM);
-        termed = true;
-      }
-      if (!killed && now >= kill_at) {
-        signal_all(SIGKILL);
-        killed = true;
-      }
-    }
-
-    if (coordinator) {
-      while (std::optional<std::string> hang = coordinator->TakeHang()) {
-        res.hang_json = *hang;
-        if (plan.stop_on_hang && !stopping) {
-          print("prism: hang diagnosed (" + *hang + "); --on-hang stop: stopping the workers, the report is kept");
-          res.stopped_on_hang = true;
-          signal_all(SIGTERM);
-          termed = true;
-          begin_stop(opts.failure_grace_s);
-        } else if (!plan.stop_on_hang) {
-          print("prism: hang diagnosed (" + *hang + "); --on-hang wait: the job keeps running");
-        }
-        write_report();
-      }
-    }
-    progress();
-    if (Clock::now() - last_report > std::chrono::duration<double>(opts.report_interval_s)) {
-      write_report();
-      last_report = Clock::now();
-    }
-    bool all_done = deferred.empty();
-    for (auto& p : procs)
-      if (!p->reaped || p->out.fd >= 0 || p->err.fd >= 0) all_done = false;
-    if (all_done) break;
-  }
-
-  if (coordinator && plan.start_coordinator) {
-    print("prism: " + coordinator->Describe());
-    coordinator->Stop();
-  }
-  progress();
-
-  if (res.interrupted) {
-    status = "interrupted";
-    res.exit_code = 130;
-  } else if (res.stopped_on_hang) {
-    status = "hang";
-    res.exit_code = kExitHang;
-  } else if (res.stopped_after_iterations) {
-    // Why success: the ranks were stopped on purpose once they had done what was asked; their exit codes are ours.
-    status = "finished";
-    res.exit_code = 0;
-  } else if (res.failed_rank >= 0) {
-    status = "failed";
-  } else if (!res.error.empty()) {
-    status = "failed";
-    res.exit_code = 1;
-  } else {
-    status = "finished";
-    res.exit_code = 0;
-    for (auto& p : procs)
-      if (ExitCodeOf(p->status) != 0) res.exit_code = ExitCodeOf(p->status);
-  }
-  write_report();
-  {
-    std::string err;
-    if (!WriteJsonAtomic((fs::path(plan.out_dir) / "trace.json").string(), report.BuildTrace(), &err))
-      print("prism: " + err);
-    // The observed PrismTrace of the real ranks (docs/collect.md), when they cover every class.
-    if (auto w = world::World::Make(plan.layout, plan.nproc_per_node, &err))
-      print("prism: " + WriteObservedTrace(plan.out_dir, *w, ranks));
-  }
-  if (res.failed_rank >= 0) {
-    std::string log = (fs::path(plan.out_dir) / "logs" / ("rank" + std::to_string(res.failed_rank) + ".log")).string();
-    std::fprintf(stderr, "prism: rank %d failed (exit %d); last lines of %s:\n", res.failed_rank, res.exit_code,
-                 log.c_str());
-    for (const std::string& line : TailLines(log, opts.log_tail_lines)) std::fprintf(stderr, "  | %s\n", line.c_str());
-    std::fflush(stderr);
-  }
-  return res;
+  if (!run.StartCoordinator()) return run.result();
+  run.WriteCommandJson();
+  run.StartReport();
+  run.StartWorkers();
+  run.Watch(signals);
+  run.Finish();
+  return run.result();
 }
 
 }  // namespace prism::launcher

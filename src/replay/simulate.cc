@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
@@ -362,235 +363,310 @@ void PrintSummary(std::ostream& out, const SimulateOptions& o, const trace::Trac
   for (const std::string& w : r.warnings) out << "  warning: " << w << "\n";
 }
 
-}  // namespace
 
-int RunSimulate(const SimulateOptions& o, std::ostream& out, std::ostream& err) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string me = "prism-run simulate: ";
-  // Options first: a bad flag costs nothing.
-  std::vector<WhatIf> what_ifs;
-  for (const std::string& s : o.what_ifs) {
+// RunSimulate's steps, in its order. A step that returns false has printed why: the exit code is kExitBadInput.
+class SimulateRun {
+ public:
+  SimulateRun(const SimulateOptions& o, std::ostream& out, std::ostream& err) : o_(o), out_(out), err_(err) {}
+
+  bool ParseOptions();
+  bool LoadGraph();
+  bool LoadCostModel();
+  bool LoadWhatIfModels();
+  bool CreateOutDir();
+  void RunBaseline();
+  void RunWhatIfs();
+  bool WriteChromeTrace();
+  bool WriteReport();
+  void PrintResult();
+  int rc() const { return rc_; }
+
+ private:
+  const SimulateOptions& o_;
+  std::ostream& out_;
+  std::ostream& err_;
+  const std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  const std::string me_ = "prism-run simulate: ";
+  std::vector<WhatIf> what_ifs_;
+  std::vector<int32_t> trace_ranks_;
+  CostModelOptions mo_;
+  trace::SendCompletion send_completion_ = trace::SendCompletion::kInvalid;
+  trace::Trace t_;
+  std::string e_;  // the loaders' error
+  double load_s_ = 0;
+  Topology topo_;
+  CostModel model_;
+  std::vector<Topology> wi_topos_;
+  std::vector<CostModel> wi_models_;
+  fs::path dir_;
+  std::optional<Progress> progress_;  // Why made in RunBaseline: its first two seconds count from there
+  EngineOptions eo_;
+  std::optional<Simulator> sim_;
+  SimResult res_;
+  ordered_json report_;
+  int rc_ = kExitOk;
+};
+
+bool SimulateRun::ParseOptions() {
+  for (const std::string& s : o_.what_ifs) {
     WhatIf w;
     std::string e;
     if (!ParseWhatIf(s, &w, &e)) {
-      err << me << e << "\n";
-      return kExitBadInput;
+      err_ << me_ << e << "\n";
+      return false;
     }
-    what_ifs.push_back(std::move(w));
+    what_ifs_.push_back(std::move(w));
   }
-  std::vector<int32_t> trace_ranks;
-  if (!o.trace_ranks.empty() && o.trace_ranks != "none") {
+  if (!o_.trace_ranks.empty() && o_.trace_ranks != "none") {
     std::string e;
-    auto parsed = prism::ParseRankList(o.trace_ranks, 0, "--trace-ranks", &e);
+    auto parsed = prism::ParseRankList(o_.trace_ranks, 0, "--trace-ranks", &e);
     if (!parsed) {
-      err << me << e << "\n";
-      return kExitBadInput;
+      err_ << me_ << e << "\n";
+      return false;
     }
-    trace_ranks.assign(parsed->begin(), parsed->end());
-    std::sort(trace_ranks.begin(), trace_ranks.end());
+    trace_ranks_.assign(parsed->begin(), parsed->end());
+    std::sort(trace_ranks_.begin(), trace_ranks_.end());
   }
-  CostModelOptions mo;
-  if (o.model == "nccl") {
-    mo.model = CostModelKind::kNccl;
-  } else if (o.model == "alpha-beta") {
-    mo.model = CostModelKind::kAlphaBeta;
-  } else if (!o.model.empty()) {
-    err << me << "--model must be nccl or alpha-beta (got \"" << o.model << "\")\n";
-    return kExitBadInput;
+  if (o_.model == "nccl") {
+    mo_.model = CostModelKind::kNccl;
+  } else if (o_.model == "alpha-beta") {
+    mo_.model = CostModelKind::kAlphaBeta;
+  } else if (!o_.model.empty()) {
+    err_ << me_ << "--model must be nccl or alpha-beta (got \"" << o_.model << "\")\n";
+    return false;
   }
-  mo.nccl_algo = o.nccl_algo;
-  mo.nccl_proto = o.nccl_proto;
-  const trace::SendCompletion send_completion = trace::ParseSendCompletion(o.send_completion);
-  if (!o.send_completion.empty() && send_completion == trace::SendCompletion::kInvalid) {
-    err << me << "--send-completion must be rendezvous, eager or nccl (got \"" << o.send_completion << "\")\n";
-    return kExitBadInput;
+  mo_.nccl_algo = o_.nccl_algo;
+  mo_.nccl_proto = o_.nccl_proto;
+  send_completion_ = trace::ParseSendCompletion(o_.send_completion);
+  if (!o_.send_completion.empty() && send_completion_ == trace::SendCompletion::kInvalid) {
+    err_ << me_ << "--send-completion must be rendezvous, eager or nccl (got \"" << o_.send_completion << "\")\n";
+    return false;
   }
+  return true;
+}
 
-  // Graph.
-  trace::Trace t;
-  std::string e;
-  if (!(o.document_reader ? ReadTraceUncheckedDom(o.graph, &t, &e) : ReadTraceUnchecked(o.graph, &t, &e))) {
-    err << me << e << "\n";
-    return kExitBadInput;
+// Graph.
+bool SimulateRun::LoadGraph() {
+  if (!(o_.document_reader ? ReadTraceUncheckedDom(o_.graph, &t_, &e_) : ReadTraceUnchecked(o_.graph, &t_, &e_))) {
+    err_ << me_ << e_ << "\n";
+    return false;
   }
-  if (o.validate) {
-    std::vector<std::string> errors = ValidateTrace(t);
+  if (o_.validate) {
+    std::vector<std::string> errors = ValidateTrace(t_);
     if (!errors.empty()) {
-      err << me << o.graph << ": invalid graph (" << errors.size() << (errors.size() >= 20 ? "+" : "")
-          << " error" << (errors.size() == 1 ? "" : "s") << "):\n";
-      for (const std::string& x : errors) err << "  " << x << "\n";
-      return kExitBadInput;
+      err_ << me_ << o_.graph << ": invalid graph (" << errors.size() << (errors.size() >= 20 ? "+" : "")
+           << " error" << (errors.size() == 1 ? "" : "s") << "):\n";
+      for (const std::string& x : errors) err_ << "  " << x << "\n";
+      return false;
     }
   }
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  load_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  return true;
+}
 
-  // Topology and cost model.
-  const std::string topo_spec = TopologySpec(o.topology, t.topology);
-  Topology topo;
-  if (!LoadTopology(topo_spec, &topo, &e)) {
-    err << me << (o.topology.empty() ? o.graph + " names a topology: " : "--topology: ") << e << "\n";
-    return kExitBadInput;
+// Topology and cost model.
+bool SimulateRun::LoadCostModel() {
+  const std::string topo_spec = TopologySpec(o_.topology, t_.topology);
+  if (!LoadTopology(topo_spec, &topo_, &e_)) {
+    err_ << me_ << (o_.topology.empty() ? o_.graph + " names a topology: " : "--topology: ") << e_ << "\n";
+    return false;
   }
-  if (!topo.rank_node.empty() && topo.rank_node.size() < static_cast<size_t>(t.world_size)) {
-    err << me << "topology " << topo.name << ": placement lists " << topo.rank_node.size()
-        << " ranks but the graph has " << t.world_size << "\n";
-    return kExitBadInput;
+  if (!topo_.rank_node.empty() && topo_.rank_node.size() < static_cast<size_t>(t_.world_size)) {
+    err_ << me_ << "topology " << topo_.name << ": placement lists " << topo_.rank_node.size()
+         << " ranks but the graph has " << t_.world_size << "\n";
+    return false;
   }
-  CostModel model;
-  if (!model.Init(topo, mo, &e)) {
-    err << me << e << "\n";
-    return kExitBadInput;
+  if (!model_.Init(topo_, mo_, &e_)) {
+    err_ << me_ << e_ << "\n";
+    return false;
   }
-  // What-if topologies load before the long run, so a typo fails fast.
-  std::vector<Topology> wi_topos(what_ifs.size());
-  std::vector<CostModel> wi_models(what_ifs.size());
-  for (size_t i = 0; i < what_ifs.size(); ++i) {
-    Topology wt = topo;
-    if (!what_ifs[i].topology.empty() && !LoadTopology(what_ifs[i].topology, &wt, &e)) {
-      err << me << "--what-if " << what_ifs[i].spec << ": " << e << "\n";
-      return kExitBadInput;
+  return true;
+}
+
+bool SimulateRun::LoadWhatIfModels() {
+  wi_topos_.resize(what_ifs_.size());
+  wi_models_.resize(what_ifs_.size());
+  for (size_t i = 0; i < what_ifs_.size(); ++i) {
+    Topology wt = topo_;
+    if (!what_ifs_[i].topology.empty() && !LoadTopology(what_ifs_[i].topology, &wt, &e_)) {
+      err_ << me_ << "--what-if " << what_ifs_[i].spec << ": " << e_ << "\n";
+      return false;
     }
-    if (what_ifs[i].bw_scale != 1.0) ScaleNetworkBandwidth(&wt, what_ifs[i].bw_scale);
-    for (auto [rank, f] : what_ifs[i].stragglers) {
-      if (rank >= t.world_size) {
-        err << me << "--what-if " << what_ifs[i].spec << ": rank " << rank << " is outside the world (size "
-            << t.world_size << ")\n";
-        return kExitBadInput;
+    if (what_ifs_[i].bw_scale != 1.0) ScaleNetworkBandwidth(&wt, what_ifs_[i].bw_scale);
+    for (auto [rank, f] : what_ifs_[i].stragglers) {
+      if (rank >= t_.world_size) {
+        err_ << me_ << "--what-if " << what_ifs_[i].spec << ": rank " << rank << " is outside the world (size "
+             << t_.world_size << ")\n";
+        return false;
       }
     }
-    if (!wi_models[i].Init(wt, mo, &e)) {
-      err << me << "--what-if " << what_ifs[i].spec << ": " << e << "\n";
-      return kExitBadInput;
+    if (!wi_models_[i].Init(wt, mo_, &e_)) {
+      err_ << me_ << "--what-if " << what_ifs_[i].spec << ": " << e_ << "\n";
+      return false;
     }
-    wi_topos[i] = std::move(wt);
+    wi_topos_[i] = std::move(wt);
   }
+  return true;
+}
 
-  // Output directory.
-  fs::path dir = o.out_dir.empty() ? fs::path("prism-out") / Timestamp() : fs::path(o.out_dir);
+// Output directory.
+bool SimulateRun::CreateOutDir() {
+  dir_ = o_.out_dir.empty() ? fs::path("prism-out") / Timestamp() : fs::path(o_.out_dir);
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir)) {
-    err << me << "--out " << dir.string() << ": cannot create the directory (" << ec.message() << ")\n";
-    return kExitBadInput;
+  fs::create_directories(dir_, ec);
+  if (ec || !fs::is_directory(dir_)) {
+    err_ << me_ << "--out " << dir_.string() << ": cannot create the directory (" << ec.message() << ")\n";
+    return false;
   }
+  return true;
+}
 
-  // Baseline.
-  Progress progress(err);
-  progress.what = "baseline";
-  EngineOptions eo;
-  eo.use_recorded = o.use_recorded;
-  eo.send_completion = send_completion;
-  eo.symmetric = o.symmetric;
-  eo.progress = [&progress](uint64_t d, uint64_t n) { progress(d, n); };
-  Simulator sim(t, model, eo);
-  SimResult res = sim.Run();
-  if (!o.symmetric) res.symmetric_refused = "--no-symmetric";
+// Baseline.
+void SimulateRun::RunBaseline() {
+  Progress* progress = &progress_.emplace(err_);
+  progress->what = "baseline";
+  eo_.use_recorded = o_.use_recorded;
+  eo_.send_completion = send_completion_;
+  eo_.symmetric = o_.symmetric;
+  eo_.progress = [progress](uint64_t d, uint64_t n) { (*progress)(d, n); };
+  sim_.emplace(t_, model_, eo_);
+  res_ = sim_->Run();
+  if (!o_.symmetric) res_.symmetric_refused = "--no-symmetric";
 
-  ordered_json report = SimReportJson(t, res);
-  report["graph"] = o.graph;
-  report["topology"] = topo.name;
-  report["cost_model"] = model.kind() == CostModelKind::kAlphaBeta ? "alpha-beta" : "nccl-2.28.9";
-  if (!o.nccl_algo.empty()) report["nccl_algo"] = o.nccl_algo;
-  if (!o.nccl_proto.empty()) report["nccl_proto"] = o.nccl_proto;
-  report["use_recorded"] = o.use_recorded;
-  report[std::string(trace::kSendCompletionKey)] = trace::ToString(EffectiveSendCompletion(eo, t));
-  report["load_s"] = load_s;
+  report_ = SimReportJson(t_, res_);
+  report_["graph"] = o_.graph;
+  report_["topology"] = topo_.name;
+  report_["cost_model"] = model_.kind() == CostModelKind::kAlphaBeta ? "alpha-beta" : "nccl-2.28.9";
+  if (!o_.nccl_algo.empty()) report_["nccl_algo"] = o_.nccl_algo;
+  if (!o_.nccl_proto.empty()) report_["nccl_proto"] = o_.nccl_proto;
+  report_["use_recorded"] = o_.use_recorded;
+  report_[std::string(trace::kSendCompletionKey)] = trace::ToString(EffectiveSendCompletion(eo_, t_));
+  report_["load_s"] = load_s_;
 
-  int rc = kExitOk;
-  if (res.status == SimResult::Status::kBadGraph) {
-    err << me << o.graph << ": " << res.error << "\n";
-    rc = kExitBadInput;
-  } else if (res.status != SimResult::Status::kOk) {
-    err << me << o.graph << ": " << res.error << "\n";
-    for (const std::string& l : res.wait_chain) err << "  " << l << "\n";
-    rc = kExitFailure;
+  if (res_.status == SimResult::Status::kBadGraph) {
+    err_ << me_ << o_.graph << ": " << res_.error << "\n";
+    rc_ = kExitBadInput;
+  } else if (res_.status != SimResult::Status::kOk) {
+    err_ << me_ << o_.graph << ": " << res_.error << "\n";
+    for (const std::string& l : res_.wait_chain) err_ << "  " << l << "\n";
+    rc_ = kExitFailure;
   }
+}
 
-  // What-ifs (only when the baseline finished).
-  if (rc == kExitOk && !what_ifs.empty()) {
+// What-ifs (only when the baseline finished).
+void SimulateRun::RunWhatIfs() {
+  if (rc_ == kExitOk && !what_ifs_.empty()) {
     ordered_json arr = ordered_json::array();
-    for (size_t i = 0; i < what_ifs.size(); ++i) {
-      EngineOptions wo = eo;
-      wo.compute_scale = what_ifs[i].stragglers;
-      if (what_ifs[i].bw_scale != 1.0 || !what_ifs[i].topology.empty()) wo.baseline_model = &model;
-      progress.what = "what-if " + what_ifs[i].spec;
-      SimResult wr = Simulate(t, wi_models[i], wo);
-      if (!o.symmetric) wr.symmetric_refused = "--no-symmetric";
+    for (size_t i = 0; i < what_ifs_.size(); ++i) {
+      EngineOptions wo = eo_;
+      wo.compute_scale = what_ifs_[i].stragglers;
+      if (what_ifs_[i].bw_scale != 1.0 || !what_ifs_[i].topology.empty()) wo.baseline_model = &model_;
+      progress_->what = "what-if " + what_ifs_[i].spec;
+      SimResult wr = Simulate(t_, wi_models_[i], wo);
+      if (!o_.symmetric) wr.symmetric_refused = "--no-symmetric";
       ordered_json w;
-      w["spec"] = what_ifs[i].spec;
+      w["spec"] = what_ifs_[i].spec;
       w["status"] = StatusName(wr.status);
       if (!wr.error.empty()) w["error"] = wr.error;
       w[std::string(report::kIterationTime)] = wr.iteration_time_s;
-      w["ratio"] = res.iteration_time_s > 0 ? wr.iteration_time_s / res.iteration_time_s : 0.0;
+      w["ratio"] = res_.iteration_time_s > 0 ? wr.iteration_time_s / res_.iteration_time_s : 0.0;
       w["makespan_s"] = wr.makespan_s;
       w["critical_path_ranks"] = wr.critical_path.ranks;
-      w["replay"] = ReplayPathJson(t, wr);
-      if (!what_ifs[i].topology.empty()) w["topology"] = wi_topos[i].name;
+      w["replay"] = ReplayPathJson(t_, wr);
+      if (!what_ifs_[i].topology.empty()) w["topology"] = wi_topos_[i].name;
       arr.push_back(std::move(w));
       if (wr.status != SimResult::Status::kOk) {
-        err << me << "what-if " << what_ifs[i].spec << ": " << wr.error << "\n";
-        rc = kExitFailure;
+        err_ << me_ << "what-if " << what_ifs_[i].spec << ": " << wr.error << "\n";
+        rc_ = kExitFailure;
       }
     }
-    report["what_if"] = std::move(arr);
+    report_["what_if"] = std::move(arr);
   }
+}
 
-  // Chrome trace.
-  if (!trace_ranks.empty() && res.status == SimResult::Status::kOk) {
+// Chrome trace.
+bool SimulateRun::WriteChromeTrace() {
+  if (!trace_ranks_.empty() && res_.status == SimResult::Status::kOk) {
     std::vector<int32_t> keep;
-    for (int32_t r : trace_ranks) {
-      if (r < t.world_size) keep.push_back(r);
+    for (int32_t r : trace_ranks_) {
+      if (r < t_.world_size) keep.push_back(r);
     }
-    if (keep.size() != trace_ranks.size()) {
-      err << me << "--trace-ranks: ranks at or above the world size (" << t.world_size << ") are left out\n";
+    if (keep.size() != trace_ranks_.size()) {
+      err_ << me_ << "--trace-ranks: ranks at or above the world size (" << t_.world_size << ") are left out\n";
     }
     std::string we;
-    if (!WriteJson(dir / "trace.json", sim.ChromeTrace(keep), -1, &we)) {
-      err << me << we << "\n";
-      return kExitBadInput;
+    if (!WriteJson(dir_ / "trace.json", sim_->ChromeTrace(keep), -1, &we)) {
+      err_ << me_ << we << "\n";
+      return false;
     }
-    report["trace"] = (dir / "trace.json").string();
-    report["trace_ranks"] = keep;
+    report_["trace"] = (dir_ / "trace.json").string();
+    report_["trace_ranks"] = keep;
   }
+  return true;
+}
 
-  report[std::string(report::kWall)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+bool SimulateRun::WriteReport() {
+  report_[std::string(report::kWall)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   std::string we;
-  if (!WriteJson(dir / std::string(report::kFileName), report, 1, &we)) {
-    err << me << we << "\n";
-    return kExitBadInput;
+  if (!WriteJson(dir_ / std::string(report::kFileName), report_, 1, &we)) {
+    err_ << me_ << we << "\n";
+    return false;
   }
-  if (!o.quiet && res.status == SimResult::Status::kOk) {
-    PrintSummary(out, o, t, topo, model, res);
-    if (report.contains("what_if")) {
-      for (const auto& w : report["what_if"]) {
+  return true;
+}
+
+void SimulateRun::PrintResult() {
+  if (!o_.quiet && res_.status == SimResult::Status::kOk) {
+    PrintSummary(out_, o_, t_, topo_, model_, res_);
+    if (report_.contains("what_if")) {
+      for (const auto& w : report_["what_if"]) {
         char buf[256];
         std::snprintf(buf, sizeof buf, "  what-if %-24s %s (x%.3f)", w["spec"].get<std::string>().c_str(),
                       Ms(w[std::string(report::kIterationTime)].get<double>()).c_str(), w["ratio"].get<double>());
-        out << buf;
+        out_ << buf;
         const auto& path = w["replay"];
         if (path["path"] == "symmetric") {
-          out << "  symmetric\n";
+          out_ << "  symmetric\n";
         } else {
-          out << "  full replay (" << path["reason"].get<std::string>() << ")\n";
+          out_ << "  full replay (" << path["reason"].get<std::string>() << ")\n";
         }
       }
     }
     char buf[256];
-    if (res.symmetric) {
+    if (res_.symmetric) {
       std::snprintf(buf, sizeof buf, "  simulated %llu events standing for %llu in %.3f s (%.2f M events/s); loaded in %.3f s\n",
-                    static_cast<unsigned long long>(res.simulated_events), static_cast<unsigned long long>(res.events),
-                    res.wall_s, res.wall_s > 0 ? res.simulated_events / res.wall_s / 1e6 : 0.0, load_s);
+                    static_cast<unsigned long long>(res_.simulated_events),
+                    static_cast<unsigned long long>(res_.events), res_.wall_s,
+                    res_.wall_s > 0 ? res_.simulated_events / res_.wall_s / 1e6 : 0.0, load_s_);
     } else {
       std::snprintf(buf, sizeof buf, "  simulated %llu events in %.3f s (%.2f M events/s); loaded in %.3f s\n",
-                    static_cast<unsigned long long>(res.events), res.wall_s,
-                    res.wall_s > 0 ? res.events / res.wall_s / 1e6 : 0.0, load_s);
+                    static_cast<unsigned long long>(res_.events), res_.wall_s,
+                    res_.wall_s > 0 ? res_.events / res_.wall_s / 1e6 : 0.0, load_s_);
     }
-    out << buf;
-    out << "  report: " << (dir / std::string(report::kFileName)).string();
-    if (report.contains("trace")) out << "  trace: " << report["trace"].get<std::string>();
-    out << "\n";
+    out_ << buf;
+    out_ << "  report: " << (dir_ / std::string(report::kFileName)).string();
+    if (report_.contains("trace")) out_ << "  trace: " << report_["trace"].get<std::string>();
+    out_ << "\n";
   }
-  return rc;
+}
+
+}  // namespace
+
+int RunSimulate(const SimulateOptions& o, std::ostream& out, std::ostream& err) {
+  SimulateRun run(o, out, err);
+  // Options first: a bad flag costs nothing.
+  if (!run.ParseOptions()) return kExitBadInput;
+  if (!run.LoadGraph()) return kExitBadInput;
+  if (!run.LoadCostModel()) return kExitBadInput;
+  // What-if topologies load before the long run, so a typo fails fast.
+  if (!run.LoadWhatIfModels()) return kExitBadInput;
+  if (!run.CreateOutDir()) return kExitBadInput;
+  run.RunBaseline();
+  run.RunWhatIfs();
+  if (!run.WriteChromeTrace()) return kExitBadInput;
+  if (!run.WriteReport()) return kExitBadInput;
+  run.PrintResult();
+  return run.rc();
 }
 
 }  // namespace prism::replay

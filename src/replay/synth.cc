@@ -391,225 +391,292 @@ bool Check(bool ok, const std::string& msg, std::string* error) {
   return ok;
 }
 
-}  // namespace
 
-bool Synthesize(const SynthOptions& o, trace::Trace* out, std::string* error) {
+// Synthesize's steps, in its order.
+class Synthesis {
+ public:
+  Synthesis(const SynthOptions& o, std::string* error) : o_(o), error_(error) {}
+
+  // False, with *error, for options out of their bounds or inconsistent.
+  bool CheckOptions();
+  void ComputeSizes();
+  void StartTrace();
+  void AddSlots();
+  void AddComms();
+  void AddClasses();
+  trace::Trace TakeTrace() { return std::move(t_); }
+
+ private:
+  int32_t RankOf(int ti, int di, int si) const;
+  uint32_t Slot(bool used, const char* name);
+  void AddComm(uint32_t sl, const char* desc, const std::vector<int32_t>& ranks);
+
+  const SynthOptions& o_;
+  std::string* error_;
+  int64_t world_ = 0;
+  int chunks_ = 0, layers_ = 0;
+  Sizes z_;
+  bool moe_ = false;
+  int edp_ = 0;
+  trace::Trace t_;
+  std::vector<std::string> slots_;
+  uint32_t slot_tp_ = kNo, slot_pp_ = kNo, slot_dp_ = kNo, slot_ep_ = kNo, slot_edp_ = kNo;
+  std::vector<std::vector<uint32_t>> comm_of_;  // [slot][rank]
+};
+
+bool Synthesis::CheckOptions() {
   auto positive = [&](int v, const char* name) {
-    return Check(v >= 1, std::string("--") + name + " must be at least 1 (got " + std::to_string(v) + ")", error);
+    return Check(v >= 1, std::string("--") + name + " must be at least 1 (got " + std::to_string(v) + ")", error_);
   };
-  if (!positive(o.tp, "tp") || !positive(o.pp, "pp") || !positive(o.dp, "dp") || !positive(o.ep, "ep") ||
-      !positive(o.vpp, "vpp") || !positive(o.microbatches, "microbatches") || !positive(o.iterations, "iterations") ||
-      !positive(o.hidden, "hidden") || !positive(o.seq_len, "seq-len") ||
-      !positive(o.micro_batch_size, "micro-batch-size") || !positive(o.moe_topk, "moe-topk")) {
+  if (!positive(o_.tp, "tp") || !positive(o_.pp, "pp") || !positive(o_.dp, "dp") || !positive(o_.ep, "ep") ||
+      !positive(o_.vpp, "vpp") || !positive(o_.microbatches, "microbatches") ||
+      !positive(o_.iterations, "iterations") || !positive(o_.hidden, "hidden") || !positive(o_.seq_len, "seq-len") ||
+      !positive(o_.micro_batch_size, "micro-batch-size") || !positive(o_.moe_topk, "moe-topk")) {
     return false;
   }
-  if (!Check(o.microbatches <= kSynthMaxMicrobatches,
-             "--microbatches " + std::to_string(o.microbatches) + " is more than " +
-                 std::to_string(kSynthMaxMicrobatches), error) ||
-      !Check(o.iterations <= kSynthMaxIterations,
-             "--iterations " + std::to_string(o.iterations) + " is more than " + std::to_string(kSynthMaxIterations),
-             error)) {
+  if (!Check(o_.microbatches <= kSynthMaxMicrobatches,
+             "--microbatches " + std::to_string(o_.microbatches) + " is more than " +
+                 std::to_string(kSynthMaxMicrobatches), error_) ||
+      !Check(o_.iterations <= kSynthMaxIterations,
+             "--iterations " + std::to_string(o_.iterations) + " is more than " + std::to_string(kSynthMaxIterations),
+             error_)) {
     return false;
   }
-  for (auto [name, v] : {std::pair{"fwd-us", o.fwd_us}, {"bwd-us", o.bwd_us}, {"optimizer-us", o.optimizer_us}}) {
+  for (auto [name, v] : {std::pair{"fwd-us", o_.fwd_us}, {"bwd-us", o_.bwd_us}, {"optimizer-us", o_.optimizer_us}}) {
     // Why -1 alone: it is the "derive it" default; any other negative, NaN or huge value is a typo.
     if (!(v == -1.0 || (v >= 0 && v <= limits::kMaxDurationUs))) {
       char buf[96];
       std::snprintf(buf, sizeof buf, "--%s %.6g is outside 0..%.0e us", name, v, limits::kMaxDurationUs);
-      return Check(false, buf, error);
+      return Check(false, buf, error_);
     }
   }
   {
     // An upper estimate of one class's nodes (forward + backward per microbatch and chunk, each with its
     // per-layer collectives), refused before anything is allocated.
-    const int64_t per_layer = (o.tp_comm ? 4 : 0) + (o.ep > 1 ? 4 : 0);
-    const int64_t layers_est = o.layers > 0 ? o.layers : 32 + o.pp * o.vpp;
-    const int64_t nodes = static_cast<int64_t>(o.iterations) * o.microbatches * o.vpp * 2 *
-                          (4 + per_layer * ((layers_est + o.pp * o.vpp - 1) / (o.pp * o.vpp)));
+    const int64_t per_layer = (o_.tp_comm ? 4 : 0) + (o_.ep > 1 ? 4 : 0);
+    const int64_t layers_est = o_.layers > 0 ? o_.layers : 32 + o_.pp * o_.vpp;
+    const int64_t nodes = static_cast<int64_t>(o_.iterations) * o_.microbatches * o_.vpp * 2 *
+                          (4 + per_layer * ((layers_est + o_.pp * o_.vpp - 1) / (o_.pp * o_.vpp)));
     if (!Check(nodes <= kSynthMaxNodesPerClass,
                "the graph would hold about " + std::to_string(nodes) + " nodes per rank (--iterations x "
                "--microbatches x --vpp x layers), more than " + std::to_string(kSynthMaxNodesPerClass),
-               error)) {
+               error_)) {
       return false;
     }
   }
-  const int64_t world = static_cast<int64_t>(o.tp) * o.pp * o.dp;
-  if (!Check(world <= limits::kMaxWorldSize, "world size tp*pp*dp = " + std::to_string(world) + " is more than " +
-                                                  std::to_string(limits::kMaxWorldSize) + " ranks", error)) {
+  world_ = static_cast<int64_t>(o_.tp) * o_.pp * o_.dp;
+  if (!Check(world_ <= limits::kMaxWorldSize, "world size tp*pp*dp = " + std::to_string(world_) + " is more than " +
+                                                  std::to_string(limits::kMaxWorldSize) + " ranks", error_)) {
     return false;
   }
-  if (!Check(o.dp % o.ep == 0, "--ep " + std::to_string(o.ep) + " must divide --dp " + std::to_string(o.dp), error)) return false;
-  if (o.ep > 1 && !Check(o.num_experts >= o.ep && o.num_experts % o.ep == 0,
-                         "--num-experts " + std::to_string(o.num_experts) + " must be a multiple of --ep " + std::to_string(o.ep), error)) {
+  if (!Check(o_.dp % o_.ep == 0, "--ep " + std::to_string(o_.ep) + " must divide --dp " + std::to_string(o_.dp),
+             error_)) {
     return false;
   }
-  if (o.vpp > 1) {
-    if (!Check(o.pp > 1, "--vpp needs --pp > 1", error)) return false;
-    if (!Check(o.microbatches % o.pp == 0, "the interleaved schedule (--vpp > 1) needs --microbatches (" +
-                                                 std::to_string(o.microbatches) + ") to be a multiple of --pp (" +
-                                                 std::to_string(o.pp) + ")", error)) {
+  if (o_.ep > 1 && !Check(o_.num_experts >= o_.ep && o_.num_experts % o_.ep == 0,
+                          "--num-experts " + std::to_string(o_.num_experts) + " must be a multiple of --ep " +
+                              std::to_string(o_.ep),
+                          error_)) {
+    return false;
+  }
+  if (o_.vpp > 1) {
+    if (!Check(o_.pp > 1, "--vpp needs --pp > 1", error_)) return false;
+    if (!Check(o_.microbatches % o_.pp == 0, "the interleaved schedule (--vpp > 1) needs --microbatches (" +
+                                                 std::to_string(o_.microbatches) + ") to be a multiple of --pp (" +
+                                                 std::to_string(o_.pp) + ")", error_)) {
       return false;
     }
   }
-  const int chunks = o.pp * o.vpp;
-  int layers = o.layers > 0 ? o.layers : ((32 + chunks - 1) / chunks) * chunks;
-  if (!Check(layers % chunks == 0, "--layers " + std::to_string(layers) + " must be a multiple of pp*vpp = " + std::to_string(chunks), error)) {
+  chunks_ = o_.pp * o_.vpp;
+  layers_ = o_.layers > 0 ? o_.layers : ((32 + chunks_ - 1) / chunks_) * chunks_;
+  if (!Check(layers_ % chunks_ == 0,
+             "--layers " + std::to_string(layers_) + " must be a multiple of pp*vpp = " + std::to_string(chunks_),
+             error_)) {
     return false;
   }
-  if (!Check(o.tflops > 0, "--tflops must be positive", error)) return false;
+  if (!Check(o_.tflops > 0, "--tflops must be positive", error_)) return false;
+  return true;
+}
 
-  // Sizes, FLOPs and times.
-  Sizes z;
-  const double h = o.hidden, s = o.seq_len, b = o.micro_batch_size, tp = o.tp;
-  const bool moe = o.ep > 1;
-  z.layers_per_chunk = layers / chunks;
-  const double per_us = o.tflops * 1e6;  // FLOPs per microsecond
+// Sizes, FLOPs and times.
+void Synthesis::ComputeSizes() {
+  const double h = o_.hidden, s = o_.seq_len, b = o_.micro_batch_size, tp = o_.tp;
+  moe_ = o_.ep > 1;
+  z_.layers_per_chunk = layers_ / chunks_;
+  const double per_us = o_.tflops * 1e6;  // FLOPs per microsecond
   const double attn_flops = (8 * b * s * h * h + 4 * b * s * s * h) / tp;
-  const double mlp_flops = 16 * b * s * h * h * (moe ? o.moe_topk : 1) / tp;
-  z.fwd_attn_us = attn_flops / per_us;
-  z.fwd_mlp_us = mlp_flops / per_us;
-  z.bwd_attn_us = 2 * z.fwd_attn_us;
-  z.bwd_mlp_us = 2 * z.fwd_mlp_us;
-  if (o.fwd_us >= 0) {  // scale the per-layer split to the given per-chunk totals
-    double f = o.fwd_us / (z.layers_per_chunk * (z.fwd_attn_us + z.fwd_mlp_us));
-    z.fwd_attn_us *= f;
-    z.fwd_mlp_us *= f;
+  const double mlp_flops = 16 * b * s * h * h * (moe_ ? o_.moe_topk : 1) / tp;
+  z_.fwd_attn_us = attn_flops / per_us;
+  z_.fwd_mlp_us = mlp_flops / per_us;
+  z_.bwd_attn_us = 2 * z_.fwd_attn_us;
+  z_.bwd_mlp_us = 2 * z_.fwd_mlp_us;
+  if (o_.fwd_us >= 0) {  // scale the per-layer split to the given per-chunk totals
+    double f = o_.fwd_us / (z_.layers_per_chunk * (z_.fwd_attn_us + z_.fwd_mlp_us));
+    z_.fwd_attn_us *= f;
+    z_.fwd_mlp_us *= f;
   }
-  double bwd_total = o.bwd_us >= 0 ? o.bwd_us : 2 * z.layers_per_chunk * (z.fwd_attn_us + z.fwd_mlp_us);
+  double bwd_total = o_.bwd_us >= 0 ? o_.bwd_us : 2 * z_.layers_per_chunk * (z_.fwd_attn_us + z_.fwd_mlp_us);
   {
-    double f = bwd_total / (z.layers_per_chunk * (z.bwd_attn_us + z.bwd_mlp_us));
-    z.bwd_attn_us *= f;
-    z.bwd_mlp_us *= f;
+    double f = bwd_total / (z_.layers_per_chunk * (z_.bwd_attn_us + z_.bwd_mlp_us));
+    z_.bwd_attn_us *= f;
+    z_.bwd_mlp_us *= f;
   }
-  z.fwd_us = z.layers_per_chunk * (z.fwd_attn_us + z.fwd_mlp_us);
-  z.bwd_us = z.layers_per_chunk * (z.bwd_attn_us + z.bwd_mlp_us);
-  const bool sp = o.sequence_parallel && o.tp > 1;
+  z_.fwd_us = z_.layers_per_chunk * (z_.fwd_attn_us + z_.fwd_mlp_us);
+  z_.bwd_us = z_.layers_per_chunk * (z_.bwd_attn_us + z_.bwd_mlp_us);
+  const bool sp = o_.sequence_parallel && o_.tp > 1;
   const double tokens_bytes = s * b * h * 2;  // one bf16 activation tensor
-  z.act_bytes = o.act_bytes > 0 ? o.act_bytes : static_cast<uint64_t>(tokens_bytes / (sp ? tp : 1));
-  z.tp_bytes = static_cast<uint64_t>(tokens_bytes);
-  z.a2a_bytes = static_cast<uint64_t>(tokens_bytes * o.moe_topk / (sp ? tp : 1));
-  z.dense_params_chunk = z.layers_per_chunk * (moe ? 4 : 12) * h * h / tp;
-  z.expert_params_chunk = moe ? z.layers_per_chunk * (static_cast<double>(o.num_experts) / o.ep) * 8 * h * h / tp : 0;
-  const int gsize = trace::DTypeSize(o.grad_dtype);
-  z.grad_bytes_chunk = o.grad_bytes > 0 ? o.grad_bytes : RoundUp(z.dense_params_chunk * gsize, static_cast<uint64_t>(o.dp) * gsize);
-  z.param_bytes_chunk = RoundUp(static_cast<double>(z.grad_bytes_chunk) / gsize * 2, static_cast<uint64_t>(o.dp) * 2);
-  const int edp = o.dp / o.ep;
-  z.expert_grad_bytes_chunk = RoundUp(z.expert_params_chunk * gsize, static_cast<uint64_t>(edp) * gsize);
-  z.expert_param_bytes_chunk = RoundUp(z.expert_params_chunk * 2, static_cast<uint64_t>(edp) * 2);
-  z.buckets = o.dp_buckets > 0 ? o.dp_buckets
-                               : std::max(1, static_cast<int>(std::ceil(z.dense_params_chunk / 40e6)));
+  z_.act_bytes = o_.act_bytes > 0 ? o_.act_bytes : static_cast<uint64_t>(tokens_bytes / (sp ? tp : 1));
+  z_.tp_bytes = static_cast<uint64_t>(tokens_bytes);
+  z_.a2a_bytes = static_cast<uint64_t>(tokens_bytes * o_.moe_topk / (sp ? tp : 1));
+  z_.dense_params_chunk = z_.layers_per_chunk * (moe_ ? 4 : 12) * h * h / tp;
+  z_.expert_params_chunk =
+      moe_ ? z_.layers_per_chunk * (static_cast<double>(o_.num_experts) / o_.ep) * 8 * h * h / tp : 0;
+  const int gsize = trace::DTypeSize(o_.grad_dtype);
+  z_.grad_bytes_chunk = o_.grad_bytes > 0
+                            ? o_.grad_bytes
+                            : RoundUp(z_.dense_params_chunk * gsize, static_cast<uint64_t>(o_.dp) * gsize);
+  z_.param_bytes_chunk =
+      RoundUp(static_cast<double>(z_.grad_bytes_chunk) / gsize * 2, static_cast<uint64_t>(o_.dp) * 2);
+  edp_ = o_.dp / o_.ep;
+  z_.expert_grad_bytes_chunk = RoundUp(z_.expert_params_chunk * gsize, static_cast<uint64_t>(edp_) * gsize);
+  z_.expert_param_bytes_chunk = RoundUp(z_.expert_params_chunk * 2, static_cast<uint64_t>(edp_) * 2);
+  z_.buckets = o_.dp_buckets > 0 ? o_.dp_buckets
+                                 : std::max(1, static_cast<int>(std::ceil(z_.dense_params_chunk / 40e6)));
   // Adam with a distributed optimizer touches ~24 bytes per local parameter (fp32 param, grad, two moments) at
   // ~3 TB/s of HBM.
-  double local_params = (z.dense_params_chunk + z.expert_params_chunk) * o.vpp /
-                        (o.distributed_optimizer ? o.dp : 1);
-  z.optimizer_us = o.optimizer_us >= 0 ? o.optimizer_us : local_params * 24 / 3e12 * 1e6;
+  double local_params = (z_.dense_params_chunk + z_.expert_params_chunk) * o_.vpp /
+                        (o_.distributed_optimizer ? o_.dp : 1);
+  z_.optimizer_us = o_.optimizer_us >= 0 ? o_.optimizer_us : local_params * 24 / 3e12 * 1e6;
+}
 
-  trace::Trace t;
-  t.world_size = static_cast<int32_t>(world);
-  t.layout.tp = o.tp;
-  t.layout.pp = o.pp;
-  t.layout.dp = o.dp;
-  t.layout.ep = o.ep;
-  t.layout.order = "tp-cp-ep-dp-pp";
-  t.topology = o.topology;
-  auto rank_of = [&](int ti, int di, int si) { return static_cast<int32_t>(ti + o.tp * (di + o.dp * si)); };
+void Synthesis::StartTrace() {
+  t_.world_size = static_cast<int32_t>(world_);
+  t_.layout.tp = o_.tp;
+  t_.layout.pp = o_.pp;
+  t_.layout.dp = o_.dp;
+  t_.layout.ep = o_.ep;
+  t_.layout.order = "tp-cp-ep-dp-pp";
+  t_.topology = o_.topology;
+}
 
-  // Which slots exist.
-  std::vector<std::string> slots;
-  auto slot = [&](bool used, const char* name) -> uint32_t {
-    if (!used) return kNo;
-    slots.push_back(name);
-    return static_cast<uint32_t>(slots.size() - 1);
-  };
-  const uint32_t slot_tp = slot(o.tp > 1 && o.tp_comm, "tp");
-  const uint32_t slot_pp = slot(o.pp > 1, "pp");
-  const uint32_t slot_dp = slot(o.dp > 1, "dp");
-  const uint32_t slot_ep = slot(moe, "ep");
-  const uint32_t slot_edp = slot(moe && edp > 1, "edp");
+int32_t Synthesis::RankOf(int ti, int di, int si) const {
+  return static_cast<int32_t>(ti + o_.tp * (di + o_.dp * si));
+}
 
-  // Communicators; comm_of[slot][rank].
-  std::vector<std::vector<uint32_t>> comm_of(slots.size(), std::vector<uint32_t>(world, kNo));
-  auto add_comm = [&](uint32_t sl, const char* desc, const std::vector<int32_t>& ranks) {
-    trace::Comm c;
-    c.id = static_cast<uint32_t>(t.comms.size());
-    c.ranks = ranks;
-    c.desc = desc;
-    for (int32_t r : ranks) comm_of[sl][r] = c.id;
-    t.comms.push_back(std::move(c));
-  };
-  if (slot_tp != kNo) {
-    for (int si = 0; si < o.pp; ++si) {
-      for (int di = 0; di < o.dp; ++di) {
+// Which slots exist.
+void Synthesis::AddSlots() {
+  slot_tp_ = Slot(o_.tp > 1 && o_.tp_comm, "tp");
+  slot_pp_ = Slot(o_.pp > 1, "pp");
+  slot_dp_ = Slot(o_.dp > 1, "dp");
+  slot_ep_ = Slot(moe_, "ep");
+  slot_edp_ = Slot(moe_ && edp_ > 1, "edp");
+}
+
+uint32_t Synthesis::Slot(bool used, const char* name) {
+  if (!used) return kNo;
+  slots_.push_back(name);
+  return static_cast<uint32_t>(slots_.size() - 1);
+}
+
+// Communicators; comm_of[slot][rank].
+void Synthesis::AddComms() {
+  comm_of_.assign(slots_.size(), std::vector<uint32_t>(world_, kNo));
+  if (slot_tp_ != kNo) {
+    for (int si = 0; si < o_.pp; ++si) {
+      for (int di = 0; di < o_.dp; ++di) {
         std::vector<int32_t> r;
-        for (int ti = 0; ti < o.tp; ++ti) r.push_back(rank_of(ti, di, si));
-        add_comm(slot_tp, "TENSOR_MODEL_PARALLEL", r);
+        for (int ti = 0; ti < o_.tp; ++ti) r.push_back(RankOf(ti, di, si));
+        AddComm(slot_tp_, "TENSOR_MODEL_PARALLEL", r);
       }
     }
   }
-  if (slot_pp != kNo) {
-    for (int di = 0; di < o.dp; ++di) {
-      for (int ti = 0; ti < o.tp; ++ti) {
+  if (slot_pp_ != kNo) {
+    for (int di = 0; di < o_.dp; ++di) {
+      for (int ti = 0; ti < o_.tp; ++ti) {
         std::vector<int32_t> r;
-        for (int si = 0; si < o.pp; ++si) r.push_back(rank_of(ti, di, si));
-        add_comm(slot_pp, "PIPELINE_MODEL_PARALLEL", r);
+        for (int si = 0; si < o_.pp; ++si) r.push_back(RankOf(ti, di, si));
+        AddComm(slot_pp_, "PIPELINE_MODEL_PARALLEL", r);
       }
     }
   }
-  if (slot_dp != kNo) {
-    for (int si = 0; si < o.pp; ++si) {
-      for (int ti = 0; ti < o.tp; ++ti) {
+  if (slot_dp_ != kNo) {
+    for (int si = 0; si < o_.pp; ++si) {
+      for (int ti = 0; ti < o_.tp; ++ti) {
         std::vector<int32_t> r;
-        for (int di = 0; di < o.dp; ++di) r.push_back(rank_of(ti, di, si));
-        add_comm(slot_dp, "DATA_PARALLEL", r);
+        for (int di = 0; di < o_.dp; ++di) r.push_back(RankOf(ti, di, si));
+        AddComm(slot_dp_, "DATA_PARALLEL", r);
       }
     }
   }
-  if (slot_ep != kNo) {  // expert groups: ep consecutive data-parallel ranks (Megatron's tp-ep-dp-pp order)
-    for (int si = 0; si < o.pp; ++si) {
-      for (int ti = 0; ti < o.tp; ++ti) {
-        for (int d0 = 0; d0 < o.dp; d0 += o.ep) {
+  if (slot_ep_ != kNo) {  // expert groups: ep consecutive data-parallel ranks (Megatron's tp-ep-dp-pp order)
+    for (int si = 0; si < o_.pp; ++si) {
+      for (int ti = 0; ti < o_.tp; ++ti) {
+        for (int d0 = 0; d0 < o_.dp; d0 += o_.ep) {
           std::vector<int32_t> r;
-          for (int e = 0; e < o.ep; ++e) r.push_back(rank_of(ti, d0 + e, si));
-          add_comm(slot_ep, "EXPERT_MODEL_PARALLEL", r);
+          for (int e = 0; e < o_.ep; ++e) r.push_back(RankOf(ti, d0 + e, si));
+          AddComm(slot_ep_, "EXPERT_MODEL_PARALLEL", r);
         }
       }
     }
   }
-  if (slot_edp != kNo) {
-    for (int si = 0; si < o.pp; ++si) {
-      for (int ti = 0; ti < o.tp; ++ti) {
-        for (int e = 0; e < o.ep; ++e) {
+  if (slot_edp_ != kNo) {
+    for (int si = 0; si < o_.pp; ++si) {
+      for (int ti = 0; ti < o_.tp; ++ti) {
+        for (int e = 0; e < o_.ep; ++e) {
           std::vector<int32_t> r;
-          for (int di = e; di < o.dp; di += o.ep) r.push_back(rank_of(ti, di, si));
-          add_comm(slot_edp, "EXPERT_DATA_PARALLEL", r);
+          for (int di = e; di < o_.dp; di += o_.ep) r.push_back(RankOf(ti, di, si));
+          AddComm(slot_edp_, "EXPERT_DATA_PARALLEL", r);
         }
       }
     }
   }
+}
 
-  // Classes: one per (tp, pp) position; every tp rank of a stage runs the same nodes.
-  t.classes.reserve(static_cast<size_t>(o.tp) * o.pp);
-  for (int si = 0; si < o.pp; ++si) {
-    StageBuilder sb(o, z, si, slot_tp, slot_pp, slot_dp, slot_ep, slot_edp);
-    trace::RoleClass stage = sb.Build(slots);
-    for (int ti = 0; ti < o.tp; ++ti) {
+void Synthesis::AddComm(uint32_t sl, const char* desc, const std::vector<int32_t>& ranks) {
+  trace::Comm c;
+  c.id = static_cast<uint32_t>(t_.comms.size());
+  c.ranks = ranks;
+  c.desc = desc;
+  for (int32_t r : ranks) comm_of_[sl][r] = c.id;
+  t_.comms.push_back(std::move(c));
+}
+
+// Classes: one per (tp, pp) position; every tp rank of a stage runs the same nodes.
+void Synthesis::AddClasses() {
+  t_.classes.reserve(static_cast<size_t>(o_.tp) * o_.pp);
+  for (int si = 0; si < o_.pp; ++si) {
+    StageBuilder sb(o_, z_, si, slot_tp_, slot_pp_, slot_dp_, slot_ep_, slot_edp_);
+    trace::RoleClass stage = sb.Build(slots_);
+    for (int ti = 0; ti < o_.tp; ++ti) {
       trace::RoleClass c = stage;
       c.name = "tp" + std::to_string(ti) + "-pp" + std::to_string(si);
-      t.classes.push_back(std::move(c));
+      t_.classes.push_back(std::move(c));
     }
   }
-  t.ranks.resize(world);
-  for (int si = 0; si < o.pp; ++si) {
-    for (int di = 0; di < o.dp; ++di) {
-      for (int ti = 0; ti < o.tp; ++ti) {
-        int32_t r = rank_of(ti, di, si);
-        trace::RankBinding& rb = t.ranks[r];
-        rb.cls = static_cast<uint32_t>(si * o.tp + ti);
-        for (size_t sl = 0; sl < slots.size(); ++sl) rb.comms.push_back(comm_of[sl][r]);
+  t_.ranks.resize(world_);
+  for (int si = 0; si < o_.pp; ++si) {
+    for (int di = 0; di < o_.dp; ++di) {
+      for (int ti = 0; ti < o_.tp; ++ti) {
+        int32_t r = RankOf(ti, di, si);
+        trace::RankBinding& rb = t_.ranks[r];
+        rb.cls = static_cast<uint32_t>(si * o_.tp + ti);
+        for (size_t sl = 0; sl < slots_.size(); ++sl) rb.comms.push_back(comm_of_[sl][r]);
       }
     }
   }
-  *out = std::move(t);
+}
+
+}  // namespace
+
+bool Synthesize(const SynthOptions& o, trace::Trace* out, std::string* error) {
+  Synthesis s(o, error);
+  if (!s.CheckOptions()) return false;
+  s.ComputeSizes();
+  s.StartTrace();
+  s.AddSlots();
+  s.AddComms();
+  s.AddClasses();
+  *out = s.TakeTrace();
   return true;
 }
 

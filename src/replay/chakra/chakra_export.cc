@@ -34,7 +34,7 @@ et::CollectiveCommType CommType(CollOp op) {
   return et::ALL_REDUCE;  // not reached for a validated trace
 }
 
-// What import-chakra reads back from duration_micros alone (see chakra_import.cc).
+// What import-chakra reads back from duration_micros alone (see RankReader::Classify, chakra_import_rank_reader.cc).
 double ReadBack(uint64_t micros, bool comm) {
   if (!comm) return static_cast<double>(micros);
   return micros > 0 ? static_cast<double>(micros) : -1.0;
