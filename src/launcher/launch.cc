@@ -648,6 +648,10 @@ void PlanRun::Finish() {
   WriteReport();
   WriteTraces();
   PrintFailedRankLog();
+  if (!plan_.compile_cache_dir.empty()) {
+    std::error_code ec;  // Why ignored: a cache left behind costs disk only; the run's result stands
+    fs::remove_all(plan_.compile_cache_dir, ec);
+  }
 }
 
 void PlanRun::SettleExitCode() {

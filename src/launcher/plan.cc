@@ -656,6 +656,8 @@ void PlanBuilder::FindRecordedPayloads() {
 }
 
 bool PlanBuilder::AddWorkers() {
+  const bool user_cache = host_.env && (host_.env("TORCHINDUCTOR_CACHE_DIR") || host_.env("TRITON_CACHE_DIR"));
+  if (!user_cache) p_.compile_cache_dir = p_.out_dir + "/compile-cache";
   for (const RealRank& r : p_.real) {
     Worker wk;
     wk.rank = r.rank;
@@ -668,6 +670,11 @@ bool PlanBuilder::AddWorkers() {
     Set(&wk.env, "ROLE_RANK", std::to_string(r.rank));
     Set(&wk.env, "CUDA_VISIBLE_DEVICES", r.device);
     Set(&wk.env, "PRISM_RANK", std::to_string(r.rank));
+    if (!p_.compile_cache_dir.empty()) {
+      const std::string own = p_.compile_cache_dir + "/rank" + std::to_string(r.rank);
+      Set(&wk.env, "TORCHINDUCTOR_CACHE_DIR", own + "/inductor");
+      Set(&wk.env, "TRITON_CACHE_DIR", own + "/triton");
+    }
     if (!req_.payload_dir.empty()) {
       // Which collected rank's payloads: the rank's own (it ran in the collect), else the lowest collected rank of
       // its class (collect --real-routing recorded the expert-parallel peers), else the rank of replica 0 with its

@@ -126,6 +126,12 @@ struct Plan {
   std::string coord_socket;   // PRISM_COORD_SOCKET (local coordinator)
   std::string out_dir;
   std::string python;         // interpreter the workers run under ("" with --no-python)
+  // Each worker's own empty torch.compile/Triton cache (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) under here,
+  // removed when the run ends; empty when the user set either variable (theirs is kept). Why: a compile with a cold
+  // cache allocates tensors that a warm one does not (the MoE job's weighted SwiGLU: 62.9 MB once in iteration 1),
+  // and the collect warms the host's shared cache for every later stage; every stage compiling cold is what a job
+  // on fresh nodes does. docs/cli.md "Environment".
+  std::string compile_cache_dir;
   EnvList env;                // variables every worker gets
   std::vector<Worker> workers;
   std::vector<std::string> warnings;

@@ -135,9 +135,16 @@ fid_exec() {
     export CUDA_VISIBLE_DEVICES=$cvd PYTHONPATH="$fid_hook${PYTHONPATH:+:$PYTHONPATH}"
     export NCCL_NVLS_ENABLE=0 NCCL_NVLINK_SHARP_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     export CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHON_EXEC=${PYTHON_EXEC:-$PYTHON}
+    # Why an empty compile cache for native runs: prism-run gives each worker one (docs/cli.md "Environment"), and a
+    # cold torch.compile allocates what a warm one does not, so both sides compile cold.
+    if [ "$1" != "$PRISM_RUN" ]; then
+      rm -rf "$dir/compile-cache"
+      export TORCHINDUCTOR_CACHE_DIR=$dir/compile-cache/inductor TRITON_CACHE_DIR=$dir/compile-cache/triton
+    fi
     exec timeout -s INT -k 30 "$FIDELITY_T" "$@"
   ) > "$dir/out.log" 2>&1
   rc=$?
+  rm -rf "$dir/compile-cache"
   printf 'rc=%s\nwall_s=%s\n' "$rc" $((SECONDS - t0)) >> "$dir/meta.txt"
   echo "$(basename "$dir"): exit $rc after $((SECONDS - t0)) s  ($(cat "$dir/cmd.txt"))"
   return "$rc"

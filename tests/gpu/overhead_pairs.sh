@@ -6,6 +6,8 @@
 # SKIP. Prints each pair's ratio (prism / native), their median and a distribution-free interval for that median
 # (order statistics of the binomial(n, 1/2): at least 95 % coverage; n = 6 gives min..max, 96.9 %).
 #   tests/gpu/overhead_pairs.sh OUT       PAIRS (6), ITERS (12), SKIP (2), PAIRS_SEQ (2048), PAIRS_MBS (2)
+# PAIRS_VARIANT=eager: the second side is native too, with CUDA_MODULE_LOADING=EAGER (what prism-run sets for its
+# workers: docs/cli.md), to tell that setting's cost from libprism's.
 # Writes OUT/pairs.txt (the table; its last line the summary) and each run's log.
 set -uo pipefail
 out=$(realpath -m "${1:?usage: overhead_pairs.sh OUT}"); mkdir -p "$out"
@@ -18,9 +20,18 @@ job=(pretrain_gpt.py "${MEGATRON_MEDIUM_ARGS[@]}" --global-batch-size 8 --train-
 run() {  # KIND PAIR
   local log=$out/$1.$2.log
   case $1 in
-    native) (cd "$MEGATRON" && timeout 300 "$PYTHON" -m torch.distributed.run --nproc-per-node 1 "${job[@]}") \
+    native) rm -rf "$out/compile-cache"  # cold, as prism-run's workers compile (docs/cli.md "Environment")
+            (cd "$MEGATRON" && TORCHINDUCTOR_CACHE_DIR=$out/compile-cache/inductor \
+              TRITON_CACHE_DIR=$out/compile-cache/triton timeout 300 "$PYTHON" -m torch.distributed.run --nproc-per-node 1 "${job[@]}") \
               > "$log" 2>&1 ;;
-    prism) (cd "$MEGATRON" && timeout 300 "$PRISM_RUN" --policy mirror --ranks 0 --out "$out/prism.$2" --quiet \
+    prism) if [ "${PAIRS_VARIANT:-}" = eager ]; then
+             rm -rf "$out/compile-cache"
+             (cd "$MEGATRON" && CUDA_MODULE_LOADING=EAGER TORCHINDUCTOR_CACHE_DIR=$out/compile-cache/inductor \
+                TRITON_CACHE_DIR=$out/compile-cache/triton timeout 300 "$PYTHON" -m torch.distributed.run \
+                --nproc-per-node 1 "${job[@]}") > "$log" 2>&1
+             return
+           fi
+           (cd "$MEGATRON" && timeout 300 "$PRISM_RUN" --policy mirror --ranks 0 --out "$out/prism.$2" --quiet \
               torchrun --nproc-per-node 1 "${job[@]}") > "$log" 2>&1
            cat "$out/prism.$2"/logs/rank0.log >> "$log" 2>/dev/null ;;
   esac

@@ -75,6 +75,12 @@ TEST_F(LauncherE2E, TwoRealRanksOfEight) {
   EXPECT_TRUE(w5["env"]["LD_PRELOAD"].is_null());  // --no-preload
   EXPECT_EQ(w5["argv"].back(), "0.1");
   EXPECT_EQ(w5["argv"][1], "--tensor-model-parallel-size");
+  // Each worker compiles with its own empty torch.compile/Triton cache, removed when the run ends.
+  if (!std::getenv("TORCHINDUCTOR_CACHE_DIR") && !std::getenv("TRITON_CACHE_DIR")) {
+    EXPECT_EQ(w5["env"]["TORCHINDUCTOR_CACHE_DIR"], (out / "compile-cache/rank5/inductor").string());
+    EXPECT_EQ(w0["env"]["TRITON_CACHE_DIR"], (out / "compile-cache/rank0/triton").string());
+    EXPECT_FALSE(fs::exists(out / "compile-cache")) << "the workers' compile caches outlived the run";
+  }
 
   // The coordinator's store stood in for the 6 virtual ranks: the init/ count reached the world size.
   EXPECT_EQ(w0["ping_ok"], true);

@@ -270,6 +270,24 @@ TEST(Plan, CommandsAsTorchrunBuildsThem) {
             (std::vector<std::string>{"python", "-u", "train.py", "--local-rank=2", "--lr", "1"}));
 }
 
+// Every worker compiles cold (its own empty torch.compile and Triton caches under the run's output), unless the
+// user named a cache: then theirs is kept and nothing of prism's is removed.
+TEST(Plan, EachWorkerGetsItsOwnCompileCacheUnlessTheUserNamedOne) {
+  Plan p = Build(Request(kMegatron64, "0,9"), FakeHost());
+  EXPECT_EQ(p.compile_cache_dir, "/tmp/out/compile-cache");
+  ASSERT_EQ(p.workers.size(), 2u);
+  auto w9 = EnvMap(p.workers[1].env);
+  EXPECT_EQ(w9["TORCHINDUCTOR_CACHE_DIR"], "/tmp/out/compile-cache/rank9/inductor");
+  EXPECT_EQ(w9["TRITON_CACHE_DIR"], "/tmp/out/compile-cache/rank9/triton");
+  EXPECT_EQ(EnvMap(p.workers[0].env)["TORCHINDUCTOR_CACHE_DIR"], "/tmp/out/compile-cache/rank0/inductor");
+  for (const char* mine : {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}) {
+    Plan q = Build(Request(kMegatron64, "0"), FakeHost({{mine, "/shared/cache"}}));
+    EXPECT_EQ(q.compile_cache_dir, "") << mine;
+    auto w = EnvMap(q.workers[0].env);
+    EXPECT_EQ(w.count("TORCHINDUCTOR_CACHE_DIR") + w.count("TRITON_CACHE_DIR"), 0u) << mine;
+  }
+}
+
 TEST(Plan, UserEnvironmentKeptAndPrepended) {
   Plan p = Build(Request(kMegatron64),
                  FakeHost({{"LD_PRELOAD", "/usr/lib/libtcmalloc.so"}, {"PYTHONPATH", "/src/megatron"},

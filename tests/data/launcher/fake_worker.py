@@ -73,8 +73,13 @@ def main():
              "CUDA_VISIBLE_DEVICES", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ENABLE_MONITORING",
              "TORCH_NCCL_RANKS_PER_ROOT", "CUDA_MODULE_LOADING", "PRISM_RANK", "PRISM_WORLD_SIZE", "PRISM_LAYOUT",
              "PRISM_GPUS_PER_NODE", "PRISM_COORD_SOCKET", "LD_PRELOAD", "FAKE_USER_VAR", "PRISM_GRAPH",
-             "PRISM_PAYLOAD_FILE", "PRISM_RECORD_PAYLOADS", "PRISM_LOCKSTEP_SLOTS"]
+             "PRISM_PAYLOAD_FILE", "PRISM_RECORD_PAYLOADS", "PRISM_LOCKSTEP_SLOTS", "TORCHINDUCTOR_CACHE_DIR",
+             "TRITON_CACHE_DIR"]
     info = {"argv": sys.argv, "env": {n: os.environ.get(n) for n in names}}
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache:  # as torch.compile would: the run must remove it
+        os.makedirs(cache, exist_ok=True)
+        open(os.path.join(cache, "compiled.py"), "w").write("# fake\n")
     if os.environ.get("FAKE_STORE", "1") == "1":
         info["ping_ok"], info["init_count"] = store_add_init()
     with open(os.path.join(out, "fake_rank%d.json" % rank), "w") as f:
