@@ -204,7 +204,24 @@ class DriverGpu final : public Gpu {
     if (!lock.owns_lock()) return;
     last_calib_ns_.store(now);
     int64_t off;
-    if (ProbeOffset(200000, &off)) offset_.store(off, std::memory_order_relaxed);
+    ++probes_;
+    if (ProbeOffset(200000, &off)) {
+      offset_.store(off, std::memory_order_relaxed);
+      ++probes_ok_;
+    }
+    // Why a line every 10 s: the offset drifts (9 us/s between processes on the H200) and a probe needs an idle SM
+    // within 0.2 ms, which a GPU-bound job may never leave; a stale offset moves every gate's opened_ns and so the
+    // filled graph's compute (docs/fill.md "Rounds and noise"). A rank stopped by a signal writes no exit line.
+    if (now - last_clock_log_ns_ >= 10000000000ull) {
+      const int64_t cur = offset_.load(std::memory_order_relaxed);
+      const double span_s = static_cast<double>(now - first_calib_ns_) * 1e-9;
+      Log("interpose")->info("clock: offset {} ns, {:+} ns since the first calibration {:.1f} s ago ({:+.2f} us/s); "
+                             "{} of {} probes in the last 10 s measured", cur, cur - first_offset_ns_, span_s,
+                             span_s > 0 ? 1e-3 * static_cast<double>(cur - first_offset_ns_) / span_s : 0.0,
+                             probes_ok_, probes_);
+      last_clock_log_ns_ = now;
+      probes_ = probes_ok_ = 0;
+    }
   }
 
  private:
@@ -344,6 +361,8 @@ class DriverGpu final : public Gpu {
     d().cuStreamSynchronize(stream_);
     if (best != INT64_MAX) offset_.store(best);
     last_calib_ns_.store(HostNowNs());
+    first_calib_ns_ = last_clock_log_ns_ = last_calib_ns_.load();
+    first_offset_ns_ = offset_.load();
     wait_release_.store(MeasureRelease(GateKind::kWait, 1));
     spin_release_[1].store(MeasureRelease(GateKind::kSpin, 1));
   }
@@ -392,6 +411,10 @@ class DriverGpu final : public Gpu {
   std::atomic<int64_t> wait_release_{10000};
   std::atomic<int64_t> spin_release_[kMaxCtas + 1];
   std::atomic<uint64_t> last_calib_ns_{0};
+  // MaybeRecalibrate's account (under probe_mu_): the first calibration, the probes since the last clock line.
+  uint64_t first_calib_ns_ = 0, last_clock_log_ns_ = 0;
+  int64_t first_offset_ns_ = 0;
+  uint64_t probes_ = 0, probes_ok_ = 0;
 };
 
 std::atomic<Gpu*> g_fake{nullptr};
