@@ -210,8 +210,9 @@ class DriverGpu final : public Gpu {
       ++probes_ok_;
     }
     // Why a line every 10 s: the offset drifts (9 us/s between processes on the H200) and a probe needs an idle SM
-    // within 0.2 ms, which a GPU-bound job may never leave; a stale offset moves every gate's opened_ns and so the
-    // filled graph's compute (docs/fill.md "Rounds and noise"). A rank stopped by a signal writes no exit line.
+    // within 0.2 ms, which a GPU-bound job may never leave. With a stale offset the progress thread opens each timed
+    // gate late by the drift and logs it on time, so the lateness lands in the next compute gap of the filled graph
+    // (docs/fill.md "Rounds and noise"). A rank stopped by a signal writes no exit line, hence a periodic one.
     if (now - last_clock_log_ns_ >= 10000000000ull) {
       const int64_t cur = offset_.load(std::memory_order_relaxed);
       const double span_s = static_cast<double>(now - first_calib_ns_) * 1e-9;
