@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "interpose/core/clock_model.h"
 #include "interpose/core/real_symbols.h"
 #include "interpose/kernels.h"
 
@@ -61,7 +62,7 @@ class DriverGpu final : public Gpu {
   volatile uint32_t* GateWord(uint32_t slot) override { return &gate_[slot % kGateSlots]; }
   volatile uint64_t* IterWord(uint32_t slot) override { return &iter_[slot % kIterSlots]; }
   ClockCalibration Calibration() const override {
-    return ClockCalibration{offset_.load(std::memory_order_relaxed), wait_release_.load(std::memory_order_relaxed),
+    return ClockCalibration{clock_.OffsetAt(HostNowNs()), wait_release_.load(std::memory_order_relaxed),
                             spin_release_[1].load(std::memory_order_relaxed)};
   }
 
@@ -206,7 +207,7 @@ class DriverGpu final : public Gpu {
     int64_t off;
     ++probes_;
     if (ProbeOffset(200000, &off)) {
-      offset_.store(off, std::memory_order_relaxed);
+      clock_.Add(now, off);
       ++probes_ok_;
     }
     // Why a line every 10 s: the offset drifts (9 us/s between processes on the H200) and a probe needs an idle SM
@@ -214,12 +215,13 @@ class DriverGpu final : public Gpu {
     // gate late by the drift and logs it on time, so the lateness lands in the next compute gap of the filled graph
     // (docs/fill.md "Rounds and noise"). A rank stopped by a signal writes no exit line, hence a periodic one.
     if (now - last_clock_log_ns_ >= 10000000000ull) {
-      const int64_t cur = offset_.load(std::memory_order_relaxed);
+      const int64_t cur = clock_.OffsetAt(now);
       const double span_s = static_cast<double>(now - first_calib_ns_) * 1e-9;
       Log("interpose")->info("clock: offset {} ns, {:+} ns since the first calibration {:.1f} s ago ({:+.2f} us/s); "
-                             "{} of {} probes in the last 10 s measured", cur, cur - first_offset_ns_, span_s,
+                             "drift followed between probes {:+.2f} us/s; {} of {} probes in the last 10 s measured",
+                             cur, cur - first_offset_ns_, span_s,
                              span_s > 0 ? 1e-3 * static_cast<double>(cur - first_offset_ns_) / span_s : 0.0,
-                             probes_ok_, probes_);
+                             clock_.RatePpm(), probes_ok_, probes_);
       last_clock_log_ns_ = now;
       probes_ = probes_ok_ = 0;
     }
@@ -293,7 +295,7 @@ class DriverGpu final : public Gpu {
     if (!Warm()) return false;
     Calibrate();
     Log("interpose")->info("GPU ready: clock offset {} ns, wait-gate release {} ns, spin-gate (1 CTA) release {} ns",
-                           offset_.load(), wait_release_.load(), spin_release_[1].load());
+                           clock_.OffsetAt(HostNowNs()), wait_release_.load(), spin_release_[1].load());
     return true;
   }
 
@@ -360,10 +362,10 @@ class DriverGpu final : public Gpu {
       if (ProbeOffset(1000000000, &off)) best = std::min(best, off);
     }
     d().cuStreamSynchronize(stream_);
-    if (best != INT64_MAX) offset_.store(best);
     last_calib_ns_.store(HostNowNs());
     first_calib_ns_ = last_clock_log_ns_ = last_calib_ns_.load();
-    first_offset_ns_ = offset_.load();
+    clock_.Reset(first_calib_ns_, best != INT64_MAX ? best : 0);
+    first_offset_ns_ = clock_.OffsetAt(first_calib_ns_);
     wait_release_.store(MeasureRelease(GateKind::kWait, 1));
     spin_release_[1].store(MeasureRelease(GateKind::kSpin, 1));
   }
@@ -383,7 +385,7 @@ class DriverGpu final : public Gpu {
       uint64_t t_host = HostNowNs();
       __atomic_store_n(&gate_[slot], ticket, __ATOMIC_RELEASE);
       if (!WaitNonZero(&arrival_[slot], 1000000000)) break;
-      samples.push_back(static_cast<int64_t>(arrival_[slot]) - offset_.load() - static_cast<int64_t>(t_host));
+      samples.push_back(static_cast<int64_t>(arrival_[slot]) - clock_.OffsetAt(t_host) - static_cast<int64_t>(t_host));
     }
     f.cuStreamSynchronize(stream_);
     arrival_[slot] = 0;
@@ -408,7 +410,7 @@ class DriverGpu final : public Gpu {
   CUdeviceptr arrival_dev_ = 0, gate_dev_ = 0, iter_dev_ = 0, probe_dev_ = 0;
   uint32_t probe_ticket_ = 0;
   uint32_t release_ticket_ = 0;
-  std::atomic<int64_t> offset_{0};
+  ClockModel clock_;  // written under probe_mu_ (and in Setup before ready_), read anywhere
   std::atomic<int64_t> wait_release_{10000};
   std::atomic<int64_t> spin_release_[kMaxCtas + 1];
   std::atomic<uint64_t> last_calib_ns_{0};
