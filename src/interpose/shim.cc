@@ -76,7 +76,8 @@ PRISM_API int prism_drain(double timeout_s) {
   return ProgressDrain(static_cast<uint64_t>(timeout_s * 1e9)) ? 1 : 0;
 }
 
-// Clock calibration measured at GPU setup (ns): GPU - host clock, wait-gate and spin-gate release latency.
+// Clock calibration (ns): GPU - host clock now (the drift followed between probes), wait-gate and spin-gate release
+// latency measured at GPU setup.
 PRISM_API long long prism_calibration_ns(int which) {
   ClockCalibration c = TheGpu().Calibration();
   switch (which) {
