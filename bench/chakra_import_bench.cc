@@ -16,10 +16,6 @@
 //
 // --dir DIR keeps the ETs there (and reuses them when DIR/et<ranks>/ holds some); --threads is the streaming
 // importer's (0: one per core, at most 4); --no-reference skips the reference (it takes ~30 s at 8192 ranks).
-#include <cstdio>
-
-#if PRISM_HAVE_CHAKRA
-
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -262,12 +258,3 @@ int main(int argc, char** argv) {
   }
   return all_same ? 0 : 1;
 }
-
-#else
-
-int main() {
-  std::printf("chakra_import_bench: prism_chakra is not built (protobuf missing)\n");
-  return 0;
-}
-
-#endif

@@ -6,16 +6,14 @@ function(prism_warnings target)
   endif()
 endfunction()
 
-# prism_library(<name>): a static library of every *.cc in the current folder (re-globbed at build time, so a
-# new file needs no CMake edit). Registered for tests/unit. Does nothing while the folder has no sources.
+# prism_library(<name> [<library>...]): a static library of every *.cc in the current folder (re-globbed at build
+# time, so a new file needs no CMake edit), linked with the third-party set (prism_deps) and the project libraries
+# named, exactly those whose headers its files include (tests/include_rules.sh holds the allowed directions, and
+# ctest Architecture.LinkRules checks these links against them).
 function(prism_library name)
   file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc)
-  if(NOT srcs)
-    return()
-  endif()
   add_library(${name} STATIC ${srcs})
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(${name} PUBLIC prism_deps ${ARGN})
   prism_warnings(${name})
-  set_property(GLOBAL APPEND PROPERTY PRISM_TEST_LIBS ${name})
 endfunction()

@@ -17,12 +17,10 @@
 #include <thread>
 #include <type_traits>
 
-#include "calibrate/fit.h"  // FormatBytes
-
-#if PRISM_CALIBRATE_HAVE_CUDA
 #include <cuda.h>
 #include <nccl.h>
-#endif
+
+#include "calibrate/fit.h"  // FormatBytes
 
 extern char** environ;
 
@@ -120,18 +118,6 @@ std::vector<std::string> NcclCandidates(const std::string& explicit_path) {
   out.emplace_back("/usr/local/cuda/lib64/libnccl.so.2");  // the toolkit's, where it is not in the loader's path
   return out;
 }
-
-#if !PRISM_CALIBRATE_HAVE_CUDA
-
-bool Measure(const MeasureOptions&, MeasurementSet*, std::ostream&, std::string* error) {
-  if (error) {
-    *error = "this prism-run was built without the CUDA headers (cuda.h, nccl.h), so it cannot measure; build it "
-             "where /usr/local/cuda/include has them, or fit measurements made elsewhere with --from FILE";
-  }
-  return false;
-}
-
-#else  // PRISM_CALIBRATE_HAVE_CUDA
 
 namespace {
 
@@ -663,7 +649,5 @@ bool Measure(const MeasureOptions& options, MeasurementSet* out, std::ostream& l
   *out = std::move(set);
   return true;
 }
-
-#endif  // PRISM_CALIBRATE_HAVE_CUDA
 
 }  // namespace prism::calibrate

@@ -16,8 +16,6 @@
 // completes when posted and the data is there.
 #include <gtest/gtest.h>
 
-#if PRISM_HAVE_CHAKRA
-
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -239,9 +237,3 @@ TEST_F(ChakraAstraPrediction, TheOtherConventionsDoNotMatch) {
 }
 
 }  // namespace
-
-#else
-
-TEST(ChakraAstraPrediction, NotBuilt) { GTEST_SKIP() << "prism_chakra is not built (protobuf missing)"; }
-
-#endif

@@ -3,8 +3,6 @@
 // cannot represent, and every kind of bad input with a message that names the file and the node.
 #include <gtest/gtest.h>
 
-#if PRISM_HAVE_CHAKRA
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -629,9 +627,3 @@ TEST_F(ChakraTest, RankNotInItsGroup) {
 }
 
 }  // namespace
-
-#else
-
-TEST(ChakraImport, NotBuilt) { GTEST_SKIP() << "prism_chakra is not built (protobuf missing)"; }
-
-#endif

@@ -4,8 +4,6 @@
 // from the command line (then `prism-run simulate` runs the imported graph).
 #include <gtest/gtest.h>
 
-#if PRISM_HAVE_CHAKRA
-
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -608,9 +606,3 @@ TEST_F(ChakraRoundTrip, CliBadInputExitsTwoNamingFileAndNode) {
 }
 
 }  // namespace
-
-#else
-
-TEST(ChakraRoundTrip, NotBuilt) { GTEST_SKIP() << "prism_chakra is not built (protobuf missing)"; }
-
-#endif

@@ -6,8 +6,6 @@
 // reference wrote (tests/data/chakra/pp2-tp2.imported.prism.json), and the thread count changes nothing.
 #include <gtest/gtest.h>
 
-#if PRISM_HAVE_CHAKRA
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -556,9 +554,3 @@ TEST_F(ChakraStream, MutatedFilesGiveTheReferenceOutcome) {
 }
 
 }  // namespace
-
-#else
-
-TEST(ChakraStream, NotBuilt) { GTEST_SKIP() << "prism_chakra is not built (protobuf missing)"; }
-
-#endif

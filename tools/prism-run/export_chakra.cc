@@ -5,10 +5,8 @@
 
 #include "subcommands.h"
 
-#if PRISM_HAVE_CHAKRA
 #include "replay/chakra/chakra_export.h"
 #include "replay/trace_io.h"
-#endif
 
 namespace prism::cli {
 
@@ -33,7 +31,6 @@ void AddExportChakra(CLI::App& app, int* rc) {
   sub->add_flag("--quiet", a->quiet, "no summary on stdout");
   sub->callback([rc, a] {
     const std::string me = "prism-run export-chakra: ";
-#if PRISM_HAVE_CHAKRA
     trace::Trace t;
     std::string err;
     if (!replay::ReadTrace(a->graph, &t, &err)) {
@@ -56,11 +53,6 @@ void AddExportChakra(CLI::App& app, int* rc) {
     for (const auto& w : s.warnings) std::cerr << me << "warning: " << w << "\n";
     if (!a->quiet) std::cout << s.Format();
     *rc = kExitOk;
-#else
-    std::cerr << me << "this prism-run was built without protobuf (libprotobuf-dev, protobuf-compiler; "
-              << "scripts/setup.sh installs them), so the Chakra library is absent\n";
-    *rc = kExitNotBuilt;
-#endif
   });
 }
 

@@ -5,10 +5,8 @@
 
 #include "subcommands.h"
 
-#if PRISM_HAVE_CHAKRA
 #include "replay/chakra/chakra_import.h"
 #include "replay/trace_io.h"
-#endif
 
 namespace prism::cli {
 
@@ -41,7 +39,6 @@ void AddImportChakra(CLI::App& app, int* rc) {
   sub->add_flag("--quiet", a->quiet, "no summary on stdout");
   sub->callback([rc, a] {
     const std::string me = "prism-run import-chakra: ";
-#if PRISM_HAVE_CHAKRA
     chakra::ImportOptions o;
     o.input = a->input;
     o.prefix = a->prefix;
@@ -66,11 +63,6 @@ void AddImportChakra(CLI::App& app, int* rc) {
     }
     if (!a->quiet) std::cout << s.Format() << "wrote " << a->output << "\n";
     *rc = kExitOk;
-#else
-    std::cerr << me << "this prism-run was built without protobuf (libprotobuf-dev, protobuf-compiler; "
-              << "scripts/setup.sh installs them), so the Chakra library is absent\n";
-    *rc = kExitNotBuilt;
-#endif
   });
 }
 

@@ -17,7 +17,6 @@ using launcher::EmulateOptions;
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;     // the job failed, a regression was found, the replay deadlocked
 inline constexpr int kExitBadInput = 2;    // malformed graph/topology/command line
-inline constexpr int kExitNotBuilt = 3;    // the subcommand exists in the contract but is not implemented yet
 inline constexpr int kExitHang = 4;        // emulate: prism diagnosed a hang and stopped the job (--on-hang stop);
                                            // coordinator: a hang was diagnosed (--on-hang stop)
 

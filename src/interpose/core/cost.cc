@@ -8,9 +8,7 @@
 #include "common/log.h"
 #include "interpose/core/config.h"
 #include "replay/topology.h"
-#if defined(PRISM_HAVE_COST_MODEL)
 #include "replay/cost_model.h"
-#endif
 
 namespace prism::interpose {
 
@@ -18,10 +16,8 @@ struct CommCostState {
   int nranks = 1;
   int nnodes = 1;
   int local_ranks = 1;
-#if defined(PRISM_HAVE_COST_MODEL)
   replay::CommTuning tuning;
   bool tuned = false;
-#endif
 };
 
 namespace {
@@ -31,10 +27,8 @@ using payload::OpKind;
 struct Model {
   replay::Topology topo;
   bool topo_ok = false;
-#if defined(PRISM_HAVE_COST_MODEL)
   replay::CostModel model;
   bool model_ok = false;
-#endif
   std::string description;
 };
 
@@ -53,25 +47,18 @@ Model& TheModel() {
         if (c.gpus_per_node > 0) m->topo.gpus_per_node = c.gpus_per_node;
         m->topo_ok = true;
       }
-#if defined(PRISM_HAVE_COST_MODEL)
       m->model_ok = m->model.Init(m->topo, replay::CostModelOptions::FromEnvironment(), &error);
       if (!m->model_ok) Log("interpose")->error("cost model: {}; using the alpha-beta fallback", error);
-#endif
     } catch (...) {
       m->topo = replay::Topology();
     }
-#if defined(PRISM_HAVE_COST_MODEL)
     m->description = m->model_ok ? "cost model over topology '" + m->topo.name + "'" : "alpha-beta fallback";
-#else
-    m->description = "alpha-beta fallback (built without the replay cost model)";
-#endif
     if (c.fixed_dur_us >= 0) m->description = "fixed " + std::to_string(c.fixed_dur_us) + " us (PRISM_FIXED_DUR_US)";
     return m;
   }();
   return *m;
 }
 
-#if defined(PRISM_HAVE_COST_MODEL)
 trace::CollOp ToCollOp(OpKind op) {
   switch (op) {
     case OpKind::kAllReduce: return trace::CollOp::kAllReduce;
@@ -86,9 +73,7 @@ trace::CollOp ToCollOp(OpKind op) {
   }
 }
 
-#endif
-
-// Alpha-beta ring model (FALLBACK, used only without the replay cost model): per-step latency and per-rank
+// Alpha-beta ring model (FALLBACK, used only where the replay cost model cannot be): per-step latency and per-rank
 // link bandwidth of the default topology; nccl-tests' bus-bandwidth factors.
 double FallbackUs(const replay::Topology& t, const CommCostState& s, OpKind op, uint64_t bytes) {
   const bool inter = s.nnodes > 1;
@@ -141,7 +126,6 @@ std::shared_ptr<CommCostState> MakeCommCost(const std::vector<int32_t>& members,
     s->local_ranks = std::min(s->nranks, gpn);
     s->nnodes = (s->nranks + gpn - 1) / gpn;
   }
-#if defined(PRISM_HAVE_COST_MODEL)
   if (m.model_ok) {
     replay::CommShape shape;
     if (!members.empty()) {
@@ -154,14 +138,11 @@ std::shared_ptr<CommCostState> MakeCommCost(const std::vector<int32_t>& members,
     s->tuning = m.model.Tune(shape);
     s->tuned = true;
   }
-#endif
   return s;
 }
 
 int CommChannels(const CommCostState* state) {
-#if defined(PRISM_HAVE_COST_MODEL)
   if (state != nullptr && state->tuned) return std::max(state->tuning.ring.channels, state->tuning.comm_channels);
-#endif
   return 0;
 }
 
@@ -190,7 +171,6 @@ OpCost OperationCost(const CommCostState* state, OpKind op, uint64_t bytes, payl
   Model& m = TheModel();
   CommCostState fallback_state;
   const CommCostState& s = state != nullptr ? *state : fallback_state;
-#if defined(PRISM_HAVE_COST_MODEL)
   if (m.model_ok) {
     replay::CommCost cc;
     if (op == OpKind::kSend || op == OpKind::kRecv) {
@@ -211,10 +191,6 @@ OpCost OperationCost(const CommCostState* state, OpKind op, uint64_t bytes, payl
     return c;
   }
 fallback:
-#endif
-  (void)dtype;
-  (void)self;
-  (void)peer;
   c.dur_ns = static_cast<uint64_t>(FallbackUs(m.topo, s, op, bytes) * 1000.0);
   c.source = CostSource::kFallback;
   return c;
