@@ -35,6 +35,46 @@ namespace prism::coord {
 
 using json = nlohmann::json;
 
+namespace {
+
+// Why the shape first: one 16 MiB frame can hold 8 million nested brackets or values, and a parsed value takes
+// 16-48 bytes; the scan is far cheaper than the parse (document_shape.h).
+bool ShapeOk(BusClient& c, const ipc::FrameView& f) {
+  std::string why;
+  const DocumentBounds bounds{limits::kMaxBusJsonDepth, limits::kMaxBusJsonValues};
+  if (CheckJsonShape(f.payload, bounds, &why)) return true;
+  c.drop_reason = fmt::format("message type {}: JSON {}", static_cast<int>(f.type), why);
+  return false;
+}
+
+// The frame's JSON object; false (the client is dropped) otherwise.
+bool ParseObject(BusClient& c, const ipc::FrameView& f, json* j) {
+  if (!ShapeOk(c, f)) return false;
+  *j = json::parse(f.payload, nullptr, false);
+  if (j->is_discarded() || !j->is_object()) {
+    c.drop_reason = fmt::format("message type {} carries no JSON object", static_cast<int>(f.type));
+    return false;
+  }
+  return true;
+}
+
+bool NeedHello(BusClient& c, const ipc::FrameView& f) {
+  if (c.rank >= 0) return true;
+  c.drop_reason = fmt::format("message type {} before kHello", static_cast<int>(f.type));
+  return false;
+}
+
+// A fixed-size payload from a rank that said hello; false (the client is dropped) otherwise.
+template <typename T>
+bool Pod(BusClient& c, const ipc::FrameView& f, T* out, const char* name) {
+  if (!NeedHello(c, f)) return false;
+  if (ipc::DecodePod(f, out)) return true;
+  c.drop_reason = fmt::format("{} of {} bytes, expected {}", name, f.payload.size(), sizeof(*out));
+  return false;
+}
+
+}  // namespace
+
 
 class Coordinator::Impl {
  public:
@@ -61,8 +101,21 @@ class Coordinator::Impl {
 
  private:
   void Loop();
+  // Hands a frame to its type's handler. A handler that finds the frame malformed sets c.drop_reason (the bus then
+  // drops the client).
   void HandleFrame(BusId id, BusClient& c, const ipc::FrameView& f);
-  void HandleHello(BusId id, BusClient& c, const json& j);
+  void HandleHello(BusId id, BusClient& c, const ipc::FrameView& f);
+  void HandleCommInit(BusId id, BusClient& c, const ipc::FrameView& f);
+  void HandleRealNcclId(BusId id, BusClient& c, const ipc::FrameView& f);
+  void HandleOpArrive(BusId id, BusClient& c, const ipc::FrameView& f);
+  void HandleOpRecord(BusClient& c, const ipc::FrameView& f);
+  void HandleMemory(BusClient& c, const ipc::FrameView& f);
+  void HandleIteration(BusClient& c, const ipc::FrameView& f);
+  void HandleOpData(BusClient& c, const ipc::FrameView& f);
+  void NoteExchangeWaits(const std::vector<ExchangeHub::Wait>& waits);
+  void SendExchangeResults(std::vector<ExchangeHub::Outgoing>& out);
+  void HandleMemRoom(BusId id, BusClient& c, const ipc::FrameView& f);
+  void HandleBye(BusClient& c, const ipc::FrameView& f);
   // A client leaves the bus: its rank (when this was its connection) is lost; true when it never said goodbye.
   bool OnDrop(BusId id, BusClient& c);
 
@@ -251,177 +304,18 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::FrameView
   using ipc::MsgType;
   st_.status_dirty = true;
   if (swap_ && c.rank >= 0) swap_->scheduler().Activity(c.rank, NowNs());
-  // Why the shape first: one 16 MiB frame can hold 8 million nested brackets or values, and a parsed value takes
-  // 16-48 bytes; the scan is far cheaper than the parse (document_shape.h).
-  auto shape_ok = [&]() {
-    std::string why;
-    const DocumentBounds bounds{limits::kMaxBusJsonDepth, limits::kMaxBusJsonValues};
-    if (CheckJsonShape(f.payload, bounds, &why)) return true;
-    c.drop_reason = fmt::format("message type {}: JSON {}", static_cast<int>(f.type), why);
-    return false;
-  };
-  auto parse = [&](json* j) {
-    if (!shape_ok()) return false;
-    *j = json::parse(f.payload, nullptr, false);
-    if (j->is_discarded() || !j->is_object()) {
-      c.drop_reason = fmt::format("message type {} carries no JSON object", static_cast<int>(f.type));
-      return false;
-    }
-    return true;
-  };
-  auto need_hello = [&]() {
-    if (c.rank >= 0) return true;
-    c.drop_reason = fmt::format("message type {} before kHello", static_cast<int>(f.type));
-    return false;
-  };
-  // A fixed-size payload from a rank that said hello; false (the client is dropped) otherwise.
-  auto pod = [&](auto* out, const char* name) {
-    if (!need_hello()) return false;
-    if (ipc::DecodePod(f, out)) return true;
-    c.drop_reason = fmt::format("{} of {} bytes, expected {}", name, f.payload.size(), sizeof(*out));
-    return false;
-  };
   try {
     switch (f.type) {
-      case MsgType::kHello: {
-        json j;
-        if (parse(&j)) HandleHello(id, c, j);
-        return;
-      }
-      case MsgType::kCommInit: {
-        json j;
-        if (!need_hello() || !parse(&j)) return;
-        comms_.OnCommInit(id, c, std::move(j), f.payload.size());
-        return;
-      }
-      case MsgType::kRealNcclId: {
-        json j;
-        if (!need_hello() || !parse(&j)) return;
-        comms_.OnRealNcclId(id, c, j);
-        return;
-      }
-      case MsgType::kOpArrive: {
-        ipc::OpArrive a;
-        if (!pod(&a, "kOpArrive")) return;
-        release_.OnArrive(id, c, a);
-        return;
-      }
-      case MsgType::kOpRecord: {
-        ipc::OpRecord r;
-        if (!pod(&r, "kOpRecord")) return;
-        RankState& s = st_.ranks[c.rank];
-        ++s.ops_recorded;
-        s.last_record = r;
-        s.has_record = true;
-        s.last_seen_ns = NowNs();
-        st_.hang.Record(c.rank, r, s.last_seen_ns);
-        return;
-      }
-      case MsgType::kMemory: {
-        ipc::MemorySample m;
-        if (!pod(&m, "kMemory")) return;
-        RankState& s = st_.ranks[c.rank];
-        uint64_t current = m.current_bytes, peak = m.peak_bytes;
-        s.current_bytes = current;
-        s.peak_bytes = std::max(s.peak_bytes, peak);
-        s.last_seen_ns = NowNs();
-        if (swap_) swap_->scheduler().Memory(c.rank, std::max(s.peak_bytes, current));
-        return;
-      }
-      case MsgType::kIteration: {
-        ipc::IterationMark m;
-        if (!pod(&m, "kIteration")) return;
-        RankState& s = st_.ranks[c.rank];
-        uint64_t iteration = m.iteration, peak = m.peak_bytes, torch_max = m.torch_max_allocated;
-        s.iterations = std::max(s.iterations, iteration);
-        s.last_iter_dur_ns = m.dur_ns;
-        s.last_iter_ns = m.t_ns;
-        s.peak_bytes = std::max(s.peak_bytes, peak);
-        s.torch_max_allocated = std::max(s.torch_max_allocated, torch_max);
-        s.last_seen_ns = NowNs();
-        if (swap_ && s.peak_bytes > 0) swap_->scheduler().Memory(c.rank, s.peak_bytes);
-        st_.hang.Progress(c.rank, s.last_seen_ns);
-        return;
-      }
-      case MsgType::kOpData: {
-        if (!need_hello()) return;
-        ipc::ExchangeHeader h;
-        if (f.payload.size() < sizeof(h)) {
-          c.drop_reason = fmt::format("kOpData of {} bytes, shorter than its header", f.payload.size());
-          return;
-        }
-        std::memcpy(&h, f.payload.data(), sizeof(h));
-        std::vector<ExchangeHub::Outgoing> out;
-        std::vector<ExchangeHub::Wait> waits;
-        bool over_cap = false;
-        std::string why = st_.xhub.OnData(c.rank, h, f.payload.substr(sizeof(h)), &out, &waits, &over_cap);
-        if (over_cap) {
-          c.drop_reason = why;  // logged when it is dropped
-        } else if (!why.empty()) {
-          Log("coord")->warn("rank {}: {}", c.rank, why);
-        }
-        // A real rank blocked in an exchange waits at that operation: the hang diagnosis must see it (a send
-        // whose receive is never posted, e.g. two ranks that both send first, is a p2p wait-for cycle).
-        const uint64_t now = NowNs();
-        for (const ExchangeHub::Wait& w : waits) {
-          if (!w.begin) {
-            st_.hang.Release(w.rank, w.comm_id, w.seq, now);
-            continue;
-          }
-          HangOp o;
-          o.comm_id = w.comm_id;
-          o.seq = w.seq;
-          o.op = w.op;
-          o.bytes = w.bytes;
-          o.peer = w.peer;
-          st_.hang.ArriveOp(w.rank, o, now, now);
-        }
-        for (ExchangeHub::Outgoing& o : out) {
-          auto rs = st_.ranks.find(o.rank);
-          if (rs == st_.ranks.end()) continue;
-          BusClient* cl = st_.bus.Find(rs->second.conn);
-          if (!cl) continue;
-          // Why a swap when nothing is queued: a result frame is up to the operation's size; the hub takes the
-          // client's drained buffer back for its next result (ExchangeHub::Recycle) instead of faulting in a new one.
-          if (cl->out.size() == cl->out_pos) {
-            cl->out.swap(o.frames);
-            cl->out_pos = 0;
-          } else {
-            cl->out.append(o.frames);
-          }
-          st_.xhub.Recycle(std::move(o.frames));
-          st_.bus.Flush(rs->second.conn, *cl);
-        }
-        if (swap_) swap_->OnExchange(waits);
-        return;
-      }
-      case MsgType::kMemRoom: {
-        json j;
-        if (!need_hello() || !parse(&j)) return;
-        const uint64_t req = j.value("id", uint64_t{0}), bytes = j.value("bytes", uint64_t{0});
-        const uint64_t current = j.value("current", uint64_t{0});
-        // idle (additive in ipc version 3; absent from an older libprism: false): the rank synchronised its device
-        // before asking, so it may be swapped out for another rank's room while it waits.
-        const bool idle = j.value("idle", false);
-        if (!swap_ || !swap_->RequestRoom(c.rank, req, bytes, current, idle)) {
-          st_.bus.SendJson(
-              id, ipc::MsgType::kMemRoomAnswer,
-              {{"id", req}, {"ok", false}, {"why", swap_ ? "the rank is not scheduled" : "context switching is off"}});
-        }
-        return;
-      }
-      case MsgType::kBye: {
-        if (!need_hello() || !shape_ok()) return;
-        json j = json::parse(f.payload, nullptr, false);
-        RankState& s = st_.ranks[c.rank];
-        s.state = "bye";
-        st_.hang.SetState(c.rank, "bye");
-        s.bye_reason = (j.is_object() ? j.value("reason", std::string()) : std::string());
-        s.last_seen_ns = NowNs();
-        if (swap_) swap_->scheduler().Done(c.rank);
-        Log("coord")->info("rank {} said goodbye{}", c.rank, s.bye_reason.empty() ? "" : ": " + s.bye_reason);
-        return;
-      }
+      case MsgType::kHello: HandleHello(id, c, f); return;
+      case MsgType::kCommInit: HandleCommInit(id, c, f); return;
+      case MsgType::kRealNcclId: HandleRealNcclId(id, c, f); return;
+      case MsgType::kOpArrive: HandleOpArrive(id, c, f); return;
+      case MsgType::kOpRecord: HandleOpRecord(c, f); return;
+      case MsgType::kMemory: HandleMemory(c, f); return;
+      case MsgType::kIteration: HandleIteration(c, f); return;
+      case MsgType::kOpData: HandleOpData(c, f); return;
+      case MsgType::kMemRoom: HandleMemRoom(id, c, f); return;
+      case MsgType::kBye: HandleBye(c, f); return;
       default:
         c.drop_reason = fmt::format("unexpected message type {}", static_cast<int>(f.type));
         return;
@@ -432,7 +326,151 @@ void Coordinator::Impl::HandleFrame(BusId id, BusClient& c, const ipc::FrameView
   }
 }
 
-void Coordinator::Impl::HandleHello(BusId id, BusClient& c, const json& j) {
+void Coordinator::Impl::HandleCommInit(BusId id, BusClient& c, const ipc::FrameView& f) {
+  json j;
+  if (!NeedHello(c, f) || !ParseObject(c, f, &j)) return;
+  comms_.OnCommInit(id, c, std::move(j), f.payload.size());
+}
+
+void Coordinator::Impl::HandleRealNcclId(BusId id, BusClient& c, const ipc::FrameView& f) {
+  json j;
+  if (!NeedHello(c, f) || !ParseObject(c, f, &j)) return;
+  comms_.OnRealNcclId(id, c, j);
+}
+
+void Coordinator::Impl::HandleOpArrive(BusId id, BusClient& c, const ipc::FrameView& f) {
+  ipc::OpArrive a;
+  if (!Pod(c, f, &a, "kOpArrive")) return;
+  release_.OnArrive(id, c, a);
+}
+
+void Coordinator::Impl::HandleOpRecord(BusClient& c, const ipc::FrameView& f) {
+  ipc::OpRecord r;
+  if (!Pod(c, f, &r, "kOpRecord")) return;
+  RankState& s = st_.ranks[c.rank];
+  ++s.ops_recorded;
+  s.last_record = r;
+  s.has_record = true;
+  s.last_seen_ns = NowNs();
+  st_.hang.Record(c.rank, r, s.last_seen_ns);
+}
+
+void Coordinator::Impl::HandleMemory(BusClient& c, const ipc::FrameView& f) {
+  ipc::MemorySample m;
+  if (!Pod(c, f, &m, "kMemory")) return;
+  RankState& s = st_.ranks[c.rank];
+  uint64_t current = m.current_bytes, peak = m.peak_bytes;
+  s.current_bytes = current;
+  s.peak_bytes = std::max(s.peak_bytes, peak);
+  s.last_seen_ns = NowNs();
+  if (swap_) swap_->scheduler().Memory(c.rank, std::max(s.peak_bytes, current));
+}
+
+void Coordinator::Impl::HandleIteration(BusClient& c, const ipc::FrameView& f) {
+  ipc::IterationMark m;
+  if (!Pod(c, f, &m, "kIteration")) return;
+  RankState& s = st_.ranks[c.rank];
+  uint64_t iteration = m.iteration, peak = m.peak_bytes, torch_max = m.torch_max_allocated;
+  s.iterations = std::max(s.iterations, iteration);
+  s.last_iter_dur_ns = m.dur_ns;
+  s.last_iter_ns = m.t_ns;
+  s.peak_bytes = std::max(s.peak_bytes, peak);
+  s.torch_max_allocated = std::max(s.torch_max_allocated, torch_max);
+  s.last_seen_ns = NowNs();
+  if (swap_ && s.peak_bytes > 0) swap_->scheduler().Memory(c.rank, s.peak_bytes);
+  st_.hang.Progress(c.rank, s.last_seen_ns);
+}
+
+void Coordinator::Impl::HandleOpData(BusClient& c, const ipc::FrameView& f) {
+  if (!NeedHello(c, f)) return;
+  ipc::ExchangeHeader h;
+  if (f.payload.size() < sizeof(h)) {
+    c.drop_reason = fmt::format("kOpData of {} bytes, shorter than its header", f.payload.size());
+    return;
+  }
+  std::memcpy(&h, f.payload.data(), sizeof(h));
+  std::vector<ExchangeHub::Outgoing> out;
+  std::vector<ExchangeHub::Wait> waits;
+  bool over_cap = false;
+  std::string why = st_.xhub.OnData(c.rank, h, f.payload.substr(sizeof(h)), &out, &waits, &over_cap);
+  if (over_cap) {
+    c.drop_reason = why;  // logged when it is dropped
+  } else if (!why.empty()) {
+    Log("coord")->warn("rank {}: {}", c.rank, why);
+  }
+  NoteExchangeWaits(waits);
+  SendExchangeResults(out);
+  if (swap_) swap_->OnExchange(waits);
+}
+
+// A real rank blocked in an exchange waits at that operation: the hang diagnosis must see it (a send whose receive
+// is never posted, e.g. two ranks that both send first, is a p2p wait-for cycle).
+void Coordinator::Impl::NoteExchangeWaits(const std::vector<ExchangeHub::Wait>& waits) {
+  const uint64_t now = NowNs();
+  for (const ExchangeHub::Wait& w : waits) {
+    if (!w.begin) {
+      st_.hang.Release(w.rank, w.comm_id, w.seq, now);
+      continue;
+    }
+    HangOp o;
+    o.comm_id = w.comm_id;
+    o.seq = w.seq;
+    o.op = w.op;
+    o.bytes = w.bytes;
+    o.peer = w.peer;
+    st_.hang.ArriveOp(w.rank, o, now, now);
+  }
+}
+
+void Coordinator::Impl::SendExchangeResults(std::vector<ExchangeHub::Outgoing>& out) {
+  for (ExchangeHub::Outgoing& o : out) {
+    auto rs = st_.ranks.find(o.rank);
+    if (rs == st_.ranks.end()) continue;
+    BusClient* cl = st_.bus.Find(rs->second.conn);
+    if (!cl) continue;
+    // Why a swap when nothing is queued: a result frame is up to the operation's size; the hub takes the
+    // client's drained buffer back for its next result (ExchangeHub::Recycle) instead of faulting in a new one.
+    if (cl->out.size() == cl->out_pos) {
+      cl->out.swap(o.frames);
+      cl->out_pos = 0;
+    } else {
+      cl->out.append(o.frames);
+    }
+    st_.xhub.Recycle(std::move(o.frames));
+    st_.bus.Flush(rs->second.conn, *cl);
+  }
+}
+
+void Coordinator::Impl::HandleMemRoom(BusId id, BusClient& c, const ipc::FrameView& f) {
+  json j;
+  if (!NeedHello(c, f) || !ParseObject(c, f, &j)) return;
+  const uint64_t req = j.value("id", uint64_t{0}), bytes = j.value("bytes", uint64_t{0});
+  const uint64_t current = j.value("current", uint64_t{0});
+  // idle (additive in ipc version 3; absent from an older libprism: false): the rank synchronised its device
+  // before asking, so it may be swapped out for another rank's room while it waits.
+  const bool idle = j.value("idle", false);
+  if (!swap_ || !swap_->RequestRoom(c.rank, req, bytes, current, idle)) {
+    st_.bus.SendJson(
+        id, ipc::MsgType::kMemRoomAnswer,
+        {{"id", req}, {"ok", false}, {"why", swap_ ? "the rank is not scheduled" : "context switching is off"}});
+  }
+}
+
+void Coordinator::Impl::HandleBye(BusClient& c, const ipc::FrameView& f) {
+  if (!NeedHello(c, f) || !ShapeOk(c, f)) return;
+  json j = json::parse(f.payload, nullptr, false);
+  RankState& s = st_.ranks[c.rank];
+  s.state = "bye";
+  st_.hang.SetState(c.rank, "bye");
+  s.bye_reason = (j.is_object() ? j.value("reason", std::string()) : std::string());
+  s.last_seen_ns = NowNs();
+  if (swap_) swap_->scheduler().Done(c.rank);
+  Log("coord")->info("rank {} said goodbye{}", c.rank, s.bye_reason.empty() ? "" : ": " + s.bye_reason);
+}
+
+void Coordinator::Impl::HandleHello(BusId id, BusClient& c, const ipc::FrameView& f) {
+  json j;
+  if (!ParseObject(c, f, &j)) return;
   int rank = j.value("rank", -1);
   if (rank < 0 || rank >= st_.opts.world_size) {
     st_.bus.SendJson(id, ipc::MsgType::kError,

@@ -89,190 +89,258 @@ std::map<std::vector<int>, std::string> MegatronLabels(const std::string& layout
   return out;
 }
 
-std::string RenderStatus(const StatusDocs& d, const StatusViewOptions& opts) {
-  std::ostringstream o;
-  const json& info = d.info;
-  const json& st = d.status;
-  const uint64_t now = opts.now_ns;
-  auto str = [](const json& j, const char* k, const char* def = "?") {
-    return j.is_object() && j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string(def);
-  };
-  int world_size = 0;
-  if (info.is_object()) {
-    world_size = info.value("world_size", 0);
-    o << fmt::format("run {} in {}: coordinator pid {} on {}, {}\n", str(info, "run_id"), d.where,
-                     info.value("pid", 0), str(info, "host"), d.alive);
-    o << fmt::format("world {}, real ranks {}, store {}:{}, bus {}{}\n", world_size,
-                     RankListText(info.value("real_ranks", std::vector<int>{})), str(info, "store_host"),
-                     info.value("store_port", 0), str(info, "socket"),
-                     str(info, "bus_tcp", "").empty() ? "" : " and " + str(info, "bus_tcp"));
-  } else {
-    o << fmt::format("coordinator at {}: {}\n", d.where, d.alive);
-  }
-  if (!st.is_object()) {
-    o << "no status yet (the coordinator has not written status.json)\n";
-  } else {
-    if (world_size == 0) world_size = st.value("world_size", 0);
-    o << fmt::format("status as of {} ago; {} operations released\n", Ago(st.value("t_ns", uint64_t{0}), now),
-                     st.value("releases", 0));
-  }
+namespace {
 
-  // The diagnosis first: it is what someone running status on a stuck job wants.
-  if (d.hang.is_object()) {
-    o << fmt::format("\nHANG diagnosed {} ago (hang.json):\n", Ago(d.hang.value("t_ns", uint64_t{0}), now));
-    std::string text = str(d.hang, "text", "");
-    if (text.empty()) text = d.hang.dump(2) + "\n";
+// j[k] when it is a string, else def.
+std::string Str(const json& j, const char* k, const char* def = "?") {
+  return j.is_object() && j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string(def);
+}
+
+// RenderStatus's sections, in its order, each appending to the text.
+class StatusRenderer {
+ public:
+  StatusRenderer(const StatusDocs& d, const StatusViewOptions& opts)
+      : d_(d), opts_(opts), info_(d.info), st_(d.status), now_(opts.now_ns) {}
+
+  void Coordinator();
+  void StatusLine();
+  void Hang();
+  bool HasStatus() const { return st_.is_object(); }
+  void Held();
+  void Store();
+  void Communicators();
+  void RealRanks();
+  void VirtualRanks();
+  std::string Text() const { return o_.str(); }
+
+ private:
+  std::string CommName(uint32_t id) const;
+  void RealRank(const json& r, const std::map<int, const json*>& positions);
+  void VirtualGroup(const std::vector<uint32_t>& sig, const std::vector<int>& ranks);
+
+  const StatusDocs& d_;
+  const StatusViewOptions& opts_;
+  const json& info_;
+  const json& st_;
+  const uint64_t now_;
+  std::ostringstream o_;
+  int world_size_ = 0;
+  std::map<uint32_t, CommInfo> comms_;
+  // Per (comm, real rank): its position, for the virtual lines below.
+  std::map<uint32_t, std::map<int, json>> by_comm_;
+};
+
+void StatusRenderer::Coordinator() {
+  if (info_.is_object()) {
+    world_size_ = info_.value("world_size", 0);
+    o_ << fmt::format("run {} in {}: coordinator pid {} on {}, {}\n", Str(info_, "run_id"), d_.where,
+                      info_.value("pid", 0), Str(info_, "host"), d_.alive);
+    o_ << fmt::format("world {}, real ranks {}, store {}:{}, bus {}{}\n", world_size_,
+                      RankListText(info_.value("real_ranks", std::vector<int>{})), Str(info_, "store_host"),
+                      info_.value("store_port", 0), Str(info_, "socket"),
+                      Str(info_, "bus_tcp", "").empty() ? "" : " and " + Str(info_, "bus_tcp"));
+  } else {
+    o_ << fmt::format("coordinator at {}: {}\n", d_.where, d_.alive);
+  }
+}
+
+void StatusRenderer::StatusLine() {
+  if (!st_.is_object()) {
+    o_ << "no status yet (the coordinator has not written status.json)\n";
+  } else {
+    if (world_size_ == 0) world_size_ = st_.value("world_size", 0);
+    o_ << fmt::format("status as of {} ago; {} operations released\n", Ago(st_.value("t_ns", uint64_t{0}), now_),
+                      st_.value("releases", 0));
+  }
+}
+
+void StatusRenderer::Hang() {
+  if (d_.hang.is_object()) {
+    o_ << fmt::format("\nHANG diagnosed {} ago (hang.json):\n", Ago(d_.hang.value("t_ns", uint64_t{0}), now_));
+    std::string text = Str(d_.hang, "text", "");
+    if (text.empty()) text = d_.hang.dump(2) + "\n";
     std::istringstream lines(text);
-    for (std::string line; std::getline(lines, line);) o << "  " << line << "\n";
+    for (std::string line; std::getline(lines, line);) o_ << "  " << line << "\n";
   }
-  if (!st.is_object()) return o.str();
-  for (const json& h : Arr(st, "held")) {
-    o << fmt::format("held: comm {} seq {}: its real members disagree ({})\n", h.value("comm", 0),
-                     h.value("seq", 0), str(h, "differs"));
+}
+
+void StatusRenderer::Held() {
+  for (const json& h : Arr(st_, "held")) {
+    o_ << fmt::format("held: comm {} seq {}: its real members disagree ({})\n", h.value("comm", 0),
+                      h.value("seq", 0), Str(h, "differs"));
   }
-  if (st.contains("store")) {
-    const json& s = st["store"];
-    o << fmt::format("store: {} clients, {} keys, {} synthesized for virtual ranks, {} waiting, {} dropped\n",
-                     s.value("clients", 0), s.value("keys", 0), s.value("synthesized", 0), s.value("waits", 0),
-                     s.value("dropped", 0));
-    for (const auto& k : s.value("waited_keys", json::array())) o << "  waited on: " << k.get<std::string>() << "\n";
+}
+
+void StatusRenderer::Store() {
+  if (st_.contains("store")) {
+    const json& s = st_["store"];
+    o_ << fmt::format("store: {} clients, {} keys, {} synthesized for virtual ranks, {} waiting, {} dropped\n",
+                      s.value("clients", 0), s.value("keys", 0), s.value("synthesized", 0), s.value("waits", 0),
+                      s.value("dropped", 0));
+    for (const auto& k : s.value("waited_keys", json::array())) o_ << "  waited on: " << k.get<std::string>() << "\n";
     for (const auto& k : s.value("unresolved_groups", json::array())) {
-      o << "  group members unknown for: " << k.get<std::string>() << " (register the group; docs/coordinator.md)\n";
+      o_ << "  group members unknown for: " << k.get<std::string>() << " (register the group; docs/coordinator.md)\n";
     }
   }
+}
 
-  // Communicators.
-  auto megatron = MegatronLabels(info.is_object() ? str(info, "layout", "") : std::string(), world_size);
-  std::map<uint32_t, CommInfo> comms;
-  for (const json& c : Arr(st, "communicators")) {
+void StatusRenderer::Communicators() {
+  auto megatron = MegatronLabels(info_.is_object() ? Str(info_, "layout", "") : std::string(), world_size_);
+  for (const json& c : Arr(st_, "communicators")) {
     CommInfo ci;
     ci.id = c.value("comm", 0u);
     ci.members = c.value("members", std::vector<int>{});
     ci.real = c.value("real", std::vector<int>{});
-    std::string desc = str(c, "pg_desc", "");
-    std::string name = str(c, "name", "");
+    std::string desc = Str(c, "pg_desc", "");
+    std::string name = Str(c, "name", "");
     ci.label = !desc.empty() ? desc : name;
     auto m = megatron.find(ci.members);
     // Why not for the world: every Megatron group spanning all ranks matches it, which says nothing.
-    if (m != megatron.end() && static_cast<int>(ci.members.size()) != world_size &&
+    if (m != megatron.end() && static_cast<int>(ci.members.size()) != world_size_ &&
         ci.label.find(m->second) == std::string::npos) {
       ci.label += (ci.label.empty() ? "" : ", ") + m->second;
     }
-    if (ci.label.empty() && static_cast<int>(ci.members.size()) == world_size) ci.label = "world";
-    comms[ci.id] = std::move(ci);
+    if (ci.label.empty() && static_cast<int>(ci.members.size()) == world_size_) ci.label = "world";
+    comms_[ci.id] = std::move(ci);
   }
-  auto comm_name = [&](uint32_t id) {
-    auto it = comms.find(id);
-    return it == comms.end() || it->second.label.empty() ? fmt::format("comm {}", id)
-                                                         : fmt::format("comm {} ({})", id, it->second.label);
-  };
-  if (!comms.empty()) {
-    o << "\ncommunicators with real members:\n";
-    for (const auto& [id, c] : comms) {
-      o << fmt::format("  {}: {} ranks {}, real {}\n", comm_name(id), c.members.size(), RankListText(c.members),
-                       RankListText(c.real));
+  if (!comms_.empty()) {
+    o_ << "\ncommunicators with real members:\n";
+    for (const auto& [id, c] : comms_) {
+      o_ << fmt::format("  {}: {} ranks {}, real {}\n", CommName(id), c.members.size(), RankListText(c.members),
+                        RankListText(c.real));
     }
   }
+}
 
-  // Real ranks.
+std::string StatusRenderer::CommName(uint32_t id) const {
+  auto it = comms_.find(id);
+  return it == comms_.end() || it->second.label.empty() ? fmt::format("comm {}", id)
+                                                        : fmt::format("comm {} ({})", id, it->second.label);
+}
+
+void StatusRenderer::RealRanks() {
   std::map<int, const json*> positions;
-  for (const json& p : Arr(st, "positions")) positions[p.value("rank", -1)] = &p;
-  o << "\nreal ranks:\n";
-  o << fmt::format("  {:<7} {:<14} {:<8} {:>6} {:>10} {:>11} {:>8}\n", "rank", "state", "pid", "iter", "last_it_s",
-                   "peak_mem", "ops_done");
-  // Per (comm, real rank): its position, for the virtual lines below.
-  std::map<uint32_t, std::map<int, json>> by_comm;
-  for (const json& r : Arr(st, "ranks")) {
-    int rank = r.value("rank", -1);
-    o << fmt::format("  {:<7} {:<14} {:<8} {:>6} {:>10.3f} {:>11} {:>8}\n", rank, str(r, "state"), r.value("pid", 0),
-                     r.value("iterations", 0), r.value("last_iteration_s", 0.0),
-                     Mem(r.value("peak_memory_bytes", uint64_t{0})), r.value("ops_recorded", 0));
-    auto p = positions.find(rank);
-    if (p == positions.end()) {
-      if (r.contains("waiting")) {
-        const json& w = r["waiting"];
-        o << fmt::format("      waiting at comm {} seq {} for {}\n", w.value("comm", 0), w.value("seq", 0),
-                         Ago(w.value("since_ns", uint64_t{0}), now));
-      }
-      continue;
-    }
-    // Which real ranks each waiting op waits for (the coordinator's view).
-    std::vector<int> waiting_for;
-    uint32_t waiting_comm = 0;
-    if (r.contains("waiting")) {
-      waiting_comm = r["waiting"].value("comm", 0u);
-      waiting_for = r["waiting"].value("waiting_for", std::vector<int>{});
-    }
-    for (const json& c : Arr(*p->second, "comms")) {
-      uint32_t id = c.value("comm", 0u);
-      by_comm[id][rank] = c;
-      std::string line = fmt::format("      {}: ", comm_name(id));
-      line += c.contains("done") ? fmt::format("done {} ({} ago)", OpText(c["done"]),
-                                               Ago(c["done"].value("t_ns", uint64_t{0}), now))
-                                 : std::string("nothing completed yet");
-      if (c.contains("pending")) {
-        line += fmt::format("; WAITING at {} for {}", OpText(c["pending"]),
-                            Ago(c["pending"].value("since_ns", uint64_t{0}), now));
-        if (id == waiting_comm && !waiting_for.empty()) line += " on ranks " + RankListText(waiting_for);
-      }
-      o << line << "\n";
-    }
-  }
+  for (const json& p : Arr(st_, "positions")) positions[p.value("rank", -1)] = &p;
+  o_ << "\nreal ranks:\n";
+  o_ << fmt::format("  {:<7} {:<14} {:<8} {:>6} {:>10} {:>11} {:>8}\n", "rank", "state", "pid", "iter", "last_it_s",
+                    "peak_mem", "ops_done");
+  for (const json& r : Arr(st_, "ranks")) RealRank(r, positions);
+}
 
-  // Virtual ranks, grouped by the communicators (with real members) they belong to.
-  int virt = st.value("virtual_ranks", 0);
-  if (virt > 0 && world_size > 0) {
-    const std::vector<int> real_list = st.value("real_ranks", std::vector<int>{});
+// One real rank's line, then where it is on each communicator (or only what it waits at, without a position).
+void StatusRenderer::RealRank(const json& r, const std::map<int, const json*>& positions) {
+  int rank = r.value("rank", -1);
+  o_ << fmt::format("  {:<7} {:<14} {:<8} {:>6} {:>10.3f} {:>11} {:>8}\n", rank, Str(r, "state"), r.value("pid", 0),
+                    r.value("iterations", 0), r.value("last_iteration_s", 0.0),
+                    Mem(r.value("peak_memory_bytes", uint64_t{0})), r.value("ops_recorded", 0));
+  auto p = positions.find(rank);
+  if (p == positions.end()) {
+    if (r.contains("waiting")) {
+      const json& w = r["waiting"];
+      o_ << fmt::format("      waiting at comm {} seq {} for {}\n", w.value("comm", 0), w.value("seq", 0),
+                        Ago(w.value("since_ns", uint64_t{0}), now_));
+    }
+    return;
+  }
+  // Which real ranks each waiting op waits for (the coordinator's view).
+  std::vector<int> waiting_for;
+  uint32_t waiting_comm = 0;
+  if (r.contains("waiting")) {
+    waiting_comm = r["waiting"].value("comm", 0u);
+    waiting_for = r["waiting"].value("waiting_for", std::vector<int>{});
+  }
+  for (const json& c : Arr(*p->second, "comms")) {
+    uint32_t id = c.value("comm", 0u);
+    by_comm_[id][rank] = c;
+    std::string line = fmt::format("      {}: ", CommName(id));
+    line += c.contains("done") ? fmt::format("done {} ({} ago)", OpText(c["done"]),
+                                             Ago(c["done"].value("t_ns", uint64_t{0}), now_))
+                               : std::string("nothing completed yet");
+    if (c.contains("pending")) {
+      line += fmt::format("; WAITING at {} for {}", OpText(c["pending"]),
+                          Ago(c["pending"].value("since_ns", uint64_t{0}), now_));
+      if (id == waiting_comm && !waiting_for.empty()) line += " on ranks " + RankListText(waiting_for);
+    }
+    o_ << line << "\n";
+  }
+}
+
+// Virtual ranks, grouped by the communicators (with real members) they belong to.
+void StatusRenderer::VirtualRanks() {
+  int virt = st_.value("virtual_ranks", 0);
+  if (virt > 0 && world_size_ > 0) {
+    const std::vector<int> real_list = st_.value("real_ranks", std::vector<int>{});
     const std::set<int> real(real_list.begin(), real_list.end());
-    std::vector<std::vector<uint32_t>> member_of(static_cast<size_t>(world_size));
-    for (const auto& [id, c] : comms) {
+    std::vector<std::vector<uint32_t>> member_of(static_cast<size_t>(world_size_));
+    for (const auto& [id, c] : comms_) {
       for (int m : c.members) {
-        if (m >= 0 && m < world_size && !real.count(m)) member_of[static_cast<size_t>(m)].push_back(id);
+        if (m >= 0 && m < world_size_ && !real.count(m)) member_of[static_cast<size_t>(m)].push_back(id);
       }
     }
     std::map<std::vector<uint32_t>, std::vector<int>> groups;
-    for (int r = 0; r < world_size; ++r) {
+    for (int r = 0; r < world_size_; ++r) {
       if (!real.count(r)) groups[member_of[static_cast<size_t>(r)]].push_back(r);
     }
-    std::string graph = str(st, "graph", "");
-    o << fmt::format("\nvirtual ranks ({}): {}\n", virt,
-                     graph.empty() ? fmt::format("payload '{}' without a graph: a virtual member of a communicator is "
-                                                 "where its real members are",
-                                                 str(st, "payload", "mirror"))
-                                   : "they follow graph " + graph + " (positions below are the real members')");
+    std::string graph = Str(st_, "graph", "");
+    o_ << fmt::format("\nvirtual ranks ({}): {}\n", virt,
+                      graph.empty() ? fmt::format("payload '{}' without a graph: a virtual member of a communicator is "
+                                                  "where its real members are",
+                                                  Str(st_, "payload", "mirror"))
+                                    : "they follow graph " + graph + " (positions below are the real members')");
     size_t shown = 0;
     for (const auto& [sig, ranks] : groups) {
-      if (shown++ == opts.max_groups) {
-        o << fmt::format("  ... {} more groups\n", groups.size() - opts.max_groups);
+      if (shown++ == opts_.max_groups) {
+        o_ << fmt::format("  ... {} more groups\n", groups.size() - opts_.max_groups);
         break;
       }
-      o << fmt::format("  {} ({} rank{}):", RankListText(ranks), ranks.size(), ranks.size() == 1 ? "" : "s");
-      if (sig.empty()) {
-        o << " in no communicator a real rank created; nothing to show\n";
-        continue;
-      }
-      o << "\n";
-      for (uint32_t id : sig) {
-        const auto& at = by_comm[id];
-        std::string line = fmt::format("      {}: as real rank{} {}", comm_name(id),
-                                       comms[id].real.size() == 1 ? "" : "s", RankListText(comms[id].real));
-        // The furthest completed and any wait among the real members.
-        const json* done = nullptr;
-        const json* pending = nullptr;
-        for (const auto& [rank, c] : at) {
-          if (c.contains("done") && (!done || c["done"].value("seq", 0) > done->value("seq", 0))) done = &c["done"];
-          if (c.contains("pending") && !pending) pending = &c["pending"];
-        }
-        if (done) line += ", done " + OpText(*done);
-        if (pending) {
-          line += fmt::format(", waiting at {} for {}", OpText(*pending),
-                              Ago(pending->value("since_ns", uint64_t{0}), now));
-        }
-        o << line << "\n";
-      }
+      VirtualGroup(sig, ranks);
     }
   }
-  return o.str();
+}
+
+// One group of alike virtual ranks: per communicator, where its real members are.
+void StatusRenderer::VirtualGroup(const std::vector<uint32_t>& sig, const std::vector<int>& ranks) {
+  o_ << fmt::format("  {} ({} rank{}):", RankListText(ranks), ranks.size(), ranks.size() == 1 ? "" : "s");
+  if (sig.empty()) {
+    o_ << " in no communicator a real rank created; nothing to show\n";
+    return;
+  }
+  o_ << "\n";
+  for (uint32_t id : sig) {
+    const auto& at = by_comm_[id];
+    std::string line = fmt::format("      {}: as real rank{} {}", CommName(id),
+                                   comms_[id].real.size() == 1 ? "" : "s", RankListText(comms_[id].real));
+    // The furthest completed and any wait among the real members.
+    const json* done = nullptr;
+    const json* pending = nullptr;
+    for (const auto& [rank, c] : at) {
+      if (c.contains("done") && (!done || c["done"].value("seq", 0) > done->value("seq", 0))) done = &c["done"];
+      if (c.contains("pending") && !pending) pending = &c["pending"];
+    }
+    if (done) line += ", done " + OpText(*done);
+    if (pending) {
+      line += fmt::format(", waiting at {} for {}", OpText(*pending),
+                          Ago(pending->value("since_ns", uint64_t{0}), now_));
+    }
+    o_ << line << "\n";
+  }
+}
+
+}  // namespace
+
+std::string RenderStatus(const StatusDocs& d, const StatusViewOptions& opts) {
+  StatusRenderer r(d, opts);
+  r.Coordinator();
+  r.StatusLine();
+  // The diagnosis first: it is what someone running status on a stuck job wants.
+  r.Hang();
+  if (!r.HasStatus()) return r.Text();
+  r.Held();
+  r.Store();
+  r.Communicators();
+  r.RealRanks();
+  r.VirtualRanks();
+  return r.Text();
 }
 
 }  // namespace prism::coord

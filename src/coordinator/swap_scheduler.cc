@@ -417,176 +417,245 @@ void SwapScheduler::Finished(const SwapAction& a, bool ok, double seconds, uint6
   UpdatePeaks();
 }
 
-std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint64_t now_ns) {
-  const uint64_t cap = cfg_.gpu_cap_bytes;
-  const uint64_t stall_ns = static_cast<uint64_t>(std::max(cfg_.stall_s, 0.0) * 1e9);
-  std::vector<Rank*> resident, candidates;
-  bool stalled = true, unsampled_resident = false;
-  for (auto& [k, r] : ranks_) {
-    if (r.gpu != gpu) continue;
-    if (OnGpu(r)) {
-      resident.push_back(&r);
-      if (r.phase == SwapPhase::kAdmitted || (!r.sampled && r.phase == SwapPhase::kResident)) unsampled_resident = true;
+// DecideGpu's state and steps for one GPU: its ranks as they are now, and the rules that pick an action from them.
+class SwapScheduler::GpuDecision {
+ public:
+  GpuDecision(SwapScheduler& s, const std::string& gpu, uint64_t now_ns)
+      : s_(s), gpu_(gpu), now_ns_(now_ns), cap_(s.cfg_.gpu_cap_bytes),
+        stall_ns_(static_cast<uint64_t>(std::max(s.cfg_.stall_s, 0.0) * 1e9)) {}
+
+  void Survey();
+  const Rank* RoomAsker() const;
+  std::optional<SwapAction> MakeRoomFor(const Rank* asking);
+  std::optional<SwapAction> OverCap();
+  bool HasCandidates() const { return !candidates_.empty(); }
+  void SortCandidates();
+  std::optional<SwapAction> NextOnGpu();
+
+ private:
+  Rank* Pick(const Rank* keep, bool for_room);
+  Rank* Victim(const Rank* keep) { return Pick(keep, false); }
+  SwapAction Out(const Rank* v, const std::string& why) const;
+  uint64_t Need(const Rank* r) const { return r->phase == SwapPhase::kOut ? r->out_bytes : s_.Footprint(r->rank); }
+  std::string Reason(const Rank* r) const;
+  SwapAction In(const Rank* r, const std::string& why) const;
+  bool Fits(const Rank* r) const { return cap_ == 0 || used_ + Need(r) <= cap_; }
+  bool MayStart(const Rank* r) const;
+  std::optional<SwapAction> OverCapStart(const Rank* c);
+
+  SwapScheduler& s_;
+  const std::string& gpu_;
+  const uint64_t now_ns_;
+  const uint64_t cap_;
+  const uint64_t stall_ns_;
+  std::vector<Rank*> resident_, candidates_;
+  bool stalled_ = true, unsampled_resident_ = false;
+  uint64_t used_ = 0;
+  uint64_t host_used_ = 0;
+};
+
+// The GPU's resident ranks, the ranks that want it, and whether it is stalled.
+void SwapScheduler::GpuDecision::Survey() {
+  for (auto& [k, r] : s_.ranks_) {
+    if (r.gpu != gpu_) continue;
+    if (s_.OnGpu(r)) {
+      resident_.push_back(&r);
+      if (r.phase == SwapPhase::kAdmitted || (!r.sampled && r.phase == SwapPhase::kResident))
+        unsampled_resident_ = true;
       // Why silence counts after stall_s: a rank waiting outside an exchange and the store (its start-up, a file
       // lock) never says so; the GPU must not wait for it forever. A rank still starting (admitted, no hello) is
       // not stalled.
-      const bool silent = r.phase == SwapPhase::kResident && now_ns > r.last_activity_ns + stall_ns;
-      if (!(r.phase == SwapPhase::kResident && (Blocked(r) || r.store_wait || silent))) stalled = false;
-    } else if (r.phase == SwapPhase::kUnstarted || (r.phase == SwapPhase::kOut && !Blocked(r))) {
-      candidates.push_back(&r);
+      const bool silent = r.phase == SwapPhase::kResident && now_ns_ > r.last_activity_ns + stall_ns_;
+      if (!(r.phase == SwapPhase::kResident && (s_.Blocked(r) || r.store_wait || silent))) stalled_ = false;
+    } else if (r.phase == SwapPhase::kUnstarted || (r.phase == SwapPhase::kOut && !s_.Blocked(r))) {
+      candidates_.push_back(&r);
     }
   }
-  const uint64_t used = GpuUsed(gpu);
-  const uint64_t host_used = HostUsed();
-  // for_room false: blocked residents; true: residents that wait for room with an idle GPU (RequestRoom's `idle`), for
-  // another rank's room request when no blocked one can go. Those fewest others wait for first, then those that do not
-  // wait for `keep` (the rank the room is for), then the largest (frees most), then the highest rank. Why the second
-  // key: a rank that waits for the incoming one would block it at once (a tensor-parallel pair swapped for each
-  // other, one swap per pair collective, when the pair are the largest ranks).
-  auto pick = [&](const Rank* keep, bool for_room) -> Rank* {
-    Rank* best = nullptr;
-    std::tuple<int, bool, uint64_t, int> best_key{};
-    for (Rank* r : resident) {
-      if (r == keep || r->phase != SwapPhase::kResident || r->pid <= 0 || r->out_failed) continue;
-      if (!for_room) {
-        // Why never a rank waiting for room here: its host thread waits in an allocation, not in an exchange; it
-        // may have GPU work in flight unless it said idle, and then it is picked only as a last resort (below).
-        if (!Blocked(*r) || r->room) continue;
-      } else {
-        // Why idle only: libprism synchronised its device before asking, so the checkpoint lock finds no work in
-        // flight, as with a rank blocked in an exchange. Why not one already granted (answer not yet taken): it is
-        // about to retry. Why not one restored for room that has not blocked since: no livelock (Finished).
-        if (!r->room || !r->room_idle || r->room_restored || r->room_freed >= r->room_bytes) continue;
-      }
-      const uint64_t fp = Footprint(r->rank);
-      if (cfg_.host_cap_bytes > 0 && host_used + fp > cfg_.host_cap_bytes) {
-        Notice("host:" + std::to_string(r->rank),
-               fmt::format("swap: rank {} ({}) cannot be swapped out: the host budget {} holds {} already "
-                           "(--host-mem-cap)",
-                           r->rank, FormatBytes(fp), FormatBytes(cfg_.host_cap_bytes), FormatBytes(host_used)));
-        continue;
-      }
-      const bool waits_for_keep =
-          keep && std::binary_search(r->waiting_for.begin(), r->waiting_for.end(), keep->rank);
-      auto key = std::make_tuple(-Needers(r->rank), !waits_for_keep, fp, r->rank);
-      if (!best || key > best_key) {
-        best = r;
-        best_key = key;
-      }
-    }
-    return best;
-  };
-  auto victim = [&](const Rank* keep) { return pick(keep, false); };
-  auto out_action = [&](Rank* v, const std::string& why) {
-    SwapAction a;
-    a.kind = SwapAction::kSwapOut;
-    a.rank = v->rank;
-    a.pid = v->pid;
-    a.bytes = Footprint(v->rank);
-    a.gpu = gpu;
-    a.why = why;
-    return a;
-  };
+  used_ = s_.GpuUsed(gpu_);
+  host_used_ = s_.HostUsed();
+}
 
-  // A rank waits for room for an allocation that failed: swap out blocked ranks until enough was freed, and start or
-  // restore nothing here meanwhile (the room is that rank's).
+// for_room false: blocked residents; true: residents that wait for room with an idle GPU (RequestRoom's `idle`), for
+// another rank's room request when no blocked one can go. Those fewest others wait for first, then those that do not
+// wait for `keep` (the rank the room is for), then the largest (frees most), then the highest rank. Why the second
+// key: a rank that waits for the incoming one would block it at once (a tensor-parallel pair swapped for each
+// other, one swap per pair collective, when the pair are the largest ranks).
+SwapScheduler::Rank* SwapScheduler::GpuDecision::Pick(const Rank* keep, bool for_room) {
+  Rank* best = nullptr;
+  std::tuple<int, bool, uint64_t, int> best_key{};
+  for (Rank* r : resident_) {
+    if (r == keep || r->phase != SwapPhase::kResident || r->pid <= 0 || r->out_failed) continue;
+    if (!for_room) {
+      // Why never a rank waiting for room here: its host thread waits in an allocation, not in an exchange; it
+      // may have GPU work in flight unless it said idle, and then it is picked only as a last resort (below).
+      if (!s_.Blocked(*r) || r->room) continue;
+    } else {
+      // Why idle only: libprism synchronised its device before asking, so the checkpoint lock finds no work in
+      // flight, as with a rank blocked in an exchange. Why not one already granted (answer not yet taken): it is
+      // about to retry. Why not one restored for room that has not blocked since: no livelock (Finished).
+      if (!r->room || !r->room_idle || r->room_restored || r->room_freed >= r->room_bytes) continue;
+    }
+    const uint64_t fp = s_.Footprint(r->rank);
+    if (s_.cfg_.host_cap_bytes > 0 && host_used_ + fp > s_.cfg_.host_cap_bytes) {
+      s_.Notice("host:" + std::to_string(r->rank),
+                fmt::format("swap: rank {} ({}) cannot be swapped out: the host budget {} holds {} already "
+                            "(--host-mem-cap)",
+                            r->rank, FormatBytes(fp), FormatBytes(s_.cfg_.host_cap_bytes), FormatBytes(host_used_)));
+      continue;
+    }
+    const bool waits_for_keep =
+        keep && std::binary_search(r->waiting_for.begin(), r->waiting_for.end(), keep->rank);
+    auto key = std::make_tuple(-s_.Needers(r->rank), !waits_for_keep, fp, r->rank);
+    if (!best || key > best_key) {
+      best = r;
+      best_key = key;
+    }
+  }
+  return best;
+}
+
+SwapAction SwapScheduler::GpuDecision::Out(const Rank* v, const std::string& why) const {
+  SwapAction a;
+  a.kind = SwapAction::kSwapOut;
+  a.rank = v->rank;
+  a.pid = v->pid;
+  a.bytes = s_.Footprint(v->rank);
+  a.gpu = gpu_;
+  a.why = why;
+  return a;
+}
+
+// The resident rank that waits for room the longest (by request time, then rank), or null.
+const SwapScheduler::Rank* SwapScheduler::GpuDecision::RoomAsker() const {
   const Rank* asking = nullptr;
-  for (const Rank* r : resident) {
+  for (const Rank* r : resident_) {
     if (r->room && r->room_freed < r->room_bytes && r->phase == SwapPhase::kResident &&
         (!asking || std::tie(r->room_since_ns, r->rank) < std::tie(asking->room_since_ns, asking->rank)))
       asking = r;
   }
-  if (asking) {
-    if (Rank* v = victim(nullptr)) {
-      return out_action(v, fmt::format("rank {} waits for room for {} ({} freed so far)", asking->rank,
-                                       FormatBytes(asking->room_bytes), FormatBytes(asking->room_freed)));
-    }
-    // No rank blocked in an exchange can go (they all wait for room, as at the first optimizer step of the GPU case
-    // swap_big, where 7 ranks' allocations failed at the same moment): swap out another rank that waits for room with
-    // an idle GPU; it comes back with room for its own request once there is room for it.
-    if (Rank* v = pick(asking, true)) {
-      return out_action(v, fmt::format("rank {} waits for room for {} ({} freed so far) and no rank blocked in an "
-                                       "exchange can go; rank {} waits for room too, its GPU idle",
-                                       asking->rank, FormatBytes(asking->room_bytes), FormatBytes(asking->room_freed),
-                                       v->rank));
-    }
-    return std::nullopt;
-  }
+  return asking;
+}
 
-  // Over the cap (footprints grew after the ranks were placed): make room as soon as a rank blocks.
-  if (cap > 0 && used > cap && resident.size() > 1) {
-    if (Rank* v = victim(nullptr)) {
-      return out_action(v, fmt::format("GPU {} holds {} of its {}", gpu, FormatBytes(used), FormatBytes(cap)));
+// Swap out blocked ranks until enough was freed for `asking`.
+std::optional<SwapAction> SwapScheduler::GpuDecision::MakeRoomFor(const Rank* asking) {
+  if (Rank* v = Victim(nullptr)) {
+    return Out(v, fmt::format("rank {} waits for room for {} ({} freed so far)", asking->rank,
+                              FormatBytes(asking->room_bytes), FormatBytes(asking->room_freed)));
+  }
+  // No rank blocked in an exchange can go (they all wait for room, as at the first optimizer step of the GPU case
+  // swap_big, where 7 ranks' allocations failed at the same moment): swap out another rank that waits for room with
+  // an idle GPU; it comes back with room for its own request once there is room for it.
+  if (Rank* v = Pick(asking, true)) {
+    return Out(v, fmt::format("rank {} waits for room for {} ({} freed so far) and no rank blocked in an "
+                              "exchange can go; rank {} waits for room too, its GPU idle",
+                              asking->rank, FormatBytes(asking->room_bytes), FormatBytes(asking->room_freed),
+                              v->rank));
+  }
+  return std::nullopt;
+}
+
+// Over the cap (footprints grew after the ranks were placed): make room as soon as a rank blocks.
+std::optional<SwapAction> SwapScheduler::GpuDecision::OverCap() {
+  if (cap_ > 0 && used_ > cap_ && resident_.size() > 1) {
+    if (Rank* v = Victim(nullptr)) {
+      return Out(v, fmt::format("GPU {} holds {} of its {}", gpu_, FormatBytes(used_), FormatBytes(cap_)));
     }
   }
-  if (candidates.empty()) return std::nullopt;
+  return std::nullopt;
+}
 
-  std::sort(candidates.begin(), candidates.end(), [&](const Rank* a, const Rank* b) {
-    const int na = Needers(a->rank), nb = Needers(b->rank);
+// Who goes on the GPU next: those most blocked ranks wait for, then swapped-out ranks before new ones, then the one
+// that waited longest, then the lowest rank.
+void SwapScheduler::GpuDecision::SortCandidates() {
+  std::sort(candidates_.begin(), candidates_.end(), [&](const Rank* a, const Rank* b) {
+    const int na = s_.Needers(a->rank), nb = s_.Needers(b->rank);
     if (na != nb) return na > nb;
     const bool oa = a->phase == SwapPhase::kOut, ob = b->phase == SwapPhase::kOut;
     if (oa != ob) return oa;
     if (oa && a->ready_since_ns != b->ready_since_ns) return a->ready_since_ns < b->ready_since_ns;
     return a->rank < b->rank;
   });
-  auto need_of = [&](const Rank* r) { return r->phase == SwapPhase::kOut ? r->out_bytes : Footprint(r->rank); };
-  auto reason_of = [&](const Rank* r) {
-    const int n = Needers(r->rank);
-    return n > 0 ? fmt::format("{} blocked rank(s) wait for it", n)
-                 : (r->phase == SwapPhase::kOut ? std::string("its exchange completed") : std::string("not started"));
-  };
-  auto in_action = [&](const Rank* r, const std::string& why) {
-    SwapAction a;
-    a.kind = r->phase == SwapPhase::kOut ? SwapAction::kSwapIn : SwapAction::kAdmit;
-    a.rank = r->rank;
-    a.pid = r->pid;
-    a.bytes = need_of(r);
-    a.gpu = gpu;
-    a.why = why;
-    return a;
-  };
-  auto fits = [&](const Rank* r) { return cap == 0 || used + need_of(r) <= cap; };
-  // Why one unsampled rank at a time (without --rank-mem): its footprint is unknown, so the next one's estimate
-  // would be a guess; once it reported memory or blocked, the next may follow.
-  auto may_start = [&](const Rank* r) {
-    return r->phase != SwapPhase::kUnstarted || !unsampled_resident || cfg_.rank_estimate_bytes > 0 || stalled;
-  };
-  Rank* c = candidates.front();
-  const uint64_t need = need_of(c);
-  if (fits(c)) {
-    if (!may_start(c)) return std::nullopt;
-    return in_action(c, reason_of(c));
+}
+
+std::string SwapScheduler::GpuDecision::Reason(const Rank* r) const {
+  const int n = s_.Needers(r->rank);
+  return n > 0 ? fmt::format("{} blocked rank(s) wait for it", n)
+               : (r->phase == SwapPhase::kOut ? std::string("its exchange completed") : std::string("not started"));
+}
+
+SwapAction SwapScheduler::GpuDecision::In(const Rank* r, const std::string& why) const {
+  SwapAction a;
+  a.kind = r->phase == SwapPhase::kOut ? SwapAction::kSwapIn : SwapAction::kAdmit;
+  a.rank = r->rank;
+  a.pid = r->pid;
+  a.bytes = Need(r);
+  a.gpu = gpu_;
+  a.why = why;
+  return a;
+}
+
+// Why one unsampled rank at a time (without --rank-mem): its footprint is unknown, so the next one's estimate
+// would be a guess; once it reported memory or blocked, the next may follow.
+bool SwapScheduler::GpuDecision::MayStart(const Rank* r) const {
+  return r->phase != SwapPhase::kUnstarted || !unsampled_resident_ || s_.cfg_.rank_estimate_bytes > 0 || stalled_;
+}
+
+// The first candidate when it fits; else room made for it on a stalled GPU; else a later one that fits.
+std::optional<SwapAction> SwapScheduler::GpuDecision::NextOnGpu() {
+  Rank* c = candidates_.front();
+  const uint64_t need = Need(c);
+  if (Fits(c)) {
+    if (!MayStart(c)) return std::nullopt;
+    return In(c, Reason(c));
   }
-  if (stalled) {
-    if (Rank* v = victim(c)) {
-      return out_action(v, fmt::format("every rank on GPU {} is blocked; rank {} ({}) waits for the GPU: {}", gpu,
-                                       c->rank, FormatBytes(need), reason_of(c)));
+  if (stalled_) {
+    if (Rank* v = Victim(c)) {
+      return Out(v, fmt::format("every rank on GPU {} is blocked; rank {} ({}) waits for the GPU: {}", gpu_,
+                                c->rank, FormatBytes(need), Reason(c)));
     }
   }
   // The first in line does not fit and nothing makes room for it now: a later one that fits may use the room. Why:
   // with full GPUs and a full host budget, restoring a smaller rank is what frees host RAM for the next swap out.
-  for (Rank* r : candidates) {
-    if (r != c && fits(r) && may_start(r)) {
-      return in_action(r, reason_of(r) + fmt::format("; rank {} ({}) does not fit yet", c->rank, FormatBytes(need)));
+  for (Rank* r : candidates_) {
+    if (r != c && Fits(r) && MayStart(r)) {
+      return In(r, Reason(r) + fmt::format("; rank {} ({}) does not fit yet", c->rank, FormatBytes(need)));
     }
   }
-  if (!stalled) return std::nullopt;  // a resident rank still works: its progress may free the GPU or unblock others
-  // Nothing can be swapped out (nothing resident, every resident waits outside an exchange, or the host budget is
-  // full): start or restore over the cap rather than deadlock, and say so -- except at a full host budget, where the
-  // notice was printed and the scheduler waits for a swapped-out rank to come back.
-  const bool host_full = std::any_of(resident.begin(), resident.end(), [&](const Rank* r) {
-    return r->phase == SwapPhase::kResident && Blocked(*r) && cfg_.host_cap_bytes > 0 &&
-           host_used + Footprint(r->rank) > cfg_.host_cap_bytes;
+  if (!stalled_) return std::nullopt;  // a resident rank still works: its progress may free the GPU or unblock others
+  return OverCapStart(c);
+}
+
+// Nothing can be swapped out (nothing resident, every resident waits outside an exchange, or the host budget is
+// full): start or restore over the cap rather than deadlock, and say so -- except at a full host budget, where the
+// notice was printed and the scheduler waits for a swapped-out rank to come back.
+std::optional<SwapAction> SwapScheduler::GpuDecision::OverCapStart(const Rank* c) {
+  const uint64_t need = Need(c);
+  const bool host_full = std::any_of(resident_.begin(), resident_.end(), [&](const Rank* r) {
+    return r->phase == SwapPhase::kResident && s_.Blocked(*r) && s_.cfg_.host_cap_bytes > 0 &&
+           host_used_ + s_.Footprint(r->rank) > s_.cfg_.host_cap_bytes;
   });
   if (host_full) return std::nullopt;
-  Notice(fmt::format("over:{}:{}", gpu, c->rank),
-         resident.empty()
-             ? fmt::format("swap: rank {} needs {}, more than GPU {}'s cap {} alone; it runs alone there", c->rank,
-                           FormatBytes(need), gpu, FormatBytes(cap))
-             : fmt::format("swap: no rank on GPU {} can be swapped out (they wait outside an exchange -- store, "
-                           "start-up -- or their swap out failed); rank {} goes on the GPU over the cap ({} + {} > {})",
-                           gpu, c->rank, FormatBytes(used), FormatBytes(need), FormatBytes(cap)));
-  return in_action(c, reason_of(c) + "; over the cap");
+  s_.Notice(fmt::format("over:{}:{}", gpu_, c->rank),
+            resident_.empty()
+                ? fmt::format("swap: rank {} needs {}, more than GPU {}'s cap {} alone; it runs alone there", c->rank,
+                              FormatBytes(need), gpu_, FormatBytes(cap_))
+                : fmt::format("swap: no rank on GPU {} can be swapped out (they wait outside an exchange -- store, "
+                              "start-up -- or their swap out failed); rank {} goes on the GPU over the cap ({} + {} > "
+                              "{})",
+                              gpu_, c->rank, FormatBytes(used_), FormatBytes(need), FormatBytes(cap_)));
+  return In(c, Reason(c) + "; over the cap");
+}
+
+std::optional<SwapAction> SwapScheduler::DecideGpu(const std::string& gpu, uint64_t now_ns) {
+  GpuDecision d(*this, gpu, now_ns);
+  d.Survey();
+  // A rank waits for room for an allocation that failed: swap out blocked ranks until enough was freed, and start or
+  // restore nothing here meanwhile (the room is that rank's).
+  if (const Rank* asking = d.RoomAsker()) return d.MakeRoomFor(asking);
+  if (auto a = d.OverCap()) return a;
+  if (!d.HasCandidates()) return std::nullopt;
+  d.SortCandidates();
+  return d.NextOnGpu();
 }
 
 SwapStats SwapScheduler::Stats() const {

@@ -196,6 +196,7 @@ class SwapScheduler {
     return r.measured ? static_cast<uint64_t>(std::max<int64_t>(r.overhead, 0)) : cfg_.context_bytes;
   }
   int Needers(int rank) const;
+  class GpuDecision;  // DecideGpu's steps (swap_scheduler.cc)
   std::optional<SwapAction> DecideGpu(const std::string& gpu, uint64_t now_ns);
   void Notice(const std::string& key, const std::string& text);
   void UpdatePeaks();

@@ -92,6 +92,232 @@ std::vector<std::pair<uint32_t, uint32_t>> FileOrder(const trace::RoleClass& cls
   return order;
 }
 
+// ExportChakra's state and steps, in its order. A step that returns false has set *error.
+class ChakraExporter {
+ public:
+  ChakraExporter(const trace::Trace& t, const ExportOptions& opts, ExportSummary* summary, std::string* error)
+      : t_(t), opts_(opts), summary_(summary), error_(error) {}
+
+  bool CreateOutDir();
+  bool WriteCommGroups();
+  bool WriteRanks();
+  void AddWarnings();
+
+ private:
+  bool WriteRank(int32_t r);
+  bool BindSlots(int32_t r, const trace::RankBinding& b, const trace::RoleClass& cls, std::vector<size_t>* slot_comm,
+                 json* descs);
+  void AddRankAttrs(const trace::RoleClass& cls, const json& descs, EtFile* f);
+  void AddNode(int32_t r, const trace::RoleClass& cls, const std::vector<size_t>& slot_comm, uint32_t s, uint32_t k,
+               EtFile* f);
+  std::string AddCommAttrs(int32_t r, const trace::Node& n, const std::vector<size_t>& slot_comm, et::Node& c);
+  void AddPrismNodeAttrs(const trace::RoleClass& cls, const trace::Stream& st, const trace::Node& n, uint64_t micros,
+                         et::Node& c);
+
+  const trace::Trace& t_;
+  const ExportOptions& opts_;
+  ExportSummary* summary_;
+  std::string* error_;
+  std::unordered_map<uint32_t, size_t> comm_pos_;  // communicator id -> its position in t.comms
+  json layout_;
+  uint64_t astra_unsupported_ = 0, zero_p2p_ = 0, uneven_allgather_ = 0;
+  std::unordered_map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>> file_order_;  // class -> order
+};
+
+bool ChakraExporter::CreateOutDir() {
+  std::error_code ec;
+  fs::create_directories(opts_.out_dir, ec);
+  if (ec || !fs::is_directory(opts_.out_dir)) {
+    *error_ = opts_.out_dir + ": cannot create directory" + (ec ? ": " + ec.message() : "");
+    return false;
+  }
+  const fs::path dir(opts_.out_dir);
+  summary_->workload = (dir / opts_.prefix).string();
+  summary_->comm_group_path = (dir / opts_.comm_group_file).string();
+  return true;
+}
+
+// Process-group names: ASTRA-sim parses them as integers and treats "" and "0" as the whole world, so
+// communicator k of the trace (array position) is group k + 1.
+bool ChakraExporter::WriteCommGroups() {
+  json groups = json::object();
+  for (size_t c = 0; c < t_.comms.size(); ++c) {
+    comm_pos_[t_.comms[c].id] = c;
+    groups[std::to_string(c + 1)] = t_.comms[c].ranks;
+  }
+  {
+    std::ofstream out(summary_->comm_group_path);
+    out << groups.dump(1) << "\n";
+    if (!out) {
+      *error_ = summary_->comm_group_path + ": cannot write";
+      return false;
+    }
+  }
+  summary_->comm_groups = t_.comms.size();
+  return true;
+}
+
+bool ChakraExporter::WriteRanks() {
+  layout_ = {{"tp", t_.layout.tp}, {"pp", t_.layout.pp}, {"dp", t_.layout.dp}, {"cp", t_.layout.cp},
+             {"ep", t_.layout.ep}, {"etp", t_.layout.etp}, {"order", t_.layout.order}};
+  for (int32_t r = 0; r < t_.world_size; ++r) {
+    if (!WriteRank(r)) return false;
+  }
+  return true;
+}
+
+// One file per rank: its class's nodes in file order, with the rank's communicators.
+bool ChakraExporter::WriteRank(int32_t r) {
+  const trace::RankBinding& b = t_.ranks[r];
+  const trace::RoleClass& cls = t_.classes[b.cls];
+  EtFile f;
+  f.metadata.set_version(kEtVersion);
+  std::vector<size_t> slot_comm(b.comms.size());
+  json descs = json::object();
+  if (!BindSlots(r, b, cls, &slot_comm, &descs)) return false;
+  if (opts_.prism_attrs) AddRankAttrs(cls, descs, &f);
+  auto cached = file_order_.find(b.cls);
+  if (cached == file_order_.end()) cached = file_order_.emplace(b.cls, FileOrder(cls)).first;
+  for (auto [s, k] : cached->second) AddNode(r, cls, slot_comm, s, k, &f);
+  summary_->nodes += f.nodes.size();
+  const std::string path = summary_->workload + "." + std::to_string(r) + ".et";
+  return WriteEtFile(path, f, error_);
+}
+
+// Each slot's communicator (its position in t.comms) and the descriptions by group name.
+bool ChakraExporter::BindSlots(int32_t r, const trace::RankBinding& b, const trace::RoleClass& cls,
+                               std::vector<size_t>* slot_comm, json* descs) {
+  for (size_t s = 0; s < b.comms.size(); ++s) {
+    auto it = comm_pos_.find(b.comms[s]);
+    if (it == comm_pos_.end()) {
+      *error_ = "rank " + std::to_string(r) + " binds slot '" + cls.comm_slots[s] + "' to communicator " +
+                std::to_string(b.comms[s]) + ", which the trace does not define";
+      return false;
+    }
+    (*slot_comm)[s] = it->second;
+    (*descs)[std::to_string(it->second + 1)] = t_.comms[it->second].desc;
+  }
+  return true;
+}
+
+void ChakraExporter::AddRankAttrs(const trace::RoleClass& cls, const json& descs, EtFile* f) {
+  auto* m = f->metadata.mutable_attr();
+  *m->Add() = MakeStringAttr(kAttrClass, cls.name);
+  *m->Add() = MakeStringAttr(kAttrLayout, layout_.dump());
+  if (!t_.topology.empty()) *m->Add() = MakeStringAttr(kAttrTopology, t_.topology);
+  *m->Add() = MakeStringAttr(kAttrComms, descs.dump());
+  if (t_.send_completion != trace::SendCompletion::kInvalid) {
+    *m->Add() = MakeStringAttr(kAttrSendCompletion, std::string(trace::ToString(t_.send_completion)));
+  }
+}
+
+void ChakraExporter::AddNode(int32_t r, const trace::RoleClass& cls, const std::vector<size_t>& slot_comm, uint32_t s,
+                             uint32_t k, EtFile* f) {
+  const trace::Stream& st = cls.streams[s];
+  const trace::Node& n = st.nodes[k];
+  const trace::Node* prev = k > 0 ? &st.nodes[k - 1] : nullptr;
+  et::Node& c = f->nodes.emplace_back();
+  c.set_id(n.id);
+  c.set_name(n.name);
+  // Stream order becomes a data dependency on the previous node of the stream; `after` edges follow.
+  if (prev) c.add_data_deps(prev->id);
+  for (uint32_t a : n.after) {
+    if (!prev || a != prev->id) c.add_data_deps(a);
+  }
+  const bool comm = n.kind != NodeKind::kCompute;
+  const uint64_t micros = n.dur_us > 0 ? static_cast<uint64_t>(std::llround(n.dur_us)) : 0;
+  c.set_duration_micros(micros);
+  auto* attrs = c.mutable_attr();
+  std::string type_label;
+  if (!comm) {
+    c.set_type(et::COMP_NODE);
+    *attrs->Add() = MakeBoolAttr(kAttrIsCpuOp, st.name == "cpu");
+    type_label = "COMP_NODE";
+  } else {
+    type_label = AddCommAttrs(r, n, slot_comm, c);
+  }
+  if (opts_.prism_attrs) AddPrismNodeAttrs(cls, st, n, micros, c);
+  summary_->by_type[type_label]++;
+}
+
+// A communication node's type and attributes; returns its type label for the summary.
+std::string ChakraExporter::AddCommAttrs(int32_t r, const trace::Node& n, const std::vector<size_t>& slot_comm,
+                                         et::Node& c) {
+  auto* attrs = c.mutable_attr();
+  std::string type_label;
+  const size_t ci = slot_comm.at(n.comm_slot);
+  const std::string pg = std::to_string(ci + 1);
+  const auto& members = t_.comms[ci].ranks;
+  *attrs->Add() = MakeBoolAttr(kAttrIsCpuOp, false);
+  if (n.kind == NodeKind::kColl) {
+    c.set_type(et::COMM_COLL_NODE);
+    const et::CollectiveCommType ct = CommType(n.op);
+    *attrs->Add() = MakeIntAttr(kAttrCommType, ct);
+    type_label = "COMM_COLL_NODE " + et::CollectiveCommType_Name(ct);
+    if (n.op == CollOp::kReduce || n.op == CollOp::kBarrier) ++astra_unsupported_;
+  } else {
+    const bool send = n.kind == NodeKind::kSend;
+    const int32_t peer = members.at(static_cast<size_t>(n.peer));
+    c.set_type(send ? et::COMM_SEND_NODE : et::COMM_RECV_NODE);
+    *attrs->Add() = MakeInt32Attr(kAttrCommSrc, send ? r : peer);
+    *attrs->Add() = MakeInt32Attr(kAttrCommDst, send ? peer : r);
+    // Why the group as tag: ASTRA-sim pairs messages in order per (src, dst, tag, size); one tag per
+    // communicator gives Prism's rule (in order per communicator, src and dst).
+    *attrs->Add() = MakeInt32Attr(kAttrCommTag, static_cast<int32_t>(ci + 1));
+    type_label = send ? "COMM_SEND_NODE" : "COMM_RECV_NODE";
+    if (n.bytes == 0) ++zero_p2p_;
+  }
+  // ASTRA-sim reads an all-gather's comm_size as each rank's input (docs/chakra.md, "comm_size").
+  uint64_t size = n.bytes;
+  if (n.kind == NodeKind::kColl && n.op == CollOp::kAllGather &&
+      opts_.allgather_comm_size == AllGatherCommSize::kInput) {
+    size = n.bytes / members.size();
+    if (size * members.size() != n.bytes) {
+      ++uneven_allgather_;
+      if (opts_.prism_attrs) *attrs->Add() = MakeIntAttr(kAttrBytes, static_cast<int64_t>(n.bytes));
+    }
+  }
+  *attrs->Add() = MakeIntAttr(kAttrCommSize, static_cast<int64_t>(size));
+  *attrs->Add() = MakeStringAttr(kAttrPgName, pg);
+  return type_label;
+}
+
+// What only import-chakra reads (opts.prism_attrs): what Chakra's own fields do not carry.
+void ChakraExporter::AddPrismNodeAttrs(const trace::RoleClass& cls, const trace::Stream& st, const trace::Node& n,
+                                       uint64_t micros, et::Node& c) {
+  auto* attrs = c.mutable_attr();
+  const bool comm = n.kind != NodeKind::kCompute;
+  *attrs->Add() = MakeStringAttr(kAttrStream, st.name);
+  if (comm) *attrs->Add() = MakeStringAttr(kAttrSlot, cls.comm_slots.at(n.comm_slot));
+  if (n.iter != 0) *attrs->Add() = MakeIntAttr(kAttrIter, n.iter);
+  if (comm && n.dtype != trace::DType::kU8) {
+    *attrs->Add() = MakeStringAttr(kAttrDtype, std::string(trace::ToString(n.dtype)));
+  }
+  if (n.kind == NodeKind::kColl && (n.op == CollOp::kBroadcast || n.op == CollOp::kReduce)) {
+    *attrs->Add() = MakeInt32Attr(kAttrRoot, n.root);
+  }
+  if (ReadBack(micros, comm) != n.dur_us) *attrs->Add() = MakeDoubleAttr(kAttrDurUs, n.dur_us);
+}
+
+void ChakraExporter::AddWarnings() {
+  summary_->ranks = t_.world_size;
+  if (astra_unsupported_ > 0) {
+    summary_->warnings.push_back(std::to_string(astra_unsupported_) +
+                                 " REDUCE/BARRIER collective nodes: ASTRA-sim's workload layer stops with "
+                                 "\"Unsupported collective comm type\" on these");
+  }
+  if (uneven_allgather_ > 0) {
+    summary_->warnings.push_back(std::to_string(uneven_allgather_) +
+                                 " all-gather nodes whose bytes are not a multiple of their communicator's size: "
+                                 "comm_size (each rank's input) is rounded down" +
+                                 (opts_.prism_attrs ? std::string("; prism_bytes keeps the exact size") : ""));
+  }
+  if (zero_p2p_ > 0) {
+    summary_->warnings.push_back(std::to_string(zero_p2p_) +
+                                 " send/recv nodes of 0 bytes: ASTRA-sim's analytical network asserts size > 0");
+  }
+}
+
 }  // namespace
 
 std::string ExportSummary::Format() const {
@@ -109,160 +335,9 @@ bool ExportChakra(const trace::Trace& t, const ExportOptions& opts, ExportSummar
   ExportSummary local;
   if (!summary) summary = &local;
   *summary = ExportSummary{};
-  std::error_code ec;
-  fs::create_directories(opts.out_dir, ec);
-  if (ec || !fs::is_directory(opts.out_dir)) {
-    *error = opts.out_dir + ": cannot create directory" + (ec ? ": " + ec.message() : "");
-    return false;
-  }
-  const fs::path dir(opts.out_dir);
-  summary->workload = (dir / opts.prefix).string();
-  summary->comm_group_path = (dir / opts.comm_group_file).string();
-
-  // Process-group names: ASTRA-sim parses them as integers and treats "" and "0" as the whole world, so
-  // communicator k of the trace (array position) is group k + 1.
-  std::unordered_map<uint32_t, size_t> comm_pos;
-  json groups = json::object();
-  for (size_t c = 0; c < t.comms.size(); ++c) {
-    comm_pos[t.comms[c].id] = c;
-    groups[std::to_string(c + 1)] = t.comms[c].ranks;
-  }
-  {
-    std::ofstream out(summary->comm_group_path);
-    out << groups.dump(1) << "\n";
-    if (!out) {
-      *error = summary->comm_group_path + ": cannot write";
-      return false;
-    }
-  }
-  summary->comm_groups = t.comms.size();
-
-  json layout = {{"tp", t.layout.tp}, {"pp", t.layout.pp}, {"dp", t.layout.dp}, {"cp", t.layout.cp},
-                 {"ep", t.layout.ep}, {"etp", t.layout.etp}, {"order", t.layout.order}};
-  uint64_t astra_unsupported = 0, zero_p2p = 0, uneven_allgather = 0;
-  std::unordered_map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>> file_order;  // class -> order
-  for (int32_t r = 0; r < t.world_size; ++r) {
-    const trace::RankBinding& b = t.ranks[r];
-    const trace::RoleClass& cls = t.classes[b.cls];
-    EtFile f;
-    f.metadata.set_version(kEtVersion);
-    std::vector<size_t> slot_comm(b.comms.size());
-    json descs = json::object();
-    for (size_t s = 0; s < b.comms.size(); ++s) {
-      auto it = comm_pos.find(b.comms[s]);
-      if (it == comm_pos.end()) {
-        *error = "rank " + std::to_string(r) + " binds slot '" + cls.comm_slots[s] + "' to communicator " +
-                 std::to_string(b.comms[s]) + ", which the trace does not define";
-        return false;
-      }
-      slot_comm[s] = it->second;
-      descs[std::to_string(it->second + 1)] = t.comms[it->second].desc;
-    }
-    if (opts.prism_attrs) {
-      auto* m = f.metadata.mutable_attr();
-      *m->Add() = MakeStringAttr(kAttrClass, cls.name);
-      *m->Add() = MakeStringAttr(kAttrLayout, layout.dump());
-      if (!t.topology.empty()) *m->Add() = MakeStringAttr(kAttrTopology, t.topology);
-      *m->Add() = MakeStringAttr(kAttrComms, descs.dump());
-      if (t.send_completion != trace::SendCompletion::kInvalid) {
-        *m->Add() = MakeStringAttr(kAttrSendCompletion, std::string(trace::ToString(t.send_completion)));
-      }
-    }
-    auto cached = file_order.find(b.cls);
-    if (cached == file_order.end()) cached = file_order.emplace(b.cls, FileOrder(cls)).first;
-    for (auto [s, k] : cached->second) {
-      const trace::Stream& st = cls.streams[s];
-      const trace::Node& n = st.nodes[k];
-      const trace::Node* prev = k > 0 ? &st.nodes[k - 1] : nullptr;
-      {
-        et::Node& c = f.nodes.emplace_back();
-        c.set_id(n.id);
-        c.set_name(n.name);
-        // Stream order becomes a data dependency on the previous node of the stream; `after` edges follow.
-        if (prev) c.add_data_deps(prev->id);
-        for (uint32_t a : n.after) {
-          if (!prev || a != prev->id) c.add_data_deps(a);
-        }
-        const bool comm = n.kind != NodeKind::kCompute;
-        const uint64_t micros = n.dur_us > 0 ? static_cast<uint64_t>(std::llround(n.dur_us)) : 0;
-        c.set_duration_micros(micros);
-        auto* attrs = c.mutable_attr();
-        std::string type_label;
-        if (!comm) {
-          c.set_type(et::COMP_NODE);
-          *attrs->Add() = MakeBoolAttr(kAttrIsCpuOp, st.name == "cpu");
-          type_label = "COMP_NODE";
-        } else {
-          const size_t ci = slot_comm.at(n.comm_slot);
-          const std::string pg = std::to_string(ci + 1);
-          const auto& members = t.comms[ci].ranks;
-          *attrs->Add() = MakeBoolAttr(kAttrIsCpuOp, false);
-          if (n.kind == NodeKind::kColl) {
-            c.set_type(et::COMM_COLL_NODE);
-            const et::CollectiveCommType ct = CommType(n.op);
-            *attrs->Add() = MakeIntAttr(kAttrCommType, ct);
-            type_label = "COMM_COLL_NODE " + et::CollectiveCommType_Name(ct);
-            if (n.op == CollOp::kReduce || n.op == CollOp::kBarrier) ++astra_unsupported;
-          } else {
-            const bool send = n.kind == NodeKind::kSend;
-            const int32_t peer = members.at(static_cast<size_t>(n.peer));
-            c.set_type(send ? et::COMM_SEND_NODE : et::COMM_RECV_NODE);
-            *attrs->Add() = MakeInt32Attr(kAttrCommSrc, send ? r : peer);
-            *attrs->Add() = MakeInt32Attr(kAttrCommDst, send ? peer : r);
-            // Why the group as tag: ASTRA-sim pairs messages in order per (src, dst, tag, size); one tag per
-            // communicator gives Prism's rule (in order per communicator, src and dst).
-            *attrs->Add() = MakeInt32Attr(kAttrCommTag, static_cast<int32_t>(ci + 1));
-            type_label = send ? "COMM_SEND_NODE" : "COMM_RECV_NODE";
-            if (n.bytes == 0) ++zero_p2p;
-          }
-          // ASTRA-sim reads an all-gather's comm_size as each rank's input (docs/chakra.md, "comm_size").
-          uint64_t size = n.bytes;
-          if (n.kind == NodeKind::kColl && n.op == CollOp::kAllGather &&
-              opts.allgather_comm_size == AllGatherCommSize::kInput) {
-            size = n.bytes / members.size();
-            if (size * members.size() != n.bytes) {
-              ++uneven_allgather;
-              if (opts.prism_attrs) *attrs->Add() = MakeIntAttr(kAttrBytes, static_cast<int64_t>(n.bytes));
-            }
-          }
-          *attrs->Add() = MakeIntAttr(kAttrCommSize, static_cast<int64_t>(size));
-          *attrs->Add() = MakeStringAttr(kAttrPgName, pg);
-        }
-        if (opts.prism_attrs) {
-          *attrs->Add() = MakeStringAttr(kAttrStream, st.name);
-          if (comm) *attrs->Add() = MakeStringAttr(kAttrSlot, cls.comm_slots.at(n.comm_slot));
-          if (n.iter != 0) *attrs->Add() = MakeIntAttr(kAttrIter, n.iter);
-          if (comm && n.dtype != trace::DType::kU8) {
-            *attrs->Add() = MakeStringAttr(kAttrDtype, std::string(trace::ToString(n.dtype)));
-          }
-          if (n.kind == NodeKind::kColl && (n.op == CollOp::kBroadcast || n.op == CollOp::kReduce)) {
-            *attrs->Add() = MakeInt32Attr(kAttrRoot, n.root);
-          }
-          if (ReadBack(micros, comm) != n.dur_us) *attrs->Add() = MakeDoubleAttr(kAttrDurUs, n.dur_us);
-        }
-        summary->by_type[type_label]++;
-      }
-    }
-    summary->nodes += f.nodes.size();
-    const std::string path = summary->workload + "." + std::to_string(r) + ".et";
-    if (!WriteEtFile(path, f, error)) return false;
-  }
-  summary->ranks = t.world_size;
-  if (astra_unsupported > 0) {
-    summary->warnings.push_back(std::to_string(astra_unsupported) +
-                                " REDUCE/BARRIER collective nodes: ASTRA-sim's workload layer stops with "
-                                "\"Unsupported collective comm type\" on these");
-  }
-  if (uneven_allgather > 0) {
-    summary->warnings.push_back(std::to_string(uneven_allgather) +
-                                " all-gather nodes whose bytes are not a multiple of their communicator's size: "
-                                "comm_size (each rank's input) is rounded down" +
-                                (opts.prism_attrs ? std::string("; prism_bytes keeps the exact size") : ""));
-  }
-  if (zero_p2p > 0) {
-    summary->warnings.push_back(std::to_string(zero_p2p) +
-                                " send/recv nodes of 0 bytes: ASTRA-sim's analytical network asserts size > 0");
-  }
+  ChakraExporter x(t, opts, summary, error);
+  if (!x.CreateOutDir() || !x.WriteCommGroups() || !x.WriteRanks()) return false;
+  x.AddWarnings();
   return true;
 }
 
