@@ -212,6 +212,7 @@ class Builder {
 
   bool PickRepresentatives();
   bool IterationRange();
+  class ClassBuild;  // BuildClass's steps
   bool BuildClass(ClassInfo& ci, trace::RoleClass* cls);
   void SequenceMultiStreamSlots(const std::map<uint32_t, int64_t>& comm_seq, trace::RoleClass* cls);
   void ApplyWaits(const RankEventLog& log, const std::map<std::pair<int64_t, int64_t>, UnitNodes>& unit_at,
@@ -754,58 +755,93 @@ bool Builder::BorrowEpP2p(const RankEventLog& log, const ObservedOp& op, int pos
   return true;
 }
 
-bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
-  const RankEventLog& log = *ci.log;
-  cls->name = ClassName(w_, ci.key);
-  const std::string rank_s = "rank " + std::to_string(log.rank);
+// BuildClass's state and steps for one class, in its order. A step that returns false has failed the build
+// (Builder::Fail, or Expand/Resolve's own).
+class Builder::ClassBuild {
+ public:
+  ClassBuild(Builder& b, ClassInfo& ci, trace::RoleClass* cls)
+      : b_(b), ci_(ci), cls_(cls), log_(*ci.log), rank_s_("rank " + std::to_string(log_.rank)) {}
 
-  // Iteration of each op: the first mark after its arrival.
-  std::vector<ObservedMark> marks = log.marks;
-  std::stable_sort(marks.begin(), marks.end(),
+  void SortMarks();
+  bool CollectUnits();
+  bool AssignSlots();
+  bool OrderStreams();
+  void CheckSequenceGaps();
+  void BuildNodes();
+  bool CheckDurations();
+  void ApplyWaits() { b_.ApplyWaits(log_, unit_at_, cls_); }
+  void SequenceMultiStreamSlots() { b_.SequenceMultiStreamSlots(comm_seq_, cls_); }
+
+ private:
+  class StreamBuild;
+  using StreamKey = std::pair<int, int64_t>;  // (0 recorded index | 1 fallback, id)
+
+  int64_t IterationOf(int64_t arrival) const;
+
+  Builder& b_;
+  ClassInfo& ci_;
+  trace::RoleClass* cls_;
+  const RankEventLog& log_;
+  const std::string rank_s_;
+  std::vector<ObservedMark> marks_;  // by iteration, one per iteration
+  std::map<int64_t, int64_t> mark_t_;
+  std::map<int64_t, int32_t> mark_stream_;
+  std::map<StreamKey, std::vector<Unit>> streams_;
+  std::map<int64_t, int64_t> first_use_;  // comm id -> order of first use (per-comm fallback)
+  std::vector<Unit> local_only_;          // units of sends and receives to the rank itself only
+  std::map<int64_t, int> ep_comms_;       // BorrowEpP2p's: comm id -> the source's ep position, -1 when not ep
+  std::map<int64_t, uint32_t> slot_of_comm_;
+  uint32_t next_id_ = 0;
+  std::map<uint32_t, int64_t> comm_seq_;  // communication node id -> its communicator sequence on the rank
+  std::vector<trace::Stream> helpers_;
+  std::map<std::pair<int64_t, int64_t>, UnitNodes> unit_at_;  // (recorded stream, sseq) -> its nodes
+};
+
+// Iteration of each op: the first mark after its arrival.
+void Builder::ClassBuild::SortMarks() {
+  marks_ = log_.marks;
+  std::stable_sort(marks_.begin(), marks_.end(),
                    [](const ObservedMark& a, const ObservedMark& b) { return a.iteration < b.iteration; });
-  marks.erase(std::unique(marks.begin(), marks.end(),
-                          [](const ObservedMark& a, const ObservedMark& b) { return a.iteration == b.iteration; }),
-              marks.end());
-  for (size_t i = 1; i < marks.size(); ++i) {
-    if (marks[i].t_ns < marks[i - 1].t_ns) {
-      Warn(rank_s + ": iteration marks go back in time at iteration " + std::to_string(marks[i].iteration) +
-           ": operations may be assigned to the wrong iteration");
+  marks_.erase(std::unique(marks_.begin(), marks_.end(),
+                           [](const ObservedMark& a, const ObservedMark& b) { return a.iteration == b.iteration; }),
+               marks_.end());
+  for (size_t i = 1; i < marks_.size(); ++i) {
+    if (marks_[i].t_ns < marks_[i - 1].t_ns) {
+      b_.Warn(rank_s_ + ": iteration marks go back in time at iteration " + std::to_string(marks_[i].iteration) +
+              ": operations may be assigned to the wrong iteration");
       break;
     }
   }
-  std::map<int64_t, int64_t> mark_t;
-  std::map<int64_t, int32_t> mark_stream;
-  for (const ObservedMark& m : marks) {
-    mark_t[m.iteration] = m.t_ns;
-    mark_stream[m.iteration] = m.stream;
+  for (const ObservedMark& m : marks_) {
+    mark_t_[m.iteration] = m.t_ns;
+    mark_stream_[m.iteration] = m.stream;
   }
-  auto iteration_of = [&](int64_t arrival) -> int64_t {
-    if (!use_marks_) return 0;
-    auto it = std::upper_bound(marks.begin(), marks.end(), arrival,
-                               [](int64_t t, const ObservedMark& m) { return t < m.t_ns; });
-    return it == marks.end() ? INT64_MAX : it->iteration;
-  };
+}
 
-  // Units per stream.
-  using StreamKey = std::pair<int, int64_t>;  // (0 recorded index | 1 fallback, id)
-  std::map<StreamKey, std::vector<Unit>> streams;
-  std::map<int64_t, int64_t> first_use;  // comm id -> order of first use (per-comm fallback)
-  std::vector<Unit> local_only;           // units of sends and receives to the rank itself only
-  std::map<int64_t, int> ep_comms;        // BorrowEpP2p's: comm id -> the source's ep position, -1 when not ep
+int64_t Builder::ClassBuild::IterationOf(int64_t arrival) const {
+  if (!b_.use_marks_) return 0;
+  auto it = std::upper_bound(marks_.begin(), marks_.end(), arrival,
+                             [](int64_t t, const ObservedMark& m) { return t < m.t_ns; });
+  return it == marks_.end() ? INT64_MAX : it->iteration;
+}
+
+// Units per stream.
+bool Builder::ClassBuild::CollectUnits() {
   bool any_recorded = false, any_fallback = false;
-  for (const ObservedOp& op : log.ops) {
-    int64_t it = iteration_of(op.arrival_ns);
-    if (it < first_ || it > last_) {
-      ++out_->dropped_ops;
+  for (const ObservedOp& op : log_.ops) {
+    int64_t it = IterationOf(op.arrival_ns);
+    if (it < b_.first_ || it > b_.last_) {
+      ++b_.out_->dropped_ops;
       continue;
     }
     Unit u;
     u.op = &op;
     u.iter = it;
-    if (!Expand(log, op, &u.pieces, &u.local)) return false;
-    if (ci.ep_position >= 0 && !BorrowEpP2p(log, op, ci.ep_position, &ep_comms, &u.pieces, &u.local)) return false;
+    if (!b_.Expand(log_, op, &u.pieces, &u.local)) return false;
+    if (ci_.ep_position >= 0 && !b_.BorrowEpP2p(log_, op, ci_.ep_position, &ep_comms_, &u.pieces, &u.local))
+      return false;
     if (u.pieces.empty() && !u.local.empty()) {  // only copies to itself: no communication, no node
-      local_only.push_back(std::move(u));
+      local_only_.push_back(std::move(u));
       continue;
     }
     StreamKey key;
@@ -814,40 +850,46 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
       any_recorded = true;
     } else {
       any_fallback = true;
-      if (o_.stream_fallback == StreamFallback::kOne) {
+      if (b_.o_.stream_fallback == StreamFallback::kOne) {
         key = {1, 0};
       } else {
-        auto [fu, fresh] = first_use.try_emplace(op.comm_id, static_cast<int64_t>(first_use.size()));
+        auto [fu, fresh] = first_use_.try_emplace(op.comm_id, static_cast<int64_t>(first_use_.size()));
         key = {1, fu->second};
       }
     }
-    streams[key].push_back(std::move(u));
+    streams_[key].push_back(std::move(u));
   }
   if (any_recorded && any_fallback)
-    Warn(rank_s + ": some op lines have \"stream\" and some do not: those without are on a stream of their own");
+    b_.Warn(rank_s_ + ": some op lines have \"stream\" and some do not: those without are on a stream of their own");
+  return true;
+}
 
-  // Communicators -> slots.
-  std::map<int64_t, uint32_t> slot_of_comm;
-  for (auto& [key, units] : streams) {
+// Communicators -> slots.
+bool Builder::ClassBuild::AssignSlots() {
+  for (auto& [key, units] : streams_) {
     for (const Unit& u : units) {
       for (const Piece& p : u.pieces) {
-        if (slot_of_comm.count(p.comm_id)) continue;
+        if (slot_of_comm_.count(p.comm_id)) continue;
         Family f;
-        if (!Resolve(log, log.comms.at(p.comm_id), &f)) return false;
+        if (!b_.Resolve(log_, log_.comms.at(p.comm_id), &f)) return false;
         // Why unique names: two communicators can resolve alike (torch making two over one group).
         std::string base = f.slot;
-        for (int k = 2; std::find(cls->comm_slots.begin(), cls->comm_slots.end(), f.slot) != cls->comm_slots.end(); ++k)
+        const std::vector<std::string>& slots = cls_->comm_slots;
+        for (int k = 2; std::find(slots.begin(), slots.end(), f.slot) != slots.end(); ++k)
           f.slot = base + "#" + std::to_string(k);
-        slot_of_comm[p.comm_id] = static_cast<uint32_t>(cls->comm_slots.size());
-        cls->comm_slots.push_back(f.slot);
-        ci.families.push_back(std::move(f));
-        ci.p2p_slot.push_back(0);
+        slot_of_comm_[p.comm_id] = static_cast<uint32_t>(cls_->comm_slots.size());
+        cls_->comm_slots.push_back(f.slot);
+        ci_.families.push_back(std::move(f));
+        ci_.p2p_slot.push_back(0);
       }
     }
   }
+  return true;
+}
 
-  // Order within a stream: GPU arrival; a communicator's operations must then be in sequence order.
-  for (auto& [key, units] : streams) {
+// Order within a stream: GPU arrival; a communicator's operations must then be in sequence order.
+bool Builder::ClassBuild::OrderStreams() {
+  for (auto& [key, units] : streams_) {
     // Why file order on ties: lines are written as units are released, which on one stream is issue order.
     std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
       return a.op->arrival_ns != b.op->arrival_ns ? a.op->arrival_ns < b.op->arrival_ns : a.op->line < b.op->line;
@@ -857,209 +899,279 @@ bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
       if (u.op->seq < 0) continue;  // only copies to itself (made nodes for a class that borrows them): unnumbered
       auto [it, fresh] = last_seq.try_emplace(u.op->comm_id, u.op->seq);
       if (!fresh && u.op->seq <= it->second)
-        return Fail(rank_s + ": on one stream, communicator " + std::to_string(u.op->comm_id) + "'s operation seq " +
-                    std::to_string(u.op->seq) + " (line " + std::to_string(u.op->line) + ") arrives after seq " +
-                    std::to_string(it->second) + ": the GPU timestamps contradict the issue order");
+        return b_.Fail(rank_s_ + ": on one stream, communicator " + std::to_string(u.op->comm_id) +
+                       "'s operation seq " + std::to_string(u.op->seq) + " (line " + std::to_string(u.op->line) +
+                       ") arrives after seq " + std::to_string(it->second) +
+                       ": the GPU timestamps contradict the issue order");
       it->second = u.op->seq;
     }
   }
-  // Gaps in a communicator's sequence numbers: operations missing from the file.
-  {
-    std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> by_comm;  // comm -> (seq, count)
-    auto add_unit = [&](const Unit& u) {
-      std::map<int64_t, int64_t> per, first;  // comm -> numbered operations, the lowest sequence
-      for (const auto* v : {&u.pieces, &u.local}) {
-        for (const Piece& p : *v) {
-          if (p.seq < 0) continue;  // a copy to itself, unnumbered
-          per[p.comm_id]++;
-          auto [f, fresh] = first.try_emplace(p.comm_id, p.seq);
-          if (!fresh) f->second = std::min(f->second, p.seq);
-        }
+  return true;
+}
+
+// Gaps in a communicator's sequence numbers: operations missing from the file.
+void Builder::ClassBuild::CheckSequenceGaps() {
+  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> by_comm;  // comm -> (seq, count)
+  auto add_unit = [&](const Unit& u) {
+    std::map<int64_t, int64_t> per, first;  // comm -> numbered operations, the lowest sequence
+    for (const auto* v : {&u.pieces, &u.local}) {
+      for (const Piece& p : *v) {
+        if (p.seq < 0) continue;  // a copy to itself, unnumbered
+        per[p.comm_id]++;
+        auto [f, fresh] = first.try_emplace(p.comm_id, p.seq);
+        if (!fresh) f->second = std::min(f->second, p.seq);
       }
-      for (auto& [comm, count] : per) by_comm[comm].push_back({first.at(comm), count});
-    };
-    for (auto& [key, units] : streams)
-      for (const Unit& u : units) add_unit(u);
-    for (const Unit& u : local_only) add_unit(u);
-    for (auto& [comm, v] : by_comm) {
-      std::sort(v.begin(), v.end());
-      for (size_t i = 1; i < v.size(); ++i) {
-        if (v[i].first != v[i - 1].first + v[i - 1].second) {
-          Warn(rank_s + " communicator " + std::to_string(comm) + ": sequence numbers jump from " +
-               std::to_string(v[i - 1].first) + " to " + std::to_string(v[i].first) +
-               " (operations missing from the event file, or fused with another communicator's)");
-          break;
-        }
+    }
+    for (auto& [comm, count] : per) by_comm[comm].push_back({first.at(comm), count});
+  };
+  for (auto& [key, units] : streams_)
+    for (const Unit& u : units) add_unit(u);
+  for (const Unit& u : local_only_) add_unit(u);
+  for (auto& [comm, v] : by_comm) {
+    std::sort(v.begin(), v.end());
+    for (size_t i = 1; i < v.size(); ++i) {
+      if (v[i].first != v[i - 1].first + v[i - 1].second) {
+        b_.Warn(rank_s_ + " communicator " + std::to_string(comm) + ": sequence numbers jump from " +
+                std::to_string(v[i - 1].first) + " to " + std::to_string(v[i].first) +
+                " (operations missing from the event file, or fused with another communicator's)");
+        break;
       }
     }
   }
+}
 
-  // Nodes.
-  uint32_t next_id = 0;
-  std::map<uint32_t, int64_t> comm_seq;  // communication node id -> its communicator sequence on the rank
-  std::vector<trace::Stream> helpers;
-  std::map<std::pair<int64_t, int64_t>, UnitNodes> unit_at;  // (recorded stream, sseq) -> its nodes
-  for (auto& [key, units] : streams) {
-    trace::Stream main;
-    if (key.first == 0) {
-      main.name = "stream" + std::to_string(key.second);
-    } else if (o_.stream_fallback == StreamFallback::kPerComm && !units.empty()) {
-      main.name = cls->comm_slots[slot_of_comm.at(units.front().op->comm_id)];
-    } else {
-      main.name = "stream";
-    }
-    // Point-to-point channels (slot, peer, direction) that appear in a unit with another p2p operation get a helper
-    // stream each, for all their operations, so that each channel stays in order on one stream.
-    std::map<std::tuple<uint32_t, int32_t, int>, size_t> helper_of;
-    for (const Unit& u : units) {
-      int p2p = 0;
-      for (const Piece& p : u.pieces) p2p += IsP2p(p.kind) ? 1 : 0;
-      if (p2p < 2) continue;
-      for (const Piece& p : u.pieces) {
-        if (!IsP2p(p.kind)) continue;
-        uint32_t slot = slot_of_comm.at(p.comm_id);
-        auto k = std::make_tuple(slot, p.peer, p.kind == NodeKind::kSend ? 1 : 0);
-        if (helper_of.count(k)) continue;
-        helper_of[k] = helpers.size();
-        helpers.push_back(trace::Stream{main.name + "." + cls->comm_slots[slot] +
-                                            (p.kind == NodeKind::kSend ? ".send" : ".recv") + std::to_string(p.peer),
-                                        {}});
-      }
-    }
+// One stream's nodes: its units' communication nodes, the compute nodes of the gaps between them (cut at iteration
+// marks), and helper streams for point-to-point channels.
+class Builder::ClassBuild::StreamBuild {
+ public:
+  StreamBuild(ClassBuild& c, const StreamKey& key) : c_(c), b_(c.b_), key_(key), cur_(c.b_.first_) {}
 
-    std::vector<uint32_t> pending;  // helper nodes the next node of the main stream waits for
-    auto add = [&](trace::Stream& s, Node node, std::vector<uint32_t> after) {
-      node.id = next_id++;
-      node.after = std::move(after);
-      s.nodes.push_back(std::move(node));
-      return s.nodes.back().id;
-    };
-    auto add_main = [&](Node node) {
-      uint32_t id = add(main, std::move(node), std::move(pending));
-      pending.clear();
-      return id;
-    };
-    std::vector<UnitNodes::GapPiece> gap;  // compute nodes since the last unit
-    auto compute = [&](int64_t from, int64_t to, int64_t iter, bool own_mark) {
-      if (to <= from) return;
-      Node node;
-      node.kind = NodeKind::kCompute;
-      node.dur_us = static_cast<double>(to - from) / 1000.0;
-      node.iter = static_cast<uint32_t>(iter);
-      gap.push_back({add_main(std::move(node)), from, to, own_mark});
-    };
-    // Whether iteration `it`'s mark was stamped on this stream (streams without a recorded index: one per
-    // communicator or one for all, never with wait lines, so either answer is harmless).
-    // Why a copy of the key: clang before 16 cannot capture a structured binding.
-    auto marks_here = [&, stream_key = key](int64_t it) {
-      auto ms = mark_stream.find(it);
-      return stream_key.first != 0 || (ms != mark_stream.end() && ms->second == stream_key.second);
-    };
-    bool have_t = false;
-    int64_t t = 0;
-    int64_t cur = first_;
-    if (use_marks_) {
-      auto prev = mark_t.find(first_ - 1);
-      if (prev != mark_t.end()) {
-        t = prev->second;
-        have_t = true;
-      }
-    }
-    bool trailing = false;  // after the stream's last unit
-    auto close_through = [&](int64_t iter) {  // compute up to the end of iterations cur..iter-1
-      while (use_marks_ && cur < iter) {
-        auto m = mark_t.find(cur);
-        if (m != mark_t.end()) {
-          // Why not after the last unit on another stream than the mark's: no wait line can follow to take the
-          // waiting out, and a side stream has no work of its own there (the last iteration replayed the slice's
-          // whole wait: 2.6 s against 0.21 s for the others, GraphCli.RealFillEvents...).
-          const bool own = marks_here(cur);
-          if (have_t && (!trailing || own)) compute(t, m->second, cur, own);
-          t = have_t ? std::max(t, m->second) : m->second;
-          have_t = true;
-        }
-        ++cur;
-      }
-    };
-    for (const Unit& u : units) {
-      close_through(u.iter);
-      UnitNodes un;
-      un.arrival = u.op->arrival_ns;
-      un.release = UnitEnd(*u.op);
-      if (have_t) compute(t, u.op->arrival_ns, u.iter, false);
-      if (u.op->opened_ns > 0) {
-        const int64_t late = u.op->opened_ns - std::max(u.op->release_ns, u.op->arrival_ns);
-        out_->coordinator_latency_ns[log.rank][u.iter] += std::max<int64_t>(0, late);
-      }
-      un.gap = std::move(gap);
-      gap.clear();
-      for (size_t i = 0; i < un.gap.size(); ++i)
-        if (un.gap[i].own_mark) un.waitable = i + 1;
-      const uint32_t first_id = next_id;
-      // Fork: helper nodes start when the main stream reaches the unit; join: the next main node waits for them.
-      std::vector<uint32_t> fork = pending;
-      if (!main.nodes.empty()) fork.push_back(main.nodes.back().id);
-      std::vector<uint32_t> joined;
-      for (const Piece& p : u.pieces) {
-        if (p.seq >= 0) comm_seq[next_id] = p.seq;  // the id `add` gives it (a copy to itself has none)
-        Node node;
-        node.kind = p.kind;
-        node.op = p.op;
-        node.comm_slot = slot_of_comm.at(p.comm_id);
-        node.peer = p.peer;
-        node.root = p.root;
-        node.bytes = p.bytes;
-        node.dtype = p.dtype;
-        node.iter = static_cast<uint32_t>(u.iter);
-        node.name = p.seq >= 0 ? "seq " + std::to_string(p.seq) : "copy to itself, borrowed";
-        if (u.op->passthrough && u.op->nops == 1) {
-          // Measured on the real NCCL (prism-run record): from the last member's arrival to the first release.
-          auto c = log.comms.find(u.op->comm_id);
-          auto r = c == log.comms.end() ? real_ops_.end()
-                                        : real_ops_.find({c->second.key, SortedMembers(c->second), u.op->seq});
-          if (r != real_ops_.end()) {
-            const auto& [arrival, release, members] = r->second;
-            node.dur_us = static_cast<double>(std::max<int64_t>(0, release - arrival)) / 1000.0;
-            ++out_->recorded_comm;
-          }
-        }
-        if (IsP2p(p.kind)) ci.p2p_slot[node.comm_slot] = 1;
-        auto h = helper_of.end();
-        if (IsP2p(p.kind))
-          h = helper_of.find(std::make_tuple(node.comm_slot, p.peer, p.kind == NodeKind::kSend ? 1 : 0));
-        if (h != helper_of.end()) {
-          joined.push_back(add(helpers[h->second], std::move(node), fork));
-        } else {
-          add_main(std::move(node));
-        }
-      }
-      if (!joined.empty()) pending = std::move(joined);  // includes the old pending through the fork
-      t = UnitEnd(*u.op);
-      have_t = true;
-      if (key.first == 0 && u.op->sseq >= 0) {
-        for (uint32_t id = first_id; id < next_id; ++id) un.ids.push_back(id);
-        unit_at[{key.second, u.op->sseq}] = std::move(un);
-      }
-    }
-    trailing = true;
-    close_through(last_ + 1);
-    cls->streams.push_back(std::move(main));
+  void NameStream(const std::vector<Unit>& units);
+  void AddHelperStreams(const std::vector<Unit>& units);
+  void StartClock();
+  void AddUnit(const Unit& u);
+  void Close();
+  trace::Stream TakeMain() { return std::move(main_); }
+
+ private:
+  uint32_t Add(trace::Stream& s, Node node, std::vector<uint32_t> after);
+  uint32_t AddMain(Node node);
+  void Compute(int64_t from, int64_t to, int64_t iter, bool own_mark);
+  bool MarksHere(int64_t it) const;
+  void CloseThrough(int64_t iter);
+  void AddPiece(const Unit& u, const Piece& p, const std::vector<uint32_t>& fork, std::vector<uint32_t>* joined);
+
+  ClassBuild& c_;
+  Builder& b_;
+  const StreamKey& key_;
+  trace::Stream main_;
+  std::map<std::tuple<uint32_t, int32_t, int>, size_t> helper_of_;  // (slot, peer, send) -> index in helpers_
+  std::vector<uint32_t> pending_;         // helper nodes the next node of the main stream waits for
+  std::vector<UnitNodes::GapPiece> gap_;  // compute nodes since the last unit
+  bool have_t_ = false;
+  int64_t t_ = 0;
+  int64_t cur_;
+  bool trailing_ = false;  // after the stream's last unit
+};
+
+void Builder::ClassBuild::StreamBuild::NameStream(const std::vector<Unit>& units) {
+  if (key_.first == 0) {
+    main_.name = "stream" + std::to_string(key_.second);
+  } else if (b_.o_.stream_fallback == StreamFallback::kPerComm && !units.empty()) {
+    main_.name = c_.cls_->comm_slots[c_.slot_of_comm_.at(units.front().op->comm_id)];
+  } else {
+    main_.name = "stream";
   }
-  for (trace::Stream& h : helpers) cls->streams.push_back(std::move(h));
-  // Why here: a duration comes from two clock stamps of the file, and past the format's bound the graph written
-  // would be refused by every reader (a stamp missing or cut makes a gap of decades).
-  for (const trace::Stream& st : cls->streams) {
+}
+
+// Point-to-point channels (slot, peer, direction) that appear in a unit with another p2p operation get a helper
+// stream each, for all their operations, so that each channel stays in order on one stream.
+void Builder::ClassBuild::StreamBuild::AddHelperStreams(const std::vector<Unit>& units) {
+  for (const Unit& u : units) {
+    int p2p = 0;
+    for (const Piece& p : u.pieces) p2p += IsP2p(p.kind) ? 1 : 0;
+    if (p2p < 2) continue;
+    for (const Piece& p : u.pieces) {
+      if (!IsP2p(p.kind)) continue;
+      uint32_t slot = c_.slot_of_comm_.at(p.comm_id);
+      auto k = std::make_tuple(slot, p.peer, p.kind == NodeKind::kSend ? 1 : 0);
+      if (helper_of_.count(k)) continue;
+      helper_of_[k] = c_.helpers_.size();
+      c_.helpers_.push_back(trace::Stream{main_.name + "." + c_.cls_->comm_slots[slot] +
+                                              (p.kind == NodeKind::kSend ? ".send" : ".recv") + std::to_string(p.peer),
+                                          {}});
+    }
+  }
+}
+
+// The stream's clock starts at the mark of the iteration before the first one built, when there is one.
+void Builder::ClassBuild::StreamBuild::StartClock() {
+  if (b_.use_marks_) {
+    auto prev = c_.mark_t_.find(b_.first_ - 1);
+    if (prev != c_.mark_t_.end()) {
+      t_ = prev->second;
+      have_t_ = true;
+    }
+  }
+}
+
+uint32_t Builder::ClassBuild::StreamBuild::Add(trace::Stream& s, Node node, std::vector<uint32_t> after) {
+  node.id = c_.next_id_++;
+  node.after = std::move(after);
+  s.nodes.push_back(std::move(node));
+  return s.nodes.back().id;
+}
+
+uint32_t Builder::ClassBuild::StreamBuild::AddMain(Node node) {
+  uint32_t id = Add(main_, std::move(node), std::move(pending_));
+  pending_.clear();
+  return id;
+}
+
+void Builder::ClassBuild::StreamBuild::Compute(int64_t from, int64_t to, int64_t iter, bool own_mark) {
+  if (to <= from) return;
+  Node node;
+  node.kind = NodeKind::kCompute;
+  node.dur_us = static_cast<double>(to - from) / 1000.0;
+  node.iter = static_cast<uint32_t>(iter);
+  gap_.push_back({AddMain(std::move(node)), from, to, own_mark});
+}
+
+// Whether iteration `it`'s mark was stamped on this stream (streams without a recorded index: one per
+// communicator or one for all, never with wait lines, so either answer is harmless).
+bool Builder::ClassBuild::StreamBuild::MarksHere(int64_t it) const {
+  auto ms = c_.mark_stream_.find(it);
+  return key_.first != 0 || (ms != c_.mark_stream_.end() && ms->second == key_.second);
+}
+
+// Compute up to the end of iterations cur..iter-1.
+void Builder::ClassBuild::StreamBuild::CloseThrough(int64_t iter) {
+  while (b_.use_marks_ && cur_ < iter) {
+    auto m = c_.mark_t_.find(cur_);
+    if (m != c_.mark_t_.end()) {
+      // Why not after the last unit on another stream than the mark's: no wait line can follow to take the
+      // waiting out, and a side stream has no work of its own there (the last iteration replayed the slice's
+      // whole wait: 2.6 s against 0.21 s for the others, GraphCli.RealFillEvents...).
+      const bool own = MarksHere(cur_);
+      if (have_t_ && (!trailing_ || own)) Compute(t_, m->second, cur_, own);
+      t_ = have_t_ ? std::max(t_, m->second) : m->second;
+      have_t_ = true;
+    }
+    ++cur_;
+  }
+}
+
+void Builder::ClassBuild::StreamBuild::AddUnit(const Unit& u) {
+  CloseThrough(u.iter);
+  UnitNodes un;
+  un.arrival = u.op->arrival_ns;
+  un.release = UnitEnd(*u.op);
+  if (have_t_) Compute(t_, u.op->arrival_ns, u.iter, false);
+  if (u.op->opened_ns > 0) {
+    const int64_t late = u.op->opened_ns - std::max(u.op->release_ns, u.op->arrival_ns);
+    b_.out_->coordinator_latency_ns[c_.log_.rank][u.iter] += std::max<int64_t>(0, late);
+  }
+  un.gap = std::move(gap_);
+  gap_.clear();
+  for (size_t i = 0; i < un.gap.size(); ++i)
+    if (un.gap[i].own_mark) un.waitable = i + 1;
+  const uint32_t first_id = c_.next_id_;
+  // Fork: helper nodes start when the main stream reaches the unit; join: the next main node waits for them.
+  std::vector<uint32_t> fork = pending_;
+  if (!main_.nodes.empty()) fork.push_back(main_.nodes.back().id);
+  std::vector<uint32_t> joined;
+  for (const Piece& p : u.pieces) AddPiece(u, p, fork, &joined);
+  if (!joined.empty()) pending_ = std::move(joined);  // includes the old pending through the fork
+  t_ = UnitEnd(*u.op);
+  have_t_ = true;
+  if (key_.first == 0 && u.op->sseq >= 0) {
+    for (uint32_t id = first_id; id < c_.next_id_; ++id) un.ids.push_back(id);
+    c_.unit_at_[{key_.second, u.op->sseq}] = std::move(un);
+  }
+}
+
+// A communication node, on the main stream or its channel's helper stream.
+void Builder::ClassBuild::StreamBuild::AddPiece(const Unit& u, const Piece& p, const std::vector<uint32_t>& fork,
+                                                std::vector<uint32_t>* joined) {
+  if (p.seq >= 0) c_.comm_seq_[c_.next_id_] = p.seq;  // the id `Add` gives it (a copy to itself has none)
+  Node node;
+  node.kind = p.kind;
+  node.op = p.op;
+  node.comm_slot = c_.slot_of_comm_.at(p.comm_id);
+  node.peer = p.peer;
+  node.root = p.root;
+  node.bytes = p.bytes;
+  node.dtype = p.dtype;
+  node.iter = static_cast<uint32_t>(u.iter);
+  node.name = p.seq >= 0 ? "seq " + std::to_string(p.seq) : "copy to itself, borrowed";
+  if (u.op->passthrough && u.op->nops == 1) {
+    // Measured on the real NCCL (prism-run record): from the last member's arrival to the first release.
+    auto c = c_.log_.comms.find(u.op->comm_id);
+    auto r = c == c_.log_.comms.end() ? b_.real_ops_.end()
+                                      : b_.real_ops_.find({c->second.key, SortedMembers(c->second), u.op->seq});
+    if (r != b_.real_ops_.end()) {
+      const auto& [arrival, release, members] = r->second;
+      node.dur_us = static_cast<double>(std::max<int64_t>(0, release - arrival)) / 1000.0;
+      ++b_.out_->recorded_comm;
+    }
+  }
+  if (IsP2p(p.kind)) c_.ci_.p2p_slot[node.comm_slot] = 1;
+  auto h = helper_of_.end();
+  if (IsP2p(p.kind))
+    h = helper_of_.find(std::make_tuple(node.comm_slot, p.peer, p.kind == NodeKind::kSend ? 1 : 0));
+  if (h != helper_of_.end()) {
+    joined->push_back(Add(c_.helpers_[h->second], std::move(node), fork));
+  } else {
+    AddMain(std::move(node));
+  }
+}
+
+// After the stream's last unit: compute through the end of the last iteration.
+void Builder::ClassBuild::StreamBuild::Close() {
+  trailing_ = true;
+  CloseThrough(b_.last_ + 1);
+}
+
+// Nodes.
+void Builder::ClassBuild::BuildNodes() {
+  for (auto& [key, units] : streams_) {
+    StreamBuild s(*this, key);
+    s.NameStream(units);
+    s.AddHelperStreams(units);
+    s.StartClock();
+    for (const Unit& u : units) s.AddUnit(u);
+    s.Close();
+    cls_->streams.push_back(s.TakeMain());
+  }
+  for (trace::Stream& h : helpers_) cls_->streams.push_back(std::move(h));
+}
+
+// Why here: a duration comes from two clock stamps of the file, and past the format's bound the graph written
+// would be refused by every reader (a stamp missing or cut makes a gap of decades).
+bool Builder::ClassBuild::CheckDurations() {
+  for (const trace::Stream& st : cls_->streams) {
     for (size_t i = 0; i < st.nodes.size(); ++i) {
       if (st.nodes[i].dur_us <= limits::kMaxDurationUs) continue;
       char buf[96];
       std::snprintf(buf, sizeof buf, "%.6g us, past the format's bound of %.0e us", st.nodes[i].dur_us,
                     limits::kMaxDurationUs);
-      return Fail(rank_s + "'s events give stream '" + st.name + "' node " + std::to_string(i) + " a duration of " +
-                  buf + ": its clock stamps (arrival_ns, release_ns, opened_ns, t_ns) jump");
+      return b_.Fail(rank_s_ + "'s events give stream '" + st.name + "' node " + std::to_string(i) +
+                     " a duration of " + buf + ": its clock stamps (arrival_ns, release_ns, opened_ns, t_ns) jump");
     }
   }
-  ApplyWaits(log, unit_at, cls);
-  SequenceMultiStreamSlots(comm_seq, cls);
+  return true;
+}
+
+bool Builder::BuildClass(ClassInfo& ci, trace::RoleClass* cls) {
+  cls->name = ClassName(w_, ci.key);
+  ClassBuild b(*this, ci, cls);
+  b.SortMarks();
+  if (!b.CollectUnits() || !b.AssignSlots() || !b.OrderStreams()) return false;
+  b.CheckSequenceGaps();
+  b.BuildNodes();
+  if (!b.CheckDurations()) return false;
+  b.ApplyWaits();
+  b.SequenceMultiStreamSlots();
   return true;
 }
 

@@ -35,6 +35,15 @@ class CommRegistry {
  private:
   // Answers a kCommInit; false (nothing sent) when the members are unknown and `final` is false.
   bool HandleCommInit(BusId id, BusClient& c, const nlohmann::json& j, bool final);
+  // HandleCommInit's steps (comm_registry.cc).
+  struct CommInitRequest;
+  void FindMembers(const nlohmann::json& j, CommInitRequest* q);
+  std::string Problem(const BusClient& c, const CommInitRequest& q) const;
+  void Refuse(BusId id, const BusClient& c, const CommInitRequest& q, const std::string& problem);
+  std::optional<uint32_t> FindOrAddComm(const CommInitRequest& q, bool final);
+  uint32_t AddComm(const CommInitRequest& q, bool passthrough);
+  void AddHangComm(uint32_t comm_id, const CommInitRequest& q, std::vector<bool> is_real);
+  void SendCommInfo(BusId id, const CommInitRequest& q, uint32_t comm_id);
   // Whether a new communicator with these members runs on the real NCCL; nullopt while a real member has not said
   // hello yet (its GPU is unknown) and `final` is false.
   std::optional<bool> DecidePassthrough(const std::vector<int>& members, bool final);

@@ -370,76 +370,115 @@ std::vector<int> HangDetector::Blockers(int rank, const HangOp& op) const {
   return out;
 }
 
-HangDiagnosis HangDetector::Diagnose(uint64_t now_ns) const {
-  HangDiagnosis d;
-  d.t_ns = now_ns;
-  d.timeout_s = timeout_s_;
-  d.stalled_s = now_ns > last_progress_ns_ ? static_cast<double>(now_ns - last_progress_ns_) * 1e-9 : 0.0;
-  std::map<int, std::vector<int>> edges;
-  for (const auto& [rank, r] : ranks_) {
+// Diagnose's state and steps, in its order, over the detector as it stands.
+class HangDetector::Diagnoser {
+ public:
+  Diagnoser(const HangDetector& h, uint64_t now_ns) : h_(h), now_ns_(now_ns) {}
+
+  void Start();
+  void FindWaits();
+  void FindMismatches();
+  void CopyHeld();
+  void FindMissing();
+  void FindCycles();
+  void FollowChains();
+  HangDiagnosis TakeDiagnosis() { return std::move(d_); }
+
+ private:
+  void FollowChain(HangWait& w);
+  void EndAtIdleRank(int at, const Rank* r, HangWait* w);
+  void EndWithoutBlocker(int at, const HangOp& p, std::string line, HangWait* w);
+  int NextBlocker(const std::vector<int>& bl) const;
+
+  const HangDetector& h_;
+  const uint64_t now_ns_;
+  HangDiagnosis d_;
+  std::map<int, std::vector<int>> edges_;  // waiting rank -> the real ranks it waits for
+};
+
+void HangDetector::Diagnoser::Start() {
+  d_.t_ns = now_ns_;
+  d_.timeout_s = h_.timeout_s_;
+  d_.stalled_s = now_ns_ > h_.last_progress_ns_ ? static_cast<double>(now_ns_ - h_.last_progress_ns_) * 1e-9 : 0.0;
+}
+
+void HangDetector::Diagnoser::FindWaits() {
+  for (const auto& [rank, r] : h_.ranks_) {
     if (!r.pending) continue;
     HangWait w;
     w.rank = rank;
     w.op = *r.pending;
-    w.blocked_by = Blockers(rank, w.op);
-    edges[rank] = w.blocked_by;
-    d.waits.push_back(std::move(w));
+    w.blocked_by = h_.Blockers(rank, w.op);
+    edges_[rank] = w.blocked_by;
+    d_.waits.push_back(std::move(w));
   }
-  // Disagreements at one sequence.
-  for (const auto& [key, by_rank] : history_) {
+}
+
+// Disagreements at one sequence.
+void HangDetector::Diagnoser::FindMismatches() {
+  for (const auto& [key, by_rank] : h_.history_) {
     if (by_rank.size() < 2) continue;
-    auto c = comms_.find(key.first);
-    bool pair = c != comms_.end() && c->second.members.size() == 2;
+    auto c = h_.comms_.find(key.first);
+    bool pair = c != h_.comms_.end() && c->second.members.size() == 2;
     std::vector<std::pair<int, HangOp>> ops(by_rank.begin(), by_rank.end());
     std::string what = Disagreement(ops, pair);
     if (what.empty()) continue;
     HangMismatch m;
     m.comm_id = key.first;
-    m.comm_name = c != comms_.end() ? c->second.name : "";
+    m.comm_name = c != h_.comms_.end() ? c->second.name : "";
     m.seq = key.second;
     m.what = std::move(what);
     m.ops = std::move(ops);
-    d.mismatches.push_back(std::move(m));
+    d_.mismatches.push_back(std::move(m));
   }
-  for (const auto& [key, what] : held_) d.held.emplace_back(key, what);
-  // Members that never arrived where others wait (collectives).
+}
+
+void HangDetector::Diagnoser::CopyHeld() {
+  for (const auto& [key, what] : h_.held_) d_.held.emplace_back(key, what);
+}
+
+// Members that never arrived where others wait (collectives).
+void HangDetector::Diagnoser::FindMissing() {
   std::map<std::pair<uint32_t, uint64_t>, std::vector<int>> waiting_at;
-  for (const HangWait& w : d.waits) {
+  for (const HangWait& w : d_.waits) {
     if (!IsP2p(w.op.op)) waiting_at[{w.op.comm_id, w.op.seq}].push_back(w.rank);
   }
   for (const auto& [key, who] : waiting_at) {
     HangMissing m;
     m.comm_id = key.first;
-    auto c = comms_.find(key.first);
-    m.comm_name = c != comms_.end() ? c->second.name : "";
+    auto c = h_.comms_.find(key.first);
+    m.comm_name = c != h_.comms_.end() ? c->second.name : "";
     m.seq = key.second;
     m.arrived = who;
     std::set<int> missing;
     for (int r : who) {
-      for (int b : edges[r]) missing.insert(b);
+      for (int b : edges_[r]) missing.insert(b);
     }
     for (int b : missing) {
       int64_t reached = -1;
-      auto r = ranks_.find(b);
-      if (r != ranks_.end()) {
+      auto r = h_.ranks_.find(b);
+      if (r != h_.ranks_.end()) {
         auto it = r->second.reached.find(key.first);
         if (it != r->second.reached.end()) reached = it->second;
       }
       m.missing.emplace_back(b, reached);
     }
-    if (!m.missing.empty()) d.missing.push_back(std::move(m));
+    if (!m.missing.empty()) d_.missing.push_back(std::move(m));
   }
-  // Wait-for cycles: DFS over edges; each cycle once, rotated to start at its smallest rank.
+}
+
+// Wait-for cycles: DFS over edges; each cycle once, rotated to start at its smallest rank.
+void HangDetector::Diagnoser::FindCycles() {
   std::set<std::vector<int>> seen;
-  for (const auto& [start, _] : edges) {
+  for (const auto& [start, _] : edges_) {
     std::vector<int> path;
     std::vector<size_t> next;
     path.push_back(start);
     next.push_back(0);
     while (!path.empty()) {
       int u = path.back();
-      auto e = edges.find(u);
-      if (e == edges.end() || next.back() >= e->second.size()) {
+      auto e = edges_.find(u);
+      if (e == edges_.end() || next.back() >= e->second.size()) {
         path.pop_back();
         next.pop_back();
         continue;
@@ -448,7 +487,7 @@ HangDiagnosis HangDetector::Diagnose(uint64_t now_ns) const {
       if (v == start) {
         std::vector<int> cyc = path;
         std::rotate(cyc.begin(), std::min_element(cyc.begin(), cyc.end()), cyc.end());
-        if (seen.insert(cyc).second) d.cycles.push_back(cyc);
+        if (seen.insert(cyc).second) d_.cycles.push_back(cyc);
       } else if (v > start && std::find(path.begin(), path.end(), v) == path.end() && path.size() < 64) {
         // Why v > start: every cycle is found from its smallest rank only, which bounds the search.
         path.push_back(v);
@@ -456,74 +495,106 @@ HangDiagnosis HangDetector::Diagnose(uint64_t now_ns) const {
       }
     }
   }
-  // Chains: from each waiting rank, follow the first blocker until a rank that does not wait, or a repeat.
-  for (HangWait& w : d.waits) {
-    std::vector<int> visited;
-    int at = w.rank;
-    for (;;) {
-      visited.push_back(at);
-      auto r = ranks_.find(at);
-      const HangOp* p = (r != ranks_.end() && r->second.pending) ? &*r->second.pending : nullptr;
-      double waited = p ? static_cast<double>(now_ns - std::min(now_ns, p->since_ns)) * 1e-9 : 0.0;
-      if (!p) {
-        std::string where;
-        if (r == ranks_.end() || r->second.last_progress_ns == 0) {
-          where = "has reported no operation";
-        } else {
-          auto it = r->second.reached.find(w.op.comm_id);
-          where = it != r->second.reached.end() && it->second >= 0
-                      ? fmt::format("is not waiting; it last reached {} seq {}, {:.0f} s ago", CommName(w.op.comm_id),
-                                    it->second,
-                                    static_cast<double>(now_ns - std::min(now_ns, r->second.last_progress_ns)) * 1e-9)
-                      : fmt::format("is not waiting and never reached {}", CommName(w.op.comm_id));
-        }
-        std::string state = r != ranks_.end() && !r->second.state.empty() ? " [" + r->second.state + "]" : "";
-        w.chain.push_back(fmt::format("rank {}{} {}: it holds the others up", at, state, where));
-        w.held_up_by = at;
-        break;
-      }
-      std::vector<int> bl = edges.count(at) ? edges.at(at) : Blockers(at, *p);
-      std::string line = fmt::format("rank {} waits {:.0f} s at {} seq {} ({})", at, waited, CommName(p->comm_id),
-                                     p->seq, Describe(*p));
-      if (bl.empty()) {
-        auto h = held_.find({p->comm_id, p->seq});
-        auto mm = std::find_if(d.mismatches.begin(), d.mismatches.end(), [&](const HangMismatch& m) {
-          return m.comm_id == p->comm_id && m.seq == p->seq;
-        });
-        if (h != held_.end()) {
-          line += fmt::format(": every real member arrived but they disagree ({}); held there, as NCCL would hang or "
-                              "corrupt",
-                              h->second);
-        } else if (mm != d.mismatches.end()) {
-          line += fmt::format(": every member arrived but they disagree ({})", mm->what);
-        } else {
-          line += " for no real rank (all real members arrived; waiting for the release)";
-        }
-        w.chain.push_back(line);
-        w.held_up_by = at;
-        break;
-      }
-      // Prefer a blocker that is not waiting itself: it is the one to look at.
-      int nxt = bl.front();
-      for (int b : bl) {
-        auto rb = ranks_.find(b);
-        if (rb == ranks_.end() || !rb->second.pending) {
-          nxt = b;
-          break;
-        }
-      }
-      line += bl.size() == 1 ? fmt::format(" for rank {}", nxt)
-                             : fmt::format(" for ranks {} (following {})", RankListShort(bl), nxt);
-      w.chain.push_back(line);
-      if (std::find(visited.begin(), visited.end(), nxt) != visited.end()) {
-        w.chain.push_back(fmt::format("rank {} again: a wait-for cycle", nxt));
-        w.held_up_by = nxt;
-        break;
-      }
-      at = nxt;
+}
+
+// Chains: from each waiting rank, follow the first blocker until a rank that does not wait, or a repeat.
+void HangDetector::Diagnoser::FollowChains() {
+  for (HangWait& w : d_.waits) FollowChain(w);
+}
+
+void HangDetector::Diagnoser::FollowChain(HangWait& w) {
+  const uint64_t now_ns = now_ns_;
+  std::vector<int> visited;
+  int at = w.rank;
+  for (;;) {
+    visited.push_back(at);
+    auto r = h_.ranks_.find(at);
+    const HangOp* p = (r != h_.ranks_.end() && r->second.pending) ? &*r->second.pending : nullptr;
+    double waited = p ? static_cast<double>(now_ns - std::min(now_ns, p->since_ns)) * 1e-9 : 0.0;
+    if (!p) {
+      EndAtIdleRank(at, r != h_.ranks_.end() ? &r->second : nullptr, &w);
+      break;
+    }
+    std::vector<int> bl = edges_.count(at) ? edges_.at(at) : h_.Blockers(at, *p);
+    std::string line = fmt::format("rank {} waits {:.0f} s at {} seq {} ({})", at, waited, h_.CommName(p->comm_id),
+                                   p->seq, Describe(*p));
+    if (bl.empty()) {
+      EndWithoutBlocker(at, *p, std::move(line), &w);
+      break;
+    }
+    int nxt = NextBlocker(bl);
+    line += bl.size() == 1 ? fmt::format(" for rank {}", nxt)
+                           : fmt::format(" for ranks {} (following {})", RankListShort(bl), nxt);
+    w.chain.push_back(line);
+    if (std::find(visited.begin(), visited.end(), nxt) != visited.end()) {
+      w.chain.push_back(fmt::format("rank {} again: a wait-for cycle", nxt));
+      w.held_up_by = nxt;
+      break;
+    }
+    at = nxt;
+  }
+}
+
+// The chain ends at a rank that does not wait (r: its state, null when it reported nothing): it holds the others up.
+void HangDetector::Diagnoser::EndAtIdleRank(int at, const Rank* r, HangWait* w) {
+  const uint64_t now_ns = now_ns_;
+  std::string where;
+  if (!r || r->last_progress_ns == 0) {
+    where = "has reported no operation";
+  } else {
+    auto it = r->reached.find(w->op.comm_id);
+    where = it != r->reached.end() && it->second >= 0
+                ? fmt::format("is not waiting; it last reached {} seq {}, {:.0f} s ago", h_.CommName(w->op.comm_id),
+                              it->second, static_cast<double>(now_ns - std::min(now_ns, r->last_progress_ns)) * 1e-9)
+                : fmt::format("is not waiting and never reached {}", h_.CommName(w->op.comm_id));
+  }
+  std::string state = r && !r->state.empty() ? " [" + r->state + "]" : "";
+  w->chain.push_back(fmt::format("rank {}{} {}: it holds the others up", at, state, where));
+  w->held_up_by = at;
+}
+
+// The chain ends at a rank that waits for no real rank: held for a disagreement, or waiting for its release.
+void HangDetector::Diagnoser::EndWithoutBlocker(int at, const HangOp& p, std::string line, HangWait* w) {
+  auto h = h_.held_.find({p.comm_id, p.seq});
+  auto mm = std::find_if(d_.mismatches.begin(), d_.mismatches.end(), [&](const HangMismatch& m) {
+    return m.comm_id == p.comm_id && m.seq == p.seq;
+  });
+  if (h != h_.held_.end()) {
+    line += fmt::format(": every real member arrived but they disagree ({}); held there, as NCCL would hang or "
+                        "corrupt",
+                        h->second);
+  } else if (mm != d_.mismatches.end()) {
+    line += fmt::format(": every member arrived but they disagree ({})", mm->what);
+  } else {
+    line += " for no real rank (all real members arrived; waiting for the release)";
+  }
+  w->chain.push_back(line);
+  w->held_up_by = at;
+}
+
+// Prefer a blocker that is not waiting itself: it is the one to look at.
+int HangDetector::Diagnoser::NextBlocker(const std::vector<int>& bl) const {
+  int nxt = bl.front();
+  for (int b : bl) {
+    auto rb = h_.ranks_.find(b);
+    if (rb == h_.ranks_.end() || !rb->second.pending) {
+      nxt = b;
+      break;
     }
   }
-  return d;
+  return nxt;
+}
+
+HangDiagnosis HangDetector::Diagnose(uint64_t now_ns) const {
+  Diagnoser x(*this, now_ns);
+  x.Start();
+  x.FindWaits();
+  x.FindMismatches();
+  x.CopyHeld();
+  x.FindMissing();
+  x.FindCycles();
+  x.FollowChains();
+  return x.TakeDiagnosis();
 }
 
 std::optional<HangDiagnosis> HangDetector::Check(uint64_t now_ns) {

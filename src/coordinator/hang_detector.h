@@ -173,6 +173,7 @@ class HangDetector {
 
   void Note(int rank, const HangOp& op, uint64_t now_ns, bool progress = true);
   std::vector<int> Blockers(int rank, const HangOp& op) const;
+  class Diagnoser;  // Diagnose's steps (hang_detector.cc)
 
   double timeout_s_;
   std::map<uint32_t, Comm> comms_;

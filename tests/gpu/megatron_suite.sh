@@ -101,8 +101,8 @@ ops_prism() {  # NAME NNODES
 # then rank 0 with the mirror policy and no graph (which cannot see the pipeline bubble), and rank 0 with
 # FILL_WHATIF (default straggler=<rank 0's next-stage peer>:1.14) against `simulate --what-if` of the same graph.
 # The emulated iteration time and the pipeline wait per iteration (report.json wait_per_iteration_s): the bubble.
-# Also the coordinator's latency per iteration (gates opened after their decided release; libprism builds with
-# opened_ns, 5191761): "-" where the run's event lines do not carry it.
+# Also the coordinator's latency per iteration (gates opened after their decided release, from the op lines'
+# opened_ns: docs/libprism.md): "-" where the run's event lines do not carry it.
 pp_wait_expr='"emulated %.2f ms, pipeline wait %.2f ms/iter, coordinator latency %s ms/iter" % (1e3*(r["iteration_time_s"] or 0), 1e3*(r["ranks"][0].get("wait_per_iteration_s") or {}).get("PIPELINE_MODEL_PARALLEL_GROUP", 0), ("%.2f" % (1e3*r["ranks"][0]["coordinator_latency_per_iteration_s"])) if r["ranks"][0].get("coordinator_latency_per_iteration_s") is not None else "-")'
 megatron_fill() {
   fill_shape || return 1
@@ -151,7 +151,7 @@ megatron_fill_contrast() {
 # classes borrow the ep-0 ranks' nodes, EP symmetry assumed) and with it (ranks 0, 1, 8, 9: every class its own). Both
 # must write observed.prism with 4 classes and simulate it; the detail has the real ranks, the borrowed classes and
 # both simulated iteration times (MOE_MODES="plain routing" by default; MOE_ITERS 5). --disable-bias-linear: Megatron's MoE experts apply the router's probabilities in a
-# weighted SwiGLU fusion that refuses a bias (NotImplementedError on the H200, 2026-11-30). After the routing collect,
+# weighted SwiGLU fusion that refuses a bias (it raises NotImplementedError). After the routing collect,
 # rank MOE_GRAPH_RANK (default 0; none: skip) runs against its graph with its expert-parallel peers virtual
 # (docs/status.md limitation 3: its all-to-all's copies to itself are not numbered, so its releases follow the graph):
 # the detail gets its "emulated vs simulate(graph)" and "graph replay" lines (0 blocked, 0 unmatched expected).

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Runs GPU suites side by side, one group per GPU, then packs the logs so that a `device` call returns them in a
-# few files (a call returns a limited number of files: the late session of 2026-11-29 lost its swap logs by not
-# packing them).
+# few files (a call returns a limited number of files: logs left unpacked past that number are lost).
 #   tests/gpu/parallel.sh OUT 'SWAP_STALL=2 SWAP_TIMEOUT=400 swap' 'KERNELS_CASES=toggle kernels; SHIM_PARTS=4b shim'
 # Group k (0-based) runs on GPU k (CUDA_VISIBLE_DEVICES=k); its steps, separated by ';', run one after the other,
 # each `VAR=value... SUITE...` as `VAR=value... tests/gpu/run.sh WORK/g<k>.<step> SUITE...`. PARALLEL_T (default
@@ -20,9 +19,9 @@ work=${KEEP:-$out/work}; mkdir -p "$work"
 start=$SECONDS deadline=${PARALLEL_DEADLINE:-570}
 # PARALLEL_BIND=1 (default): each group runs on the CPUs local to its GPU (sysfs local_cpulist of the GPU's PCI
 # device, through taskset), so that on a machine of several NUMA nodes a launch-bound model's host thread is not placed
-# on the far socket. The nvidia-h200-x2 VM of 2026-11-30 has one NUMA node (both GPUs: CPUs 0-31), where it changes
-# nothing; there the launch-bound models' own time moved with the other group's load instead (a swap case's host
-# traffic: the medium GPT's rank 0 computed 70.7 ms per iteration beside it, 49.1 ms after it; docs/fill.md).
+# on the far socket. On a machine of one NUMA node (the nvidia-h200-x2 kind: both GPUs, CPUs 0-31) it changes
+# nothing; there a launch-bound model's own time moves with the other group's load instead (a swap case's host
+# traffic: the medium GPT's rank 0 computed 70.7 ms per iteration beside it, 49.1 ms after it; docs/results/fill.md).
 cpus_of_gpu() {  # GPU index -> its local cpulist, or nothing
   local bus
   bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i "$1" 2>/dev/null | tr 'A-F' 'a-f') || return

@@ -132,8 +132,8 @@ PY
 # time, the swaps and the volume. Host RAM: the swapped-out ranks must fit in the host budget (80 % of MemAvailable).
 # Why not 44 layers (the first sizing): its ranks grew to 22-34 GiB each, ~240 GiB together, more than the cap and the
 # host budget hold together. Why not 28 (the second): 17-25 GiB each, five fit; each of the ~8 collectives of the
-# whole replica in the optimizer step cost 2-3 swaps of ~15 s, and the run (2026-11-30 third session, before the
-# victim fix of that session) did not finish its first iteration in 540 s (docs/status.md). SWAP_BIG_RANK_MEM (16G):
+# whole replica in the optimizer step cost 2-3 swaps of ~15 s, and before the victim rule (docs/collect.md "No
+# deadlock") the run did not finish its first iteration (docs/results/collect.md). SWAP_BIG_RANK_MEM (16G):
 # --rank-mem, the footprint assumed before a rank reports memory, so that the 8 ranks start together (8 x 16G fit)
 # instead of one at a time (~20 s each, 165 s in that run); they report ~1.3 GiB at start and grow at the first step.
 swap_big() {

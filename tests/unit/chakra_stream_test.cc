@@ -132,8 +132,8 @@ class ChakraStream : public testing::Test {
 TEST_F(ChakraStream, FixtureEqualsTheReferenceAndItsGoldenGraph) {
   Outcome a = Agree(kFixture, "fixture");
   ASSERT_TRUE(a.ok) << a.error;
-  // The golden file is the reference importer's output (prism-run import-chakra at main 7a1027a, before the
-  // streaming importer), as JSON.
+  // The golden file is the reference importer's output (ImportChakraDocument, which keeps every rank's nodes), as
+  // JSON.
   nlohmann::json golden = nlohmann::json::parse(Slurp(kGolden), nullptr, false);
   ASSERT_FALSE(golden.is_discarded()) << kGolden;
   EXPECT_EQ(a.graph, golden.dump());

@@ -46,8 +46,8 @@ double Dur(const trace::Trace& t, uint32_t cls, size_t stream, size_t node) {
   return t.classes[cls].streams[stream].nodes[node].dur_us;
 }
 
-// As in the 2026-11-30 GPU fill, where slices of the same tiny-model classes measured 1.2-1.7x the compute of a
-// quiet run while the host was busy: the median over three slices keeps a slow one out; of two, their mean.
+// Each compute node is the median over the class's slices, of two their mean (docs/fill.md): a slice slowed by a
+// busy host (on the GPU, 1.2-1.7x a quiet run's compute; here 400 against 100-140) stays out once there are three.
 TEST(FillSamples, EachComputeNodeIsTheMedianOfTheClassesSlices) {
   FillSamples s;
   s.Add(OneClass(100, 200, 50), 0);

@@ -196,9 +196,10 @@ TEST_F(GraphClosedLoop, LongerRunRepeatsTheSteadyIterations) {
 }
 
 // The coordinator's idle time advances the virtual ranks ahead (GraphRelease::Idle): every decision must be the one
-// made without it, and the decisions after the first repetition must find the virtual ranks already there (before
-// Idle, the decision at each repetition's start advanced every virtual rank through a whole repetition: 17-25 ms per
-// decision on the 4-stage Megatron graph of the 2026-11-30 GPU run, counted by the graph builder as compute).
+// made without it, and the decisions after the first repetition must find the virtual ranks already there (without
+// Idle, the decision at each repetition's start advances every virtual rank through a whole repetition: on the GPU,
+// 17-25 ms per decision on the 4-stage Megatron graph filled on the H200, which the graph builder counts as compute;
+// docs/coordinator.md).
 TEST_F(GraphClosedLoop, IdleWorkAheadLeavesEveryDecisionAsItWas) {
   for (int real : {0, 33}) {
     SCOPED_TRACE("real rank " + std::to_string(real));

@@ -10,7 +10,7 @@
 namespace prism::analysis {
 namespace {
 
-// Measured on the GPU (2026-11-29, build 289b321, docs/fill.md): Megatron tiny GPT world 64, rank 0 emulated with
+// A GPU run, the example of docs/fill.md "Emulated vs simulated": Megatron tiny GPT world 64, rank 0 emulated with
 // the filled graph (report.json iteration_times_s), and `prism-run simulate` of that graph (rank 0's times).
 const std::vector<std::optional<double>> kEmulated = {std::nullopt, 2.8537262080, 0.5288072,  0.265842432,
                                                       0.277922784,  0.290277408,  0.286922496, 0.270376544,
@@ -48,9 +48,10 @@ TEST(GraphCompare, TheGpuRunOfIssue8AgreesWithinTwoPercentIterationByIteration) 
   EXPECT_EQ(j["steady_iterations"], 7);
 }
 
-// Measured on the GPU (2026-11-29 late, build eb7d2d5, docs/fill.md): the same job after a two-round fill; rank 0's
-// slow warm-up iteration (0.6 s) is the graph's iteration 1 but the emulation's iteration 2. Steady iterations
-// leave out both: with the graph's outliers only, iteration 2 (+473 %) made the steady mean |error| 65 %.
+// The steady iterations leave out the warm-up outliers of both runs (graph_compare.h, docs/fill.md "Emulated vs
+// simulated"). The case, a GPU run of the same job after a two-round fill: rank 0's slow warm-up iteration (0.6 s)
+// is the graph's iteration 1 but the emulation's iteration 2; with the graph's outliers only, iteration 2 (+473 %)
+// would make the steady mean |error| 65 %.
 TEST(GraphCompare, AWarmUpIterationOnDifferentNumbersIsLeftOutOnBothSides) {
   const std::vector<std::optional<double>> emulated = {std::nullopt, 0.071774208, 0.625671296, 0.101695296,
                                                        0.094379392,  0.081909664, 0.08408848,  0.087930592,
@@ -69,10 +70,11 @@ TEST(GraphCompare, AWarmUpIterationOnDifferentNumbersIsLeftOutOnBothSides) {
   EXPECT_NEAR(c->steady_median_error_pct, 2.77, 0.01);
 }
 
-// Measured on the GPU (2026-11-30, build 5e32e76, docs/fill.md): rank 0 of the tiny world-64 job emulated with the
-// graph of a two-round fill; two of nine iterations ran 15-17 % slower than the graph says. The medians fall on
-// different modes (+10.6 %), the per-iteration median says +0.2 %; the total of the iterations, +3.4 %, is what the
-// run took against what simulate says.
+// The total of the steady iterations is reported beside the medians, which can fall on different modes of a
+// bimodal spread (docs/fill.md "Emulated vs simulated"). The case, a GPU run: rank 0 of the tiny world-64 job
+// emulated with the graph of a two-round fill; two of nine iterations ran 15-17 % slower than the graph says. The
+// medians fall on different modes (+10.6 %), the per-iteration median says +0.2 %; the total of the iterations,
+// +3.4 %, is what the run took against what simulate says.
 TEST(GraphCompare, TheTotalOfTheSteadyIterationsIsReportedBesideTheMedians) {
   const std::vector<std::optional<double>> emulated = {std::nullopt, 0.05265232, 0.050812,   0.050161824,
                                                        0.058680576,  0.060499776, 0.059180672, 0.048073824,

@@ -126,9 +126,10 @@ TEST(SwapScheduler, ResumesARankWhoseExchangeCompletedBeforeANewOne) {
   EXPECT_FALSE(s.Next(3 * kSec)) << "a resident rank runs: nothing moves although rank 3 waits for a swapped-out one";
 }
 
-// The GPU case swap_big (2026-11-30 third session): rank 0, the largest, blocked in a tensor-parallel collective
-// with rank 1, which is out; rank 2 blocked on a rank not started. Swapping out rank 0 to bring rank 1 back (the
-// largest rank nobody waits for) would leave rank 1 blocked on rank 0 at once: rank 2 goes instead.
+// A rank that waits for the incoming one is not its victim (docs/collect.md "No deadlock"). The case, from the GPU
+// case swap_big (tests/gpu/swap_suite.sh): rank 0, the largest, blocked in a tensor-parallel collective with rank 1,
+// which is out; rank 2 blocked on a rank not started. Swapping out rank 0 to bring rank 1 back (the largest rank
+// nobody waits for) would leave rank 1 blocked on rank 0 at once: rank 2 goes instead.
 TEST(SwapScheduler, ARankThatWaitsForTheIncomingOneIsNotItsVictim) {
   SwapScheduler s(Config(27 * kF / 10));
   for (int r = 0; r < 4; ++r) s.AddRank(r, "g");
@@ -402,8 +403,9 @@ TEST(SwapScheduler, ARoomRequestIsRefusedWhenNothingCanBeSwappedOut) {
   EXPECT_FALSE(s.RequestRoom(9, 3, kF, 0, 15 * kSec));
 }
 
-// The 2026-11-30 big case in small: the ranks grow past what the GPU cap and the host budget hold together; the
-// refusal says the job does not fit, not only that nothing could be swapped out.
+// The GPU case swap_big at a size that did not fit, in small (docs/results/collect.md): the ranks grow past what the
+// GPU cap and the host budget hold together; the refusal says the job does not fit, not only that nothing could be
+// swapped out.
 TEST(SwapScheduler, ARefusalSaysWhenTheRanksNeedMoreThanTheGpuAndTheHostBudgetHold) {
   SwapConfig cfg = Config(2 * kF, kF);
   cfg.room_wait_s = 5;
@@ -999,11 +1001,12 @@ TEST(SwapSimulation, RandomJobsFinishWithinTheCap) {
 namespace prism::coord {
 namespace {
 
-// The shape of the GPU case swap_big (pp 4 x tp 2, 2026-11-30 third session): eight ranks in tensor-parallel pairs
+// The shape of the GPU case swap_big (pp 4 x tp 2, tests/gpu/swap_suite.sh): eight ranks in tensor-parallel pairs
 // (0,1) (2,3) (4,5) (6,7), each pair doing several pair collectives per stage, the stages linked by pipeline pairs,
-// then a collective of the whole replica; five fit. Pair collectives must cost no swaps: on the GPU the scheduler
-// swapped a pair's ranks for each other in the second iteration (one swap per pair collective, ~17 s each; the
-// lockstep simulation here does not reach that state, ARankThatWaitsForTheIncomingOneIsNotItsVictim does).
+// then a collective of the whole replica; five fit. Pair collectives must cost no swaps (docs/collect.md "No
+// deadlock": without the victim rule a pair's ranks were swapped for each other, one swap per pair collective, ~17 s
+// each on the GPU; the lockstep simulation here does not reach that state,
+// ARankThatWaitsForTheIncomingOneIsNotItsVictim does).
 std::vector<std::vector<int>> PipelinePairs(int pair_ops) {
   std::vector<std::vector<int>> g;
   for (int s = 0; s < 4; ++s) {
