@@ -90,7 +90,6 @@ def self_test():
                 {"action": "alloc", "addr": 4, "size": 60, "frames": f}]]}
     # net = 50+30-30+40-50-40+60 = 60, base = 100-60 = 40; peak 40+50+40 = 130 at entry 3.
     out = analyse(snap)
-    assert "peak 1.30e-04" not in out[0]
     assert "at entry 3" in out[0], out
     assert "%.2f MB" % (40 / MB) in out[0], out
     assert "in 2 blocks" in out[1] and "%.2f MB" % (30 / MB) in out[1].split("completed:")[1], out

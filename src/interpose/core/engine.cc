@@ -762,7 +762,7 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   u.no_gate = !gated;
   u.release_lat_ns = !gated ? 0
                     : cfg.gate == GateKind::kSpin ? gpu.SpinReleaseNs(c0->spin_ctas)
-                                                  : gpu.Calibration().wait_release_ns;
+                                                  : gpu.WaitReleaseNs();
   // Why not through the coordinator for an exchanged p2p unit: release matching is by communicator sequence, which
   // two sides of a pipeline need not share; the exchange already waited for the real peer's data. A unit of only
   // copies to itself is no communication: released locally too.

@@ -61,6 +61,7 @@ class DriverGpu final : public Gpu {
   volatile uint64_t* ArrivalWord(uint32_t slot) override { return &arrival_[slot % kGateSlots]; }
   volatile uint32_t* GateWord(uint32_t slot) override { return &gate_[slot % kGateSlots]; }
   volatile uint64_t* IterWord(uint32_t slot) override { return &iter_[slot % kIterSlots]; }
+  int64_t WaitReleaseNs() const override { return wait_release_.load(std::memory_order_relaxed); }
   ClockCalibration Calibration() const override {
     return ClockCalibration{clock_.OffsetAt(HostNowNs()), wait_release_.load(std::memory_order_relaxed),
                             spin_release_[1].load(std::memory_order_relaxed)};

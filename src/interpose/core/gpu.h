@@ -35,6 +35,8 @@ class Gpu {
   virtual volatile uint32_t* GateWord(uint32_t slot) = 0;
   virtual volatile uint64_t* IterWord(uint32_t slot) = 0;
   virtual ClockCalibration Calibration() const = 0;
+  // Calibration().wait_release_ns without reading the clock (it is measured once, at set-up): per unit.
+  virtual int64_t WaitReleaseNs() const { return Calibration().wait_release_ns; }
   // Enqueue on `stream`: the arrival stamp of `slot`; a gate that holds the stream until GateWord(slot) reaches
   // `ticket`; one payload step; an iteration stamp. CUDA_SUCCESS or the driver's error.
   virtual CUresult Stamp(CUstream stream, uint32_t slot) = 0;
