@@ -185,6 +185,7 @@ class PlanBuilder {
   void NoteIgnoredOptions();
   void WorkerCommand();
   void SetWorkerEnvironment();
+  bool NeedsEagerModuleLoading();
   bool Preload();
   void NoteReplacedSettings();
   void FindRecordedPayloads();
@@ -557,6 +558,25 @@ void PlanBuilder::WorkerCommand() {
   }
 }
 
+// CUDA_MODULE_LOADING=EAGER where a rank shares its GPU with another real rank or is context switched (--swap), and
+// the user did not choose: with lazy loading, a kernel's first launch waits for its context to go idle, so a launch
+// behind a held gate blocks the job's thread until the gate opens; cuCheckpointProcessLock waits for that launch
+// (an API call in flight) while the gate waits for a rank that runs only once this one is switched out: a deadlock.
+// A rank alone on its GPU keeps lazy loading: the wait then ends when the gate opens (libprism's progress thread
+// opens gates without a CUDA call), as it would behind an NCCL kernel natively, and eager loading costs
+// +3.0-3.7 % per iteration (docs/libprism.md "Cost on a real rank").
+bool PlanBuilder::NeedsEagerModuleLoading() {
+  bool shared = p_.swap.enabled;
+  std::set<int> gpus;
+  for (const RealRank& r : p_.real) shared = !gpus.insert(r.gpu).second || shared;
+  std::optional<std::string> mine = host_.env ? host_.env("CUDA_MODULE_LOADING") : std::nullopt;
+  if (!mine) return shared;
+  if (shared && *mine != "EAGER")
+    p_.warnings.push_back("CUDA_MODULE_LOADING=" + *mine + " kept, but real ranks share a GPU or are switched: a " +
+                          "kernel's first launch behind a held gate can then deadlock; unset it to get EAGER");
+  return false;
+}
+
 // Environment every worker gets: torchrun agent's variables, the watchdog settings, prism's own.
 void PlanBuilder::SetWorkerEnvironment() {
   EnvList& env = p_.env;
@@ -579,7 +599,7 @@ void PlanBuilder::SetWorkerEnvironment() {
   Set(&env, "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", kHeartbeatTimeoutSec);
   Set(&env, "TORCH_NCCL_DUMP_ON_TIMEOUT", "0");
   Set(&env, "TORCH_NCCL_RANKS_PER_ROOT", std::to_string(std::max(p_.world_size, 128)));
-  Set(&env, "CUDA_MODULE_LOADING", "EAGER");
+  if (NeedsEagerModuleLoading()) Set(&env, "CUDA_MODULE_LOADING", "EAGER");
   Set(&env, "NCCL_NVLS_ENABLE", "0");
   Set(&env, "PRISM_WORLD_SIZE", std::to_string(p_.world_size));
   Set(&env, "PRISM_GPUS_PER_NODE", std::to_string(p_.nproc_per_node));

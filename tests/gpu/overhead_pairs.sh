@@ -7,7 +7,9 @@
 # (order statistics of the binomial(n, 1/2): at least 95 % coverage; n = 6 gives min..max, 96.9 %).
 #   tests/gpu/overhead_pairs.sh OUT       PAIRS (6), ITERS (12), SKIP (2), PAIRS_SEQ (2048), PAIRS_MBS (2)
 # PAIRS_VARIANT=eager: the second side is native too, with CUDA_MODULE_LOADING=EAGER (what prism-run sets for its
-# workers: docs/cli.md), to tell that setting's cost from libprism's.
+# workers that share a GPU: docs/cli.md), to tell that setting's cost from libprism's. PAIRS_VARIANT=nopreload: the
+# second side is `prism-run --no-preload` (prism-run's launch and environment without libprism), to tell the launch's
+# cost from libprism's.
 # Writes OUT/pairs.txt (the table; its last line the summary) and each run's log.
 set -uo pipefail
 out=$(realpath -m "${1:?usage: overhead_pairs.sh OUT}"); mkdir -p "$out"
@@ -31,7 +33,8 @@ run() {  # KIND PAIR
                 --nproc-per-node 1 "${job[@]}") > "$log" 2>&1
              return
            fi
-           (cd "$MEGATRON" && timeout 300 "$PRISM_RUN" --policy mirror --ranks 0 --out "$out/prism.$2" --quiet \
+           local no_preload=(); [ "${PAIRS_VARIANT:-}" = nopreload ] && no_preload=(--no-preload)
+           (cd "$MEGATRON" && timeout 300 "$PRISM_RUN" --policy mirror --ranks 0 "${no_preload[@]}" --out "$out/prism.$2" --quiet \
               torchrun --nproc-per-node 1 "${job[@]}") > "$log" 2>&1
            cat "$out/prism.$2"/logs/rank0.log >> "$log" 2>/dev/null ;;
   esac

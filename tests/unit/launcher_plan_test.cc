@@ -111,7 +111,7 @@ TEST(Plan, Megatron64RankZero) {
   EXPECT_EQ(env["TORCH_NCCL_DUMP_ON_TIMEOUT"], "0");
   EXPECT_GE(std::stoi(env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"]), 86400);
   EXPECT_GE(std::stoi(env["TORCH_NCCL_RANKS_PER_ROOT"]), 64);
-  EXPECT_EQ(env["CUDA_MODULE_LOADING"], "EAGER");
+  EXPECT_EQ(env.count("CUDA_MODULE_LOADING"), 0u);  // one rank on its GPU keeps lazy loading
   EXPECT_EQ(env["NCCL_NVLS_ENABLE"], "0");
   EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
   EXPECT_EQ(env["PRISM_WORLD_SIZE"], "64");
@@ -286,6 +286,28 @@ TEST(Plan, EachWorkerGetsItsOwnCompileCacheUnlessTheUserNamedOne) {
     auto w = EnvMap(q.workers[0].env);
     EXPECT_EQ(w.count("TORCHINDUCTOR_CACHE_DIR") + w.count("TRITON_CACHE_DIR"), 0u) << mine;
   }
+}
+
+// Eager module loading only where a lazy first launch behind a held gate could deadlock: real ranks sharing a GPU,
+// or context switched; a user's own setting is kept (with a warning where it is risky).
+TEST(Plan, EagerModuleLoadingOnlyWhereRanksShareAGpu) {
+  auto loading = [](const Plan& p) {
+    auto env = EnvMap(p.env);
+    return env.count("CUDA_MODULE_LOADING") ? env["CUDA_MODULE_LOADING"] : std::string("(unset)");
+  };
+  EXPECT_EQ(loading(Build(Request(kMegatron64, "0,9"), FakeHost())), "(unset)");  // two GPUs, one rank each
+  EXPECT_EQ(loading(Build(Request(kMegatron64, "0,1"), FakeHost({}, 1))), "EAGER");
+  PlanRequest swap = Request(kMegatron64, "0");
+  swap.swap.enabled = true;
+  EXPECT_EQ(loading(Build(swap, FakeHost())), "EAGER");
+
+  Plan mine = Build(Request(kMegatron64, "0,1"), FakeHost({{"CUDA_MODULE_LOADING", "LAZY"}}, 1));
+  EXPECT_EQ(loading(mine), "(unset)");  // theirs passes through the worker's inherited environment
+  bool warned = false;
+  for (const std::string& w : mine.warnings) warned |= w.find("CUDA_MODULE_LOADING=LAZY kept") != std::string::npos;
+  EXPECT_TRUE(warned);
+  Plan alone = Build(Request(kMegatron64, "0"), FakeHost({{"CUDA_MODULE_LOADING", "LAZY"}}));
+  for (const std::string& w : alone.warnings) EXPECT_EQ(w.find("CUDA_MODULE_LOADING"), std::string::npos) << w;
 }
 
 TEST(Plan, UserEnvironmentKeptAndPrepended) {
