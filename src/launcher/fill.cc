@@ -165,12 +165,6 @@ std::string LockstepSlots(const std::string& spec, const trace::Trace& t) {
 
 namespace {
 
-FillResult Fail(const FillOptions& o, FillResult r, const std::string& m, int code) {
-  std::fprintf(stderr, "%s%s\n", o.prefix.c_str(), m.c_str());
-  r.exit_code = code;
-  return r;
-}
-
 // The emulation one slice runs: its ranks real, every other rank replayed from `graph`, the collect's recorded
 // payloads when `payload_dir` is given.
 EmulateOptions SliceOptions(const FillOptions& o, const std::string& ranks, const std::string& graph,
@@ -259,287 +253,448 @@ std::vector<std::vector<int>> FillSlices(const std::vector<int>& reps, const wor
   return out;
 }
 
-FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command) {
-  using Clk = std::chrono::steady_clock;
-  const auto t0 = Clk::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(Clk::now() - t0).count(); };
-  FillResult res;
-  std::error_code ec;
-  if (o.from.empty()) return Fail(o, res, "give --graph COLLECT_DIR/observed.prism or --from COLLECT_DIR", kExitBadInput);
-  const fs::path from = fs::absolute(o.from, ec);
-  std::vector<int> have = EventFileRanks(from.string());
-  if (have.empty())
-    return Fail(o, res, from.string() + " holds no rank<R>.events.jsonl: give the directory of a collect run",
-                kExitBadInput);
-  std::string error;
-  auto world = WorldFromReport(from, &error);
-  if (!world) return Fail(o, res, error, kExitBadInput);
+namespace {
 
-  fs::path out = fs::absolute(o.out.empty() ? fs::current_path() / "prism-fill" : fs::path(o.out), ec);
-  fs::path ev_dir = out / "events";
-  fs::create_directories(ev_dir, ec);
-  if (ec) return Fail(o, res, "cannot create " + ev_dir.string() + ": " + ec.message(), kExitBadInput);
-  for (int r : have) {
-    fs::copy_file(from / prism::events::FileName(r), ev_dir / prism::events::FileName(r),
-                  fs::copy_options::overwrite_existing, ec);
-  }
-  fs::copy_file(from / std::string(report::kFileName), ev_dir / std::string(report::kFileName),
-                fs::copy_options::overwrite_existing, ec);
-  const bool recorded = fs::is_directory(from / "payloads", ec);
+using Clk = std::chrono::steady_clock;
 
-  // Why keep every iteration (no warm-up skipped): the coordinator maps a live rank's n-th operation on a
-  // communicator to the n-th node of that communicator in the graph, so the graph must start where the job does.
-  ObservedTraceOptions bo;
-  bo.topology = o.topology;
-  const fs::path current = out / "filled.prism";
-  res.graph = current.string();
-  res.summary = (out / "fill.json").string();
+// RunFill's state and steps, in its order. A step that returns false has failed the fill: it printed the error and
+// set the result's exit code (Fail), as RunFill's early returns did.
+class FillRun {
+ public:
+  FillRun(const FillOptions& o, const std::vector<std::string>& command) : o_(o), command_(command) {}
+
+  bool ReadCollect();
+  bool PrepareEventDir();
+  bool BuildBareGraph();
+  bool SimulateBare();
+  bool LeaveOutSetUp();
+  void PickRanks();
+  void PrintPlan();
+  void PlanSlices();
+  void Resume();
+  bool RunRounds();
+  void WriteFinalSummary();
+  void PrintConclusion();
+  FillResult TakeResult() { return std::move(res_); }
+
+ private:
+  double Elapsed() const { return std::chrono::duration<double>(Clk::now() - t0_).count(); }
+  bool Fail(const std::string& m, int code);
+  std::optional<ObservedTrace> Rebuild(const std::vector<int>* ran, std::string* err);
+  fs::path SliceDir(int round, const std::vector<int>& sl) const;
+  void WriteSummary(bool complete);
+  void ReuseSlices(const json& old);
+  void ReuseRounds(const json& old);
+  bool RunSlice(size_t si);
+  void PrintSliceStart(size_t si, const std::string& what);
+  bool TakeSlice(size_t si, const std::string& what, const fs::path& slice);
+  bool EstimateRound(double* moved_pct);
+  void TakeSpread();
+
+  const FillOptions& o_;
+  const std::vector<std::string>& command_;
+  const Clk::time_point t0_ = Clk::now();
+  FillResult res_;
+  std::string error_;
+  fs::path from_;           // the collect run's directory
+  std::vector<int> have_;   // the ranks whose event files it holds
+  std::optional<world::World> world_;
+  bool recorded_ = false;   // it recorded payloads (from_/payloads): the slices replay them
+  fs::path out_, ev_dir_;   // OUT and OUT/events, the event files the graph is built from
+  fs::path current_;        // OUT/filled.prism
+  ObservedTraceOptions bo_;
   // Every slice of a class is a sample of its compute; the graph takes each compute node's median over the samples
   // (fill_samples.h: the last slice alone keeps its noise). The collect's bare timings are no sample (its ranks
   // shared the GPU and the host exchange).
-  FillSamples samples;
-  size_t set_up_cleared = 0;  // classes whose set-up compute the slices' graph leaves out (ClearUnsampledSetUp)
+  FillSamples samples_;
+  size_t set_up_cleared_ = 0;  // classes whose set-up compute the slices' graph leaves out (ClearUnsampledSetUp)
   // Classes timed by another class's slice: target class -> source class (symmetric tensor-parallel positions).
-  std::map<uint32_t, uint32_t> shared;
-  auto rebuild = [&](const std::vector<int>* ran, std::string* err) -> std::optional<ObservedTrace> {
-    auto g = BuildObservedTrace(ev_dir.string(), *world, bo, err);
-    if (!g) return std::nullopt;
-    if (ran) {
-      for (uint32_t c = 0; c < g->class_ranks.size(); ++c)
-        if (std::find(ran->begin(), ran->end(), g->class_ranks[c]) != ran->end()) samples.Add(g->trace, c);
-      for (const auto& [dst, src] : shared)
-        if (std::find(ran->begin(), ran->end(), g->class_ranks[src]) != ran->end() &&
-            SameShape(g->trace.classes[src], g->trace.classes[dst]))
-          samples.AddFrom(g->trace, src, dst);
-      samples.Apply(&g->trace);
-    }
-    if (ran) set_up_cleared = ClearUnsampledSetUp(&g->trace, samples);
-    if (!replay::WriteTrace(g->trace, current.string(), err)) return std::nullopt;
-    return g;
-  };
-  auto g0 = rebuild(nullptr, &error);
-  if (!g0) return Fail(o, res, "the collect run's graph: " + error, kExitBadInput);
-  fs::copy_file(current, out / "bare.prism", fs::copy_options::overwrite_existing, ec);
-  res.classes = static_cast<int>(g0->class_ranks.size());
-  const std::string lockstep = LockstepSlots(o.lockstep, g0->trace);
-  res.lockstep = lockstep;
-  const double bare = SimulateIteration(current.string(), (out / "sim-bare").string(), o.topology, &error);
-  if (bare < 0) return Fail(o, res, error, 1);
-  res.bare_s = bare;
-  // The slices' graph from here on: the collect's set-up left out (ClearUnsampledSetUp); bare.prism keeps it.
-  {
-    trace::Trace slices_graph = g0->trace;
-    set_up_cleared = ClearUnsampledSetUp(&slices_graph, samples);
-    if (set_up_cleared > 0 && !replay::WriteTrace(slices_graph, current.string(), &error))
-      return Fail(o, res, error, 1);
+  std::map<uint32_t, uint32_t> shared_;
+  std::optional<ObservedTrace> g0_;  // the collect's graph
+  std::string lockstep_;
+  double bare_ = 0;                // its simulated iteration (s)
+  std::vector<int> reps_;          // the ranks that run a slice
+  std::vector<std::vector<int>> slices_;
+  json rounds_ = json::array();
+  json progress_ = json::array();  // the slices that ended well: {round, slice}, in order (resume)
+  double prev_ = 0;           // the estimate the current round is compared with
+  double first_round_ = -1;   // round 1's estimate (uncalibrated)
+  double last_ = 0;           // the latest estimate (calibrated)
+  double slice_time_ = 0;     // the time of the slices this process ran
+  size_t ran_here_ = 0;       // slices this process ran (the estimate of what is left)
+  double earlier_wall_ = 0;   // a resumed fill's time before this process
+  int round_ = 1;             // the round being run
+  size_t first_slice_ = 0;    // the slice it starts at (after a resumed fill's last)
+};
+
+bool FillRun::Fail(const std::string& m, int code) {
+  std::fprintf(stderr, "%s%s\n", o_.prefix.c_str(), m.c_str());
+  res_.exit_code = code;
+  return false;
+}
+
+// The graph of OUT/events, written to OUT/filled.prism. After a slice (`ran`: its ranks), its classes' compute is
+// a sample, and each compute node the median of its class's samples so far.
+std::optional<ObservedTrace> FillRun::Rebuild(const std::vector<int>* ran, std::string* err) {
+  auto g = BuildObservedTrace(ev_dir_.string(), *world_, bo_, err);
+  if (!g) return std::nullopt;
+  if (ran) {
+    for (uint32_t c = 0; c < g->class_ranks.size(); ++c)
+      if (std::find(ran->begin(), ran->end(), g->class_ranks[c]) != ran->end()) samples_.Add(g->trace, c);
+    for (const auto& [dst, src] : shared_)
+      if (std::find(ran->begin(), ran->end(), g->class_ranks[src]) != ran->end() &&
+          SameShape(g->trace.classes[src], g->trace.classes[dst]))
+        samples_.AddFrom(g->trace, src, dst);
+    samples_.Apply(&g->trace);
   }
-  // Why each rank once: an expert-parallel class that had no real rank in the collect repeats the nodes of the rank
-  // of another ep coordinate (observed_trace.h, mirror_expert_classes); that rank's slice refreshes both classes.
-  std::vector<int> reps;
-  for (int r : g0->class_ranks)
-    if (std::find(reps.begin(), reps.end(), r) == reps.end()) reps.push_back(r);
-  std::printf("%s%zu classes (ranks", o.prefix.c_str(), g0->class_ranks.size());
-  for (int r : reps) std::printf(" %d", r);
-  std::printf("), bare graph from %s: simulated iteration %.3f ms\n", from.string().c_str(), bare * 1e3);
-  std::printf("%slockstep slots: %s\n", o.prefix.c_str(),
-              lockstep.empty() ? "none (every virtual member holds the real rank as the graph says)"
-                               : (lockstep + " (their virtual members do not hold a slice's real rank)").c_str());
-  if (set_up_cleared > 0)
+  if (ran) set_up_cleared_ = ClearUnsampledSetUp(&g->trace, samples_);
+  if (!replay::WriteTrace(g->trace, current_.string(), err)) return std::nullopt;
+  return g;
+}
+
+fs::path FillRun::SliceDir(int round, const std::vector<int>& sl) const {
+  std::string tag = JoinRanks(sl);
+  std::replace(tag.begin(), tag.end(), ',', '_');
+  return out_ / ("round" + std::to_string(round)) / ("rank" + tag);
+}
+
+// The collect run's event files, and its world from its report.
+bool FillRun::ReadCollect() {
+  std::error_code ec;
+  if (o_.from.empty()) return Fail("give --graph COLLECT_DIR/observed.prism or --from COLLECT_DIR", kExitBadInput);
+  from_ = fs::absolute(o_.from, ec);
+  have_ = EventFileRanks(from_.string());
+  if (have_.empty())
+    return Fail(from_.string() + " holds no rank<R>.events.jsonl: give the directory of a collect run",
+                kExitBadInput);
+  world_ = WorldFromReport(from_, &error_);
+  if (!world_) return Fail(error_, kExitBadInput);
+  return true;
+}
+
+// OUT/events: the collect's event files and report, whose files each slice's then replace.
+bool FillRun::PrepareEventDir() {
+  std::error_code ec;
+  out_ = fs::absolute(o_.out.empty() ? fs::current_path() / "prism-fill" : fs::path(o_.out), ec);
+  ev_dir_ = out_ / "events";
+  fs::create_directories(ev_dir_, ec);
+  if (ec) return Fail("cannot create " + ev_dir_.string() + ": " + ec.message(), kExitBadInput);
+  for (int r : have_) {
+    fs::copy_file(from_ / prism::events::FileName(r), ev_dir_ / prism::events::FileName(r),
+                  fs::copy_options::overwrite_existing, ec);
+  }
+  fs::copy_file(from_ / std::string(report::kFileName), ev_dir_ / std::string(report::kFileName),
+                fs::copy_options::overwrite_existing, ec);
+  recorded_ = fs::is_directory(from_ / "payloads", ec);
+  return true;
+}
+
+// The collect's graph (OUT/filled.prism, kept as OUT/bare.prism), its classes and the lockstep slots.
+bool FillRun::BuildBareGraph() {
+  // Why keep every iteration (no warm-up skipped): the coordinator maps a live rank's n-th operation on a
+  // communicator to the n-th node of that communicator in the graph, so the graph must start where the job does.
+  bo_.topology = o_.topology;
+  current_ = out_ / "filled.prism";
+  res_.graph = current_.string();
+  res_.summary = (out_ / "fill.json").string();
+  g0_ = Rebuild(nullptr, &error_);
+  if (!g0_) return Fail("the collect run's graph: " + error_, kExitBadInput);
+  std::error_code ec;
+  fs::copy_file(current_, out_ / "bare.prism", fs::copy_options::overwrite_existing, ec);
+  res_.classes = static_cast<int>(g0_->class_ranks.size());
+  lockstep_ = LockstepSlots(o_.lockstep, g0_->trace);
+  res_.lockstep = lockstep_;
+  return true;
+}
+
+// The bare graph's simulated iteration: the estimate the first round is compared with.
+bool FillRun::SimulateBare() {
+  bare_ = SimulateIteration(current_.string(), (out_ / "sim-bare").string(), o_.topology, &error_);
+  if (bare_ < 0) return Fail(error_, 1);
+  res_.bare_s = bare_;
+  prev_ = bare_;
+  last_ = bare_;
+  return true;
+}
+
+// The slices' graph from here on: the collect's set-up left out (ClearUnsampledSetUp); bare.prism keeps it.
+bool FillRun::LeaveOutSetUp() {
+  trace::Trace slices_graph = g0_->trace;
+  set_up_cleared_ = ClearUnsampledSetUp(&slices_graph, samples_);
+  if (set_up_cleared_ > 0 && !replay::WriteTrace(slices_graph, current_.string(), &error_)) return Fail(error_, 1);
+  return true;
+}
+
+// Why each rank once: an expert-parallel class that had no real rank in the collect repeats the nodes of the rank
+// of another ep coordinate (observed_trace.h, mirror_expert_classes); that rank's slice refreshes both classes.
+void FillRun::PickRanks() {
+  for (int r : g0_->class_ranks)
+    if (std::find(reps_.begin(), reps_.end(), r) == reps_.end()) reps_.push_back(r);
+}
+
+void FillRun::PrintPlan() {
+  std::printf("%s%zu classes (ranks", o_.prefix.c_str(), g0_->class_ranks.size());
+  for (int r : reps_) std::printf(" %d", r);
+  std::printf("), bare graph from %s: simulated iteration %.3f ms\n", from_.string().c_str(), bare_ * 1e3);
+  std::printf("%slockstep slots: %s\n", o_.prefix.c_str(),
+              lockstep_.empty() ? "none (every virtual member holds the real rank as the graph says)"
+                                : (lockstep_ + " (their virtual members do not hold a slice's real rank)").c_str());
+  if (set_up_cleared_ > 0)
     std::printf("%sthe collect's set-up (iteration 0) compute is left out of the slices' graph for the %zu class(es) "
                 "without a slice yet: their ranks started side by side on one GPU, so replaying it would hold each "
                 "slice's rank at start-up (docs/fill.md \"Where a slice's start-up goes\")\n",
-                o.prefix.c_str(), set_up_cleared);
-  if (!g0->mirrored_classes.empty())
+                o_.prefix.c_str(), set_up_cleared_);
+  if (!g0_->mirrored_classes.empty())
     std::printf("%s%zu expert-parallel class(es) repeat the nodes of a rank of another ep coordinate (the collect ran "
                 "without --real-routing: EP symmetry assumed); that rank's slice times them too\n",
-                o.prefix.c_str(), g0->mirrored_classes.size());
-  if (o.share_symmetric_tp && o.gpus <= 1) shared = SymmetricShares(*g0, *world, o.prefix, &reps);
-  res.shared_classes = static_cast<int>(shared.size());
-  const std::vector<std::vector<int>> slices = FillSlices(reps, *world, o.gpus);
-  if (o.gpus > 1) {
-    std::printf("%s%d GPUs: %zu slice(s) per round:", o.prefix.c_str(), o.gpus, slices.size());
-    for (const auto& sl : slices) std::printf(" [%s]", JoinRanks(sl).c_str());
+                o_.prefix.c_str(), g0_->mirrored_classes.size());
+}
+
+// The symmetric positions that share a slice, and the slices of a round.
+void FillRun::PlanSlices() {
+  if (o_.share_symmetric_tp && o_.gpus <= 1) shared_ = SymmetricShares(*g0_, *world_, o_.prefix, &reps_);
+  res_.shared_classes = static_cast<int>(shared_.size());
+  slices_ = FillSlices(reps_, *world_, o_.gpus);
+  if (o_.gpus > 1) {
+    std::printf("%s%d GPUs: %zu slice(s) per round:", o_.prefix.c_str(), o_.gpus, slices_.size());
+    for (const auto& sl : slices_) std::printf(" [%s]", JoinRanks(sl).c_str());
     std::printf("\n");
   }
   std::fflush(stdout);
+}
 
-  json rounds = json::array();
-  json progress = json::array();  // the slices that ended well: {round, slice}, in order (resume)
-  double prev = bare, first_round = -1, last = bare, slice_time = 0;
-  size_t ran_here = 0;  // slices this process ran (the estimate of what is left)
-  double earlier_wall = 0;  // a resumed fill's time before this process
-  auto slice_dir = [&](int round, const std::vector<int>& sl) {
-    std::string tag = JoinRanks(sl);
-    std::replace(tag.begin(), tag.end(), ',', '_');
-    return out / ("round" + std::to_string(round)) / ("rank" + tag);
-  };
-  auto write_summary = [&](bool complete) {
-    res.wall_s = earlier_wall + elapsed();
-    json summary = {{"from", from.string()},
-                    {"graph", current.string()},
-                    {"classes", g0->class_ranks},
-                    {"slices_per_round", slices.size()},
-                    {"shared_classes", shared.size()},
-                    {"bare_iteration_time_s", bare},
-                    {"uncalibrated_iteration_time_s", first_round},
-                    {"calibrated_iteration_time_s", last},
-                    {"lockstep", lockstep},
-                    {"tolerance_pct", o.tolerance_pct},
-                    {"max_rounds", o.max_rounds},
-                    {"converged", res.converged},
-                    {"last_moved_pct", res.last_moved_pct},
-                    {"complete", complete},
-                    {"wall_s", res.wall_s},
-                    {"rounds", rounds},
-                    {"progress", progress}};
-    // Each class's compute per iteration in each of its slices, oldest first (FillSamples::PerIterationS): how much
-    // the machine moved it between runs, the noise the tolerance is set against.
-    json per_class = json::object();
-    for (uint32_t c = 0; c < samples.Classes() && c < g0->class_ranks.size(); ++c)
-      if (samples.Count(c) > 0) per_class[std::to_string(g0->class_ranks[c])] = samples.PerIterationS(c);
-    summary["compute_per_iteration_s"] = per_class;
-    std::string e;
-    if (!WriteFileAtomic(res.summary, summary.dump(2) + "\n", &e)) std::fprintf(stderr, "%s%s\n", o.prefix.c_str(), e.c_str());
-  };
-  int round = 1;
-  size_t first_slice = 0;
-  if (o.resume) {
-    // An earlier fill of the same collect stopped part way (fill.json "complete": false): its slices' event files
-    // are samples as good as new ones. Replay them in order, then go on after the last.
-    const json old = LoadJson(out / "fill.json");
-    const bool same = old.is_object() && !old.value("complete", true) && old.contains("progress") &&
-                      old["progress"].is_array() && old.value("slices_per_round", size_t{0}) == slices.size() &&
-                      old.contains("classes") && old["classes"] == json(g0->class_ranks);
-    if (same) {
-      earlier_wall = old.value("wall_s", 0.0);
-      for (const json& p : old["progress"]) {
-        const int r = p.value("round", 0);
-        const size_t si = p.value("slice", size_t{0});
-        if (r < 1 || si >= slices.size()) break;
-        const fs::path dir = slice_dir(r, slices[si]);
-        bool ok = true;
-        for (int rank : slices[si]) {
-          fs::copy_file(dir / prism::events::FileName(rank), ev_dir / prism::events::FileName(rank),
-                        fs::copy_options::overwrite_existing, ec);
-          ok = ok && !ec;
-        }
-        if (!ok || !rebuild(&slices[si], &error)) break;
-        progress.push_back(p);
-        round = r;
-        first_slice = si + 1;
-        ++res.slices_run;
-      }
-      if (old.contains("rounds") && old["rounds"].is_array())
-        for (const json& rr : old["rounds"]) {
-          if (!rr.is_object() || rr.value("round", 0) > round) break;
-          rounds.push_back(rr);
-          last = rr.value("iteration_time_s", last);
-          if (first_round < 0) first_round = last;
-          res.rounds = rr.value("round", 0);
-          res.last_moved_pct = rr.value("moved_pct", -1.0);
-        }
-      // A round whose slices all ran and whose estimate was taken: the next one starts fresh.
-      if (first_slice >= slices.size() && res.rounds == round) {
-        ++round;
-        first_slice = 0;
-      }
-      prev = bare;  // the estimate the round being continued is compared with: the round before it
-      for (const json& rr : rounds)
-        if (rr.value("round", 0) == round - 1) prev = rr.value("iteration_time_s", bare);
-      if (!progress.empty())
-        std::printf("%sresuming: %zu slice(s) of the earlier fill reused, from round %d slice %zu\n", o.prefix.c_str(),
-                    progress.size(), round, first_slice + 1);
-    }
+void FillRun::WriteSummary(bool complete) {
+  res_.wall_s = earlier_wall_ + Elapsed();
+  json summary = {{"from", from_.string()},
+                  {"graph", current_.string()},
+                  {"classes", g0_->class_ranks},
+                  {"slices_per_round", slices_.size()},
+                  {"shared_classes", shared_.size()},
+                  {"bare_iteration_time_s", bare_},
+                  {"uncalibrated_iteration_time_s", first_round_},
+                  {"calibrated_iteration_time_s", last_},
+                  {"lockstep", lockstep_},
+                  {"tolerance_pct", o_.tolerance_pct},
+                  {"max_rounds", o_.max_rounds},
+                  {"converged", res_.converged},
+                  {"last_moved_pct", res_.last_moved_pct},
+                  {"complete", complete},
+                  {"wall_s", res_.wall_s},
+                  {"rounds", rounds_},
+                  {"progress", progress_}};
+  // Each class's compute per iteration in each of its slices, oldest first (FillSamples::PerIterationS): how much
+  // the machine moved it between runs, the noise the tolerance is set against.
+  json per_class = json::object();
+  for (uint32_t c = 0; c < samples_.Classes() && c < g0_->class_ranks.size(); ++c)
+    if (samples_.Count(c) > 0) per_class[std::to_string(g0_->class_ranks[c])] = samples_.PerIterationS(c);
+  summary["compute_per_iteration_s"] = per_class;
+  std::string e;
+  if (!WriteFileAtomic(res_.summary, summary.dump(2) + "\n", &e))
+    std::fprintf(stderr, "%s%s\n", o_.prefix.c_str(), e.c_str());
+}
+
+// An earlier fill of the same collect stopped part way (fill.json "complete": false): its slices' event files
+// are samples as good as new ones. Replay them in order, then go on after the last.
+void FillRun::Resume() {
+  if (!o_.resume) return;
+  const json old = LoadJson(out_ / "fill.json");
+  const bool same = old.is_object() && !old.value("complete", true) && old.contains("progress") &&
+                    old["progress"].is_array() && old.value("slices_per_round", size_t{0}) == slices_.size() &&
+                    old.contains("classes") && old["classes"] == json(g0_->class_ranks);
+  if (!same) return;
+  earlier_wall_ = old.value("wall_s", 0.0);
+  ReuseSlices(old);
+  ReuseRounds(old);
+  // A round whose slices all ran and whose estimate was taken: the next one starts fresh.
+  if (first_slice_ >= slices_.size() && res_.rounds == round_) {
+    ++round_;
+    first_slice_ = 0;
   }
-  for (; round <= o.max_rounds; ++round) {
-    for (size_t si = first_slice; si < slices.size(); ++si) {
-      const std::vector<int>& sl = slices[si];
-      const std::string list = JoinRanks(sl);
-      EmulateOptions e = SliceOptions(o, list, current.string(), recorded ? from.string() : std::string(), lockstep);
-      const std::string what = (sl.size() == 1 ? "rank " : "ranks ") + list;
-      const fs::path slice = slice_dir(round, sl);
-      e.out = slice.string();
-      // What is left: this round's remaining slices, and one more round while none could have converged.
-      const bool another = round < 2 && o.max_rounds >= 2;  // no round can converge before the second
-      const size_t left = slices.size() - si + (another ? slices.size() : 0);
-      std::string eta = ran_here == 0 ? "" : ", about " + MinutesSeconds(slice_time / static_cast<double>(ran_here) *
-                                                                static_cast<double>(left)) + " left";
-      std::printf("%sround %d, slice %s (%zu of %zu; others replay %s); elapsed %s%s%s\n", o.prefix.c_str(), round,
-                  what.c_str(), si + 1, slices.size(), current.filename().c_str(), MinutesSeconds(elapsed()).c_str(),
-                  eta.c_str(), another && ran_here > 0 ? " (at least 2 rounds)" : "");
-      std::fflush(stdout);
-      const auto s0 = Clk::now();
-      int rc = Emulate(e, command);
-      slice_time += std::chrono::duration<double>(Clk::now() - s0).count();
-      ++ran_here;
-      ++res.slices_run;
-      if (rc != 0) {
-        write_summary(false);
-        return Fail(o, res,
-                    (rc == kExitInterrupted ? "interrupted in the slice of " : "the slice of ") + what +
-                        (rc == kExitInterrupted ? "" : " failed (exit " + std::to_string(rc) + ")") +
-                        "; its output: " + slice.string(),
-                    rc);
-      }
-      for (int r : sl) {
-        fs::copy_file(slice / prism::events::FileName(r), ev_dir / prism::events::FileName(r),
-                      fs::copy_options::overwrite_existing, ec);
-        if (ec) return Fail(o, res, "rank " + std::to_string(r) + " wrote no event file in " + slice.string(), 1);
-      }
-      if (!rebuild(&sl, &error)) return Fail(o, res, "after the slice of " + what + ": " + error, 1);
-      PrintSliceCompute(o.prefix, *g0, samples, sl);
-      progress.push_back({{"round", round}, {"slice", si}});
-      write_summary(false);
+  prev_ = bare_;  // the estimate the round being continued is compared with: the round before it
+  for (const json& rr : rounds_)
+    if (rr.value("round", 0) == round_ - 1) prev_ = rr.value("iteration_time_s", bare_);
+  if (!progress_.empty())
+    std::printf("%sresuming: %zu slice(s) of the earlier fill reused, from round %d slice %zu\n", o_.prefix.c_str(),
+                progress_.size(), round_, first_slice_ + 1);
+}
+
+// The earlier fill's slices, in order, until one whose event files or graph fail.
+void FillRun::ReuseSlices(const json& old) {
+  std::error_code ec;
+  for (const json& p : old["progress"]) {
+    const int r = p.value("round", 0);
+    const size_t si = p.value("slice", size_t{0});
+    if (r < 1 || si >= slices_.size()) break;
+    const fs::path dir = SliceDir(r, slices_[si]);
+    bool ok = true;
+    for (int rank : slices_[si]) {
+      fs::copy_file(dir / prism::events::FileName(rank), ev_dir_ / prism::events::FileName(rank),
+                    fs::copy_options::overwrite_existing, ec);
+      ok = ok && !ec;
     }
-    first_slice = 0;
-    last = SimulateIteration(current.string(), (out / ("sim-round" + std::to_string(round))).string(), o.topology,
-                             &error);
-    if (last < 0) return Fail(o, res, error, 1);
-    if (first_round < 0) first_round = last;
-    const double moved = prev > 0 ? 100.0 * std::fabs(last - prev) / prev : 100.0;
-    res.rounds = round;
-    res.last_moved_pct = moved;
-    // The largest spread of a class's compute over its slices so far: noise the rounds' medians must outlast.
-    double spread = 0;
-    int spread_rank = -1;
-    for (uint32_t c = 0; c < samples.Classes() && c < g0->class_ranks.size(); ++c)
-      if (samples.SpreadPct(c) > spread) {
-        spread = samples.SpreadPct(c);
-        spread_rank = g0->class_ranks[c];
-      }
-    res.spread_pct = spread;
-    res.spread_rank = spread_rank;
-    rounds.push_back({{"round", round}, {"iteration_time_s", last}, {"moved_pct", moved}, {"elapsed_s", elapsed()},
-                      {"compute_spread_pct", spread}, {"compute_spread_rank", spread_rank}});
-    std::printf("%sround %d: simulated iteration %.3f ms (moved %.2f%%%s); elapsed %s\n", o.prefix.c_str(), round,
-                last * 1e3, moved, round == 1 ? " from the bare graph" : "", MinutesSeconds(elapsed()).c_str());
-    std::fflush(stdout);
-    if (round > 1 && moved <= o.tolerance_pct) {
-      res.converged = true;
+    if (!ok || !Rebuild(&slices_[si], &error_)) break;
+    progress_.push_back(p);
+    round_ = r;
+    first_slice_ = si + 1;
+    ++res_.slices_run;
+  }
+}
+
+// The earlier fill's rounds up to the one its last reused slice belongs to.
+void FillRun::ReuseRounds(const json& old) {
+  if (old.contains("rounds") && old["rounds"].is_array())
+    for (const json& rr : old["rounds"]) {
+      if (!rr.is_object() || rr.value("round", 0) > round_) break;
+      rounds_.push_back(rr);
+      last_ = rr.value("iteration_time_s", last_);
+      if (first_round_ < 0) first_round_ = last_;
+      res_.rounds = rr.value("round", 0);
+      res_.last_moved_pct = rr.value("moved_pct", -1.0);
+    }
+}
+
+// Round after round of every slice, until the estimate moves by at most the tolerance or the rounds are done.
+bool FillRun::RunRounds() {
+  for (; round_ <= o_.max_rounds; ++round_) {
+    for (size_t si = first_slice_; si < slices_.size(); ++si)
+      if (!RunSlice(si)) return false;
+    first_slice_ = 0;
+    double moved = 0;
+    if (!EstimateRound(&moved)) return false;
+    if (round_ > 1 && moved <= o_.tolerance_pct) {
+      res_.converged = true;
       break;
     }
-    write_summary(false);
-    prev = last;
+    WriteSummary(false);
+    prev_ = last_;
   }
-  res.uncalibrated_s = first_round;
-  res.calibrated_s = last;
-  write_summary(true);
-  if (res.converged) {
+  return true;
+}
+
+// One slice: its ranks run for real, every other rank replays the graph so far.
+bool FillRun::RunSlice(size_t si) {
+  const std::vector<int>& sl = slices_[si];
+  const std::string list = JoinRanks(sl);
+  EmulateOptions e = SliceOptions(o_, list, current_.string(), recorded_ ? from_.string() : std::string(), lockstep_);
+  const std::string what = (sl.size() == 1 ? "rank " : "ranks ") + list;
+  const fs::path slice = SliceDir(round_, sl);
+  e.out = slice.string();
+  PrintSliceStart(si, what);
+  const auto s0 = Clk::now();
+  int rc = Emulate(e, command_);
+  slice_time_ += std::chrono::duration<double>(Clk::now() - s0).count();
+  ++ran_here_;
+  ++res_.slices_run;
+  if (rc != 0) {
+    WriteSummary(false);
+    return Fail((rc == kExitInterrupted ? "interrupted in the slice of " : "the slice of ") + what +
+                    (rc == kExitInterrupted ? "" : " failed (exit " + std::to_string(rc) + ")") +
+                    "; its output: " + slice.string(),
+                rc);
+  }
+  return TakeSlice(si, what, slice);
+}
+
+void FillRun::PrintSliceStart(size_t si, const std::string& what) {
+  // What is left: this round's remaining slices, and one more round while none could have converged.
+  const bool another = round_ < 2 && o_.max_rounds >= 2;  // no round can converge before the second
+  const size_t left = slices_.size() - si + (another ? slices_.size() : 0);
+  std::string eta = ran_here_ == 0 ? "" : ", about " + MinutesSeconds(slice_time_ / static_cast<double>(ran_here_) *
+                                                             static_cast<double>(left)) + " left";
+  std::printf("%sround %d, slice %s (%zu of %zu; others replay %s); elapsed %s%s%s\n", o_.prefix.c_str(), round_,
+              what.c_str(), si + 1, slices_.size(), current_.filename().c_str(), MinutesSeconds(Elapsed()).c_str(),
+              eta.c_str(), another && ran_here_ > 0 ? " (at least 2 rounds)" : "");
+  std::fflush(stdout);
+}
+
+// The slice's event files replace its ranks' in OUT/events, and the graph is rebuilt with them as samples.
+bool FillRun::TakeSlice(size_t si, const std::string& what, const fs::path& slice) {
+  const std::vector<int>& sl = slices_[si];
+  std::error_code ec;
+  for (int r : sl) {
+    fs::copy_file(slice / prism::events::FileName(r), ev_dir_ / prism::events::FileName(r),
+                  fs::copy_options::overwrite_existing, ec);
+    if (ec) return Fail("rank " + std::to_string(r) + " wrote no event file in " + slice.string(), 1);
+  }
+  if (!Rebuild(&sl, &error_)) return Fail("after the slice of " + what + ": " + error_, 1);
+  PrintSliceCompute(o_.prefix, *g0_, samples_, sl);
+  progress_.push_back({{"round", round_}, {"slice", si}});
+  WriteSummary(false);
+  return true;
+}
+
+// The round's estimate: the graph's simulated iteration, and how far it moved from the round before (*moved_pct).
+bool FillRun::EstimateRound(double* moved_pct) {
+  last_ = SimulateIteration(current_.string(), (out_ / ("sim-round" + std::to_string(round_))).string(), o_.topology,
+                            &error_);
+  if (last_ < 0) return Fail(error_, 1);
+  if (first_round_ < 0) first_round_ = last_;
+  const double moved = prev_ > 0 ? 100.0 * std::fabs(last_ - prev_) / prev_ : 100.0;
+  res_.rounds = round_;
+  res_.last_moved_pct = moved;
+  TakeSpread();
+  rounds_.push_back({{"round", round_}, {"iteration_time_s", last_}, {"moved_pct", moved}, {"elapsed_s", Elapsed()},
+                     {"compute_spread_pct", res_.spread_pct}, {"compute_spread_rank", res_.spread_rank}});
+  std::printf("%sround %d: simulated iteration %.3f ms (moved %.2f%%%s); elapsed %s\n", o_.prefix.c_str(), round_,
+              last_ * 1e3, moved, round_ == 1 ? " from the bare graph" : "", MinutesSeconds(Elapsed()).c_str());
+  std::fflush(stdout);
+  *moved_pct = moved;
+  return true;
+}
+
+// The largest spread of a class's compute over its slices so far: noise the rounds' medians must outlast.
+void FillRun::TakeSpread() {
+  double spread = 0;
+  int spread_rank = -1;
+  for (uint32_t c = 0; c < samples_.Classes() && c < g0_->class_ranks.size(); ++c)
+    if (samples_.SpreadPct(c) > spread) {
+      spread = samples_.SpreadPct(c);
+      spread_rank = g0_->class_ranks[c];
+    }
+  res_.spread_pct = spread;
+  res_.spread_rank = spread_rank;
+}
+
+void FillRun::WriteFinalSummary() {
+  res_.uncalibrated_s = first_round_;
+  res_.calibrated_s = last_;
+  WriteSummary(true);
+}
+
+void FillRun::PrintConclusion() {
+  if (res_.converged) {
     std::printf("%sconverged after %d round(s): the last moved the estimate %.2f%% (tolerance %.2f%%)\n",
-                o.prefix.c_str(), res.rounds, res.last_moved_pct, o.tolerance_pct);
+                o_.prefix.c_str(), res_.rounds, res_.last_moved_pct, o_.tolerance_pct);
   } else {
     std::printf("%sNOT converged: %d round(s), the last moved the estimate %.2f%% (tolerance %.2f%%); the graph is "
-                "the last round's\n", o.prefix.c_str(), res.rounds, res.last_moved_pct, o.tolerance_pct);
-    if (res.spread_pct > o.tolerance_pct)
+                "the last round's\n", o_.prefix.c_str(), res_.rounds, res_.last_moved_pct, o_.tolerance_pct);
+    if (res_.spread_pct > o_.tolerance_pct)
       std::printf("%sthe slices' own compute moved by up to %.1f%% between runs (rank %d's class): the machine's noise "
                   "is above the tolerance; more rounds (--fill-rounds) settle the medians, a larger --fill-tolerance "
-                  "accepts it\n", o.prefix.c_str(), res.spread_pct, res.spread_rank);
+                  "accepts it\n", o_.prefix.c_str(), res_.spread_pct, res_.spread_rank);
   }
   std::printf("%sestimate bare %.3f ms, after one pass (uncalibrated) %.3f ms, calibrated %.3f ms%s\n"
               "%swrote %s\n",
-              o.prefix.c_str(), bare * 1e3, first_round * 1e3, last * 1e3,
-              res.converged ? "" : " (not converged within --rounds)", o.prefix.c_str(), current.string().c_str());
-  return res;
+              o_.prefix.c_str(), bare_ * 1e3, first_round_ * 1e3, last_ * 1e3,
+              res_.converged ? "" : " (not converged within --rounds)", o_.prefix.c_str(), current_.string().c_str());
+}
+
+}  // namespace
+
+FillResult RunFill(const FillOptions& o, const std::vector<std::string>& command) {
+  FillRun run(o, command);
+  if (!run.ReadCollect() || !run.PrepareEventDir() || !run.BuildBareGraph() || !run.SimulateBare() ||
+      !run.LeaveOutSetUp())
+    return run.TakeResult();
+  run.PickRanks();
+  run.PrintPlan();
+  run.PlanSlices();
+  run.Resume();
+  if (run.RunRounds()) {
+    run.WriteFinalSummary();
+    run.PrintConclusion();
+  }
+  return run.TakeResult();
 }
 
 }  // namespace prism::launcher
