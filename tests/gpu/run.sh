@@ -4,6 +4,7 @@
 #   tests/gpu/run.sh OUT_DIR [suite...]      suites: shim megatron hang passthrough fidelity calibrate record kernels swap
 #                                            cost (libprism's added time, bottom-up: tests/gpu/libprism_cost.sh)
 #                                            pairs (native vs prism-run alternating: tests/gpu/overhead_pairs.sh)
+#                                            toggle (the gates' cost within one run: tests/gpu/overhead_toggle.sh)
 #                                            (default: shim megatron)
 set -uo pipefail
 out=$(realpath -m "${1:?usage: tests/gpu/run.sh OUT_DIR [suite...]}"); shift
@@ -49,6 +50,12 @@ for s in "${suites[@]}"; do
              tail -1 "$out/pairs/pairs.txt" | awk '{m = $3; split($10, iv, /\.\./); exit !(m < 1.01 || iv[1] < 1.01)}'
            }
            check libprism_cost_pairs pairs_case ;;
+    toggle) toggle_case() {  # PASS: the gated blocks within 1 % of the ungated ones, or the interval reaching below
+              tests/gpu/overhead_toggle.sh "$out/toggle" || return 1
+              tail -1 "$out/toggle/toggle.txt" > "$out/libprism_gate_toggle.detail"
+              tail -1 "$out/toggle/toggle.txt" | awk '{split($NF, iv, /\.\./); r = $15; exit !(r < 1.01 || iv[1] < 1.01)}'
+            }
+            check libprism_gate_toggle toggle_case ;;
     *) echo "unknown suite $s" >&2 ;;
   esac
 done

@@ -169,7 +169,7 @@ struct EventsRun {
   testing::FakeGpu gpu;
   std::filesystem::path dir;
   Comm* comm = nullptr;
-  EventsRun(const std::string& tag, int rank, int nranks) {
+  EventsRun(const std::string& tag, int rank, int nranks, int gate_toggle = 0) {
     SetGpuForTest(&gpu);
     dir = std::filesystem::temp_directory_path() / ("prism_events_" + tag + "_" + std::to_string(getpid()));
     std::filesystem::create_directories(dir);
@@ -179,6 +179,7 @@ struct EventsRun {
     c.real_ranks = {rank};
     c.fixed_dur_us = 10;
     c.out_dir = dir.string();
+    c.gate_toggle = gate_toggle;
     SetConfigForTest(c);
     ResetCommsForTest();
     ncclUniqueId id;
@@ -222,6 +223,26 @@ std::vector<nlohmann::json> LinesOf(const std::string& type) {
     if (j.at("type") == type) out.push_back(std::move(j));
   }
   return out;
+}
+
+// PRISM_GATE_TOGGLE=2: after iteration mark m the units are gated when (m / 2) is even, and before the first mark;
+// the ungated ones still get their arrival stamp and their op line.
+TEST(ShimEvents, GateToggleSwitchesGatesAtIterationMarks) {
+  EventsRun run("gate_toggle", 0, 1, 2);
+  ASSERT_NE(run.comm, nullptr);
+  std::vector<float> buf(16);
+  std::vector<size_t> gates_after;
+  ASSERT_EQ(run.AllReduce(&buf, nullptr), ncclSuccess);
+  gates_after.push_back(run.gpu.gates.size());
+  for (int m = 0; m < 5; ++m) {
+    IterationMark(nullptr, 0);
+    ASSERT_EQ(run.AllReduce(&buf, nullptr), ncclSuccess);
+    gates_after.push_back(run.gpu.gates.size());
+  }
+  // Before mark 0: gated; after marks 0, 1: gated; after 2, 3: not; after 4: gated again.
+  EXPECT_EQ(gates_after, (std::vector<size_t>{1, 2, 3, 3, 3, 4}));
+  ASSERT_TRUE(run.Finish());
+  EXPECT_EQ(LinesOf("op").size(), 6u);
 }
 
 // Cross-stream dependencies: a stream that waits (cudaStreamWaitEvent) for an event recorded on another stream after

@@ -57,6 +57,11 @@ const Setting kSettings[] = {
     {"PRISM_KERNELS_TOGGLE", "0",
      "N > 0 with PRISM_KERNELS: recording is on for iterations [0, N), off for [N, 2N), on again ... (switched at "
      "the iteration marks), to measure the recording's cost within one run; 0: on throughout."},
+    {"PRISM_GATE_TOGGLE", "0",
+     "N > 0: units are gated for iterations [0, N), not gated for [N, 2N) (as PRISM_GATE=none), gated again ... "
+     "(switched at the iteration marks), to measure the gates' cost within one run; meaningful only where gates "
+     "release at once (every member real, e.g. world 1): elsewhere the ungated blocks run ahead of the virtual "
+     "ranks (docs/libprism.md \"Cost on a real rank\"). 0: gated throughout."},
 };
 const int kNumSettings = static_cast<int>(sizeof(kSettings) / sizeof(kSettings[0]));
 
@@ -216,6 +221,11 @@ void LoadConfig(EnvLookup lookup, Config* c) {
     else if (std::string(v) == "1") c->kernels = 1;
     else if (std::string(v) == "nvtx") c->kernels = 2;
     else c->errors.push_back(std::string("PRISM_KERNELS='") + v + "' is not 0, 1 or nvtx");
+  }
+  if (const char* v = lookup("PRISM_GATE_TOGGLE"); v && *v) {
+    if (!ParseInt(v, 0, 1 << 20, &c->gate_toggle)) {
+      c->errors.push_back(std::string("PRISM_GATE_TOGGLE='") + v + "' is not a number of iterations (0 or more)");
+    }
   }
   if (const char* v = lookup("PRISM_KERNELS_TOGGLE"); v && *v) {
     if (!ParseInt(v, 0, 1 << 20, &c->kernels_toggle)) {

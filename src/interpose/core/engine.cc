@@ -21,11 +21,15 @@
 #include "interpose/core/progress.h"
 #include "interpose/core/real_symbols.h"
 #include "interpose/core/recorded.h"
+#include "interpose/core/streams.h"
 #include "nccl_patch/exchange.h"
 #include "prism/ipc.h"
 
 namespace prism::interpose {
 namespace {
+
+// PRISM_GATE_TOGGLE's state: set at iteration marks (IterationMark), read per unit.
+std::atomic<bool> g_gates_toggled_off{false};
 
 using payload::OpKind;
 using payload::StepKind;
@@ -237,62 +241,6 @@ void LogOnce(std::atomic<bool>* flag, const std::string& what) {
   if (!flag->exchange(true)) Log("nccl")->warn("{}", what);
 }
 
-// Units issued per stream index so far (the next unit's OpEvent::stream_seq); streams past the table are not
-// counted (their units carry stream_seq 0 and no "wait" line names them).
-constexpr size_t kCountedStreams = 256;
-std::atomic<uint32_t> g_stream_units[kCountedStreams];
-
-struct StreamTable {
-  std::mutex mu;
-  std::vector<CUstream> seen;
-};
-StreamTable& Streams() {
-  static StreamTable* t = new StreamTable();  // Why leaked: used until exit
-  return *t;
-}
-
-// The index of a stream that carried a unit, or -1 (never adds one: only units number streams).
-int KnownStreamIndex(CUstream s) {
-  // Why a cache of hits only: torch records events on a few streams over and over (a hot path); an index, once
-  // given, never changes, while a stream unknown now may carry a unit later.
-  thread_local CUstream last = nullptr;
-  thread_local int last_idx = -1;
-  if (last_idx >= 0 && last == s) return last_idx;
-  StreamTable& t = Streams();
-  std::lock_guard<std::mutex> lock(t.mu);
-  for (size_t i = 0; i < t.seen.size() && i < kCountedStreams; ++i) {
-    if (t.seen[i] != s) continue;
-    last = s;
-    last_idx = static_cast<int>(i);
-    return last_idx;
-  }
-  return -1;
-}
-
-// Process-local index of a stream, in order of first use (event files: the graph's per-stream order).
-uint16_t StreamIndex(CUstream s) {
-  thread_local CUstream last = nullptr;
-  thread_local uint16_t last_idx = 0;
-  thread_local bool has_last = false;
-  if (has_last && last == s) return last_idx;
-  StreamTable& t = Streams();
-  std::vector<CUstream>* seen = &t.seen;
-  std::lock_guard<std::mutex> lock(t.mu);
-  size_t i = 0;
-  while (i < seen->size() && (*seen)[i] != s) ++i;
-  if (i == seen->size()) {
-    try {
-      seen->push_back(s);
-    } catch (...) {
-      return 0;
-    }
-  }
-  last = s;
-  last_idx = static_cast<uint16_t>(std::min<size_t>(i, 65535));
-  has_last = true;
-  return last_idx;
-}
-
 // The op line's description of a unit (emulated or passthrough): what it ran, on which communicator and stream,
 // and its position among that stream's units. `first` is its first operation, `seq` that operation's sequence.
 void FillUnitEvent(const OpCall& first, uint64_t seq, size_t n, bool mixed, uint64_t bytes, uint64_t dur,
@@ -314,7 +262,7 @@ void FillUnitEvent(const OpCall& first, uint64_t seq, size_t n, bool mixed, uint
   e->source = static_cast<uint8_t>(last.source);
   e->nops = static_cast<uint16_t>(std::min<size_t>(n, 65535));
   e->stream = StreamIndex(stream);
-  if (e->stream < kCountedStreams) e->stream_seq = g_stream_units[e->stream].fetch_add(1);
+  if (e->stream < kCountedStreams) e->stream_seq = StreamUnits(e->stream).fetch_add(1);
 }
 
 // The "ops" entry of operation `c` of a unit of several (the op line lists them: their peers, roots and sizes
@@ -629,7 +577,7 @@ class UnitRun {
   [[gnu::always_inline]] void TakeSlot() {
     slot_ = NextSlot();
     ticket_ = NextTicket();
-    gated_ = cfg_.gate != GateKind::kNone && !capturing_;
+    gated_ = cfg_.gate != GateKind::kNone && !capturing_ && !g_gates_toggled_off.load(std::memory_order_relaxed);
     *gpu_.ArrivalWord(slot_) = 0;
     // The arrival stamp rides on the first payload step (one launch); earlier operations of the unit have none.
     stamped_ = capturing_;
@@ -1200,6 +1148,21 @@ ncclResult_t RedOpDestroy(ncclRedOp_t op, Comm* comm) {
   return ncclSuccess;
 }
 
+namespace {
+// PRISM_GATE_TOGGLE=N: after mark `it`, units are gated when (it / N) is even (the convention of
+// PRISM_KERNELS_TOGGLE: tests/gpu/overhead_toggle.sh pools iteration times by block).
+void GateToggleAtIteration(uint32_t it) {
+  const Config& cfg = Cfg();
+  if (cfg.gate_toggle <= 0) return;
+  const bool off = (it / static_cast<uint32_t>(cfg.gate_toggle)) % 2 == 1;
+  if (g_gates_toggled_off.exchange(off, std::memory_order_relaxed) == off) return;
+  static std::atomic<bool> warned{false};
+  if (cfg.world_size > 1 && !warned.exchange(true))
+    Log("interpose")->warn("PRISM_GATE_TOGGLE at world {}: ungated blocks run ahead of the virtual ranks", cfg.world_size);
+  Log("interpose")->info("PRISM_GATE_TOGGLE: units {} from iteration {}", off ? "not gated" : "gated", it + 1);
+}
+}  // namespace
+
 int IterationMark(cudaStream_t stream, uint64_t torch_max_allocated) {
   static std::atomic<uint32_t> next{0};
   EventLogStart();
@@ -1214,6 +1177,7 @@ int IterationMark(cudaStream_t stream, uint64_t torch_max_allocated) {
   }
   LogIteration(it, word, HostNowNs(), torch_max_allocated, KnownStreamIndex(reinterpret_cast<CUstream>(stream)));
   KernelTraceAtIteration(it);
+  GateToggleAtIteration(it);
   return static_cast<int>(it);
 }
 
@@ -1236,108 +1200,6 @@ uint64_t UnitsExecuted() { return St().units.load(); }
 void ResetStatsForTest() {
   for (auto& h : St().hist) h.store(0);
   St().units.store(0);
-}
-
-// Cross-stream dependencies (engine.h). Events are reused (torch pools them): a record always overwrites it with
-// the recording stream's points, and a record that carries none forgets the event.
-namespace {
-// Points a stream depends on: per unit stream, the last of its units (max), at most kMaxPoints streams (a job has a
-// handful of communicator streams; past that the oldest dependencies are dropped, which only loses graph edges).
-struct Points {
-  static constexpr size_t kMaxPoints = 12;
-  uint8_t n = 0;
-  std::array<std::pair<uint16_t, uint32_t>, kMaxPoints> p{};
-  void Merge(uint16_t stream, uint32_t unit) {
-    for (size_t i = 0; i < n; ++i) {
-      if (p[i].first != stream) continue;
-      p[i].second = std::max(p[i].second, unit);
-      return;
-    }
-    if (n < kMaxPoints) {
-      p[n++] = {stream, unit};
-    } else {
-      std::move(p.begin() + 1, p.end(), p.begin());
-      p[kMaxPoints - 1] = {stream, unit};
-    }
-  }
-};
-struct EventPoints {
-  std::mutex mu;
-  std::unordered_map<cudaEvent_t, Points> at;         // event -> the points its record carries
-  std::unordered_map<CUstream, Points> of_stream;     // stream -> the points it has waited for
-  std::map<std::pair<uint16_t, uint16_t>, uint32_t> last_wait;  // (waiting stream, on) -> last `after` logged
-};
-EventPoints& EventPointTable() {
-  static EventPoints* p = new EventPoints();  // Why leaked: used until exit
-  return *p;
-}
-}  // namespace
-
-void NoteEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  if (event == nullptr) return;
-  const auto s = reinterpret_cast<CUstream>(stream);
-  const int idx = KnownStreamIndex(s);
-  const uint32_t units = idx >= 0 ? g_stream_units[idx].load(std::memory_order_relaxed) : 0;
-  EventPoints& t = EventPointTable();
-  std::lock_guard<std::mutex> lock(t.mu);
-  Points pts;
-  auto own = t.of_stream.find(s);
-  if (own != t.of_stream.end()) pts = own->second;
-  if (units > 0) pts.Merge(static_cast<uint16_t>(idx), units - 1);
-  if (pts.n == 0) {
-    t.at.erase(event);
-    return;
-  }
-  try {
-    t.at[event] = pts;
-  } catch (...) {
-  }
-}
-
-void NoteEventDestroy(cudaEvent_t event) {
-  if (event == nullptr) return;
-  EventPoints& t = EventPointTable();
-  std::lock_guard<std::mutex> lock(t.mu);
-  t.at.erase(event);
-}
-
-size_t EventPointsForTest() {
-  EventPoints& t = EventPointTable();
-  std::lock_guard<std::mutex> lock(t.mu);
-  return t.at.size();
-}
-
-void NoteStreamWaitEvent(cudaStream_t stream, cudaEvent_t event) {
-  if (event == nullptr) return;
-  const auto s = reinterpret_cast<CUstream>(stream);
-  const int idx = KnownStreamIndex(s);
-  Points to_log;
-  {
-    EventPoints& t = EventPointTable();
-    std::lock_guard<std::mutex> lock(t.mu);
-    auto it = t.at.find(event);
-    if (it == t.at.end()) return;
-    const Points pts = it->second;
-    try {
-      Points& mine = t.of_stream[s];
-      for (size_t i = 0; i < pts.n; ++i) {
-        const auto [on, after] = pts.p[i];
-        if (static_cast<int>(on) == idx) continue;
-        mine.Merge(on, after);
-        if (idx < 0) continue;
-        // Why only new points: torch makes a stream wait for the same point again and again (one line per dependency).
-        auto [last, fresh] = t.last_wait.try_emplace({static_cast<uint16_t>(idx), on}, after);
-        if (!fresh && last->second >= after) continue;
-        last->second = after;
-        to_log.Merge(on, after);
-      }
-    } catch (...) {
-      return;
-    }
-  }
-  if (idx < 0) return;
-  const uint32_t next = g_stream_units[idx].load(std::memory_order_relaxed);
-  for (size_t i = 0; i < to_log.n; ++i) LogWait(static_cast<uint16_t>(idx), next, to_log.p[i].first, to_log.p[i].second);
 }
 
 }  // namespace prism::interpose
