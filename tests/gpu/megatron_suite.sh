@@ -153,7 +153,7 @@ megatron_fill_contrast() {
 # both simulated iteration times (MOE_MODES="plain routing" by default; MOE_ITERS 5). --disable-bias-linear: Megatron's MoE experts apply the router's probabilities in a
 # weighted SwiGLU fusion that refuses a bias (it raises NotImplementedError). After the routing collect,
 # rank MOE_GRAPH_RANK (default 0; none: skip) runs against its graph with its expert-parallel peers virtual
-# (docs/status.md limitation 3: its all-to-all's copies to itself are not numbered, so its releases follow the graph):
+# (docs/collect.md, "--real-routing": its all-to-all's copies to itself are not numbered, so its releases follow the graph):
 # the detail gets its "emulated vs simulate(graph)" and "graph replay" lines (0 blocked, 0 unmatched expected).
 megatron_moe_collect() {
   local name=megatron_w16_moe_collect ok=0 mode

@@ -9,7 +9,7 @@ blocks at the dump minus the trace's net change), finds the peak, and prints the
 the innermost frame in the job's code (megatron/, pretrain_gpt) and the innermost frame of all. torch counts a block
 as allocated until its free is requested (free_requested), so that is when it leaves the sum here too; bytes whose
 free was requested but not completed at the peak (a tensor recorded on another stream) are printed apart.
-Used by the megatron suite's MEM_SNAPSHOT=1 (docs/status.md limitation 3: the MoE collect's ~55 MB transient).
+Used by the megatron suite's MEM_SNAPSHOT=1 (it placed the MoE collect's 63.5 MB transient: a cold torch.compile; docs/cli.md "Environment").
 """
 import collections
 import pickle

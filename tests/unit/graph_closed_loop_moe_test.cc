@@ -4,7 +4,7 @@
 // all-to-all is torch's grouped send/recv: each unit holds a send to and a receive from the rank itself, a local copy
 // that the graph leaves out and libprism does not number; one unit holds only that copy. Every release must be the
 // one the graph gives (hand-computed below, and the node-level closed loop's end), which holds only when the rank's
-// n-th numbered operation on the ep communicator is the graph's n-th node there (docs/status.md limitation 3).
+// n-th numbered operation on the ep communicator is the graph's n-th node there (docs/collect.md, "--real-routing").
 #include <nccl.h>
 #include <unistd.h>
 
