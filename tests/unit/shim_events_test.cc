@@ -169,7 +169,7 @@ struct EventsRun {
   testing::FakeGpu gpu;
   std::filesystem::path dir;
   Comm* comm = nullptr;
-  EventsRun(const std::string& tag, int rank, int nranks, int gate_toggle = 0) {
+  EventsRun(const std::string& tag, int rank, int nranks, int gate_toggle = 0, double fixed_dur_us = 10) {
     SetGpuForTest(&gpu);
     dir = std::filesystem::temp_directory_path() / ("prism_events_" + tag + "_" + std::to_string(getpid()));
     std::filesystem::create_directories(dir);
@@ -177,7 +177,7 @@ struct EventsRun {
     c.rank = rank;
     c.world_size = nranks;
     c.real_ranks = {rank};
-    c.fixed_dur_us = 10;
+    c.fixed_dur_us = fixed_dur_us;
     c.out_dir = dir.string();
     c.gate_toggle = gate_toggle;
     SetConfigForTest(c);
@@ -223,6 +223,30 @@ std::vector<nlohmann::json> LinesOf(const std::string& type) {
     if (j.at("type") == type) out.push_back(std::move(j));
   }
   return out;
+}
+
+// A unit released here at its own arrival (world 1: the cost model gives a one-member communicator 0) holds no gate:
+// its op line still has the arrival, and its release is that arrival. One of a larger communicator is gated.
+TEST(ShimEvents, AUnitOfDurationZeroReleasedHereHoldsNoGate) {
+  {
+    EventsRun run("nogate", 0, 1, 0, -1);
+    ASSERT_NE(run.comm, nullptr);
+    std::vector<float> buf(16);
+    ASSERT_EQ(run.AllReduce(&buf, nullptr), ncclSuccess);
+    EXPECT_EQ(run.gpu.gates.size(), 0u);
+    ASSERT_TRUE(run.Finish());
+    std::vector<nlohmann::json> ops = LinesOf("op");
+    ASSERT_EQ(ops.size(), 1u);
+    EXPECT_GT(ops[0].at("arrival_ns").get<uint64_t>(), 0u);
+    EXPECT_EQ(ops[0].at("release_ns"), ops[0].at("arrival_ns"));
+    EXPECT_FALSE(ops[0].contains("opened_ns")) << "no gate was opened";
+  }
+  EventsRun run("gate", 0, 4, 0, -1);
+  ASSERT_NE(run.comm, nullptr);
+  std::vector<float> buf(16);
+  ASSERT_EQ(run.AllReduce(&buf, nullptr), ncclSuccess);
+  EXPECT_EQ(run.gpu.gates.size(), 1u);
+  ASSERT_TRUE(run.Finish());
 }
 
 // PRISM_GATE_TOGGLE=2: after iteration mark m the units are gated when (m / 2) is even, and before the first mark;

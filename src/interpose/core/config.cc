@@ -59,9 +59,9 @@ const Setting kSettings[] = {
      "the iteration marks), to measure the recording's cost within one run; 0: on throughout."},
     {"PRISM_GATE_TOGGLE", "0",
      "N > 0: units are gated for iterations [0, N), not gated for [N, 2N) (as PRISM_GATE=none), gated again ... "
-     "(switched at the iteration marks), to measure the gates' cost within one run; meaningful only where gates "
-     "release at once (every member real, e.g. world 1): elsewhere the ungated blocks run ahead of the virtual "
-     "ranks (docs/libprism.md \"Cost on a real rank\"). 0: gated throughout."},
+     "(switched at the iteration marks), to measure the gates' cost within one run (tests/gpu/overhead_toggle.sh: "
+     "world 1, PRISM_FIXED_DUR_US=0.001); where virtual ranks decide releases the ungated blocks run ahead of them "
+     "(docs/libprism.md \"Cost on a real rank\"). 0: gated throughout."},
 };
 const int kNumSettings = static_cast<int>(sizeof(kSettings) / sizeof(kSettings[0]));
 

@@ -640,6 +640,23 @@ class UnitRun {
     }
   }
 
+  // The unit's duration at the target scale and whether the coordinator releases it. Why no gate for a unit
+  // released here at its own arrival (duration 0: a communicator of one member, copies to itself): the gate would
+  // open at the arrival at the earliest, so it can only add the progress thread's round trip, and where the job
+  // runs with CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron) a held stream holds every stream behind it. Exchanged
+  // operations keep theirs (the host-side exchange orders them).
+  [[gnu::always_inline]] void Time() {
+    time_ = TimeUnit(prep_, cfg_);
+    const Prepared& lead = prep_[LeadOf(prep_.data(), prep_.size(), [](const Prepared& p) { return p.seq; })];
+    // Why not through the coordinator for an exchanged p2p unit: release matching is by communicator sequence, which
+    // two sides of a pipeline need not share; the exchange already waited for the real peer's data. A unit of only
+    // copies to itself is no communication: released locally too.
+    via_coordinator_ = lead.call.comm->use_coordinator && !p2p_only_exchange_ && lead.seq != kNoSeq;
+    bool exchanged = false;
+    for (const Prepared& p : prep_) exchanged = exchanged || p.xkind != XKind::kNone;
+    if (time_.dur == 0 && !via_coordinator_ && !exchanged) gated_ = false;
+  }
+
   // The arrival stamp when no step carried it, the gate, and the stamp after it (PRISM_GATE_OPEN_STAMPS). On a
   // CUDA error the gate is opened and the error returned.
   [[gnu::always_inline]] ncclResult_t EnqueueGate() {
@@ -661,9 +678,8 @@ class UnitRun {
 
   // The unit to the progress thread (or held for GroupEnd), counted.
   [[gnu::always_inline]] void Release() {
-    const UnitTime t = TimeUnit(prep_, cfg_);
     GateUnit u;
-    Describe(t, &u);
+    Describe(time_, &u);
     const bool xsends = CountExchanged(&u);
     HoldOrPush(u, xsends);
     Count();
@@ -771,7 +787,6 @@ class UnitRun {
   void Describe(const UnitTime& t, GateUnit* u) const {
     // The unit is named by its first numbered operation (a unit of only copies to itself has none).
     const size_t lead = LeadOf(prep_.data(), prep_.size(), [](const Prepared& p) { return p.seq; });
-    const bool numbered = prep_[lead].seq != kNoSeq;
     const Comm* c0 = prep_[lead].call.comm;
     u->slot = slot_;
     u->ticket = ticket_;
@@ -781,10 +796,7 @@ class UnitRun {
     u->release_lat_ns = !gated_ ? 0
                        : cfg_.gate == GateKind::kSpin ? gpu_.SpinReleaseNs(c0->spin_ctas)
                                                       : gpu_.WaitReleaseNs();
-    // Why not through the coordinator for an exchanged p2p unit: release matching is by communicator sequence, which
-    // two sides of a pipeline need not share; the exchange already waited for the real peer's data. A unit of only
-    // copies to itself is no communication: released locally too.
-    u->via_coordinator = c0->use_coordinator && !p2p_only_exchange_ && numbered;
+    u->via_coordinator = via_coordinator_;
     u->coord_comm_id = c0->coord_comm_id;
     u->comm_ops = 0;
     for (const Prepared& p : prep_) u->comm_ops += p.call.comm == c0 && p.seq != kNoSeq ? 1 : 0;
@@ -839,6 +851,8 @@ class UnitRun {
   uint32_t slot_ = 0, ticket_ = 0;
   uint32_t open_slot_ = UINT32_MAX;  // PRISM_GATE_OPEN_STAMPS: the slot stamped after the gate
   bool gated_ = false;
+  UnitTime time_;
+  bool via_coordinator_ = false;
   bool stamped_ = false;  // the unit's arrival stamp is on the stream
   bool p2p_only_exchange_ = false;  // real data and only p2p operations: the unit is released locally
   CUresult r_ = CUDA_SUCCESS;
@@ -859,6 +873,7 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
   run.Exchange();
   run.ApplyRecorded();
   run.RunSteps();
+  run.Time();
   if (const ncclResult_t enqueued = run.EnqueueGate(); enqueued != ncclSuccess) return enqueued;
   if (run.capturing()) return ncclSuccess;
   run.Release();
