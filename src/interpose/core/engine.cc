@@ -647,7 +647,8 @@ class UnitRun {
   // operations keep theirs (the host-side exchange orders them).
   [[gnu::always_inline]] void Time() {
     time_ = TimeUnit(prep_, cfg_);
-    const Prepared& lead = prep_[LeadOf(prep_.data(), prep_.size(), [](const Prepared& p) { return p.seq; })];
+    lead_ = LeadOf(prep_.data(), prep_.size(), [](const Prepared& p) { return p.seq; });
+    const Prepared& lead = prep_[lead_];
     // Why not through the coordinator for an exchanged p2p unit: release matching is by communicator sequence, which
     // two sides of a pipeline need not share; the exchange already waited for the real peer's data. A unit of only
     // copies to itself is no communication: released locally too.
@@ -786,7 +787,7 @@ class UnitRun {
   // The gate unit: slot, ticket, duration, how it is released, and its op line.
   void Describe(const UnitTime& t, GateUnit* u) const {
     // The unit is named by its first numbered operation (a unit of only copies to itself has none).
-    const size_t lead = LeadOf(prep_.data(), prep_.size(), [](const Prepared& p) { return p.seq; });
+    const size_t lead = lead_;  // Time() found it
     const Comm* c0 = prep_[lead].call.comm;
     u->slot = slot_;
     u->ticket = ticket_;
@@ -852,6 +853,7 @@ class UnitRun {
   uint32_t open_slot_ = UINT32_MAX;  // PRISM_GATE_OPEN_STAMPS: the slot stamped after the gate
   bool gated_ = false;
   UnitTime time_;
+  size_t lead_ = 0;  // the operation the unit is named by (LeadOf)
   bool via_coordinator_ = false;
   bool stamped_ = false;  // the unit's arrival stamp is on the stream
   bool p2p_only_exchange_ = false;  // real data and only p2p operations: the unit is released locally
