@@ -7,6 +7,12 @@
 #     natively at COST_ITERS and 2 x COST_ITERS iterations; the difference over the extra iterations.
 #  3. The estimate: sum over ops of (virtualised - native ns) x calls per iteration, over the native iteration time
 #     (Megatron's own "elapsed time per iteration", median after the first 3).
+#  4. World 64 (COST_W64=1, the default; 0 skips it): rank 0 of the medium GPT at world 64 (8 x 8, tp 2, pp 2, global
+#     batch 64) under `prism-run --policy mirror --ranks 0`, its communicators emulated, the counter preloaded after
+#     libprism at COST_ITERS and 2 x COST_ITERS iterations: the runtime calls libprism forwards (a virtualised rank
+#     answers cudaGetDevice itself, so that saving is not counted: an upper bound), the units (collectives and
+#     groups) per iteration and libprism's host time per unit (the event file's bye host_ns median, counted whole
+#     although it replaces NCCL's own enqueue time: an upper bound), over rank 0's iteration (report.json).
 # Needs: PRISM_BUILD with bin/libprism_cost_bench, lib/libprism_call_count.so, lib/libcudart.so.13 (the bench's),
 # lib/libprism.so. Writes OUT/cost.txt (the table) and the logs.
 #   tests/gpu/libprism_cost.sh OUT
@@ -30,8 +36,18 @@ for n in "$iters" $((2 * iters)); do
   (cd "$MEGATRON" && PRISM_CALL_COUNT_OUT=$out/calls.$n.txt LD_PRELOAD=$count timeout 200 "$PYTHON" \
      -m torch.distributed.run --nproc-per-node 1 "${job[@]}" --train-iters "$n") > "$out/megatron.$n.log" 2>&1
 done
+if [ "${COST_W64:-1}" = 1 ]; then
+  w64=(torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_MEDIUM_ARGS[@]}" --tensor-model-parallel-size 2
+       --pipeline-model-parallel-size 2 --global-batch-size 64)
+  for n in "$iters" $((2 * iters)); do
+    rm -rf "$out/w64.$n" "$out/w64calls.$n.txt"
+    (cd "$MEGATRON" && PRISM_CALL_COUNT_OUT=$out/w64calls.$n.txt LD_PRELOAD=$count timeout 240 "$PRISM_BUILD/bin/prism-run" \
+       --policy mirror --ranks 0 --out "$out/w64.$n" --quiet "${w64[@]}" --train-iters "$n") > "$out/w64.$n.log" 2>&1
+    cat "$out/w64.$n/logs/rank0.log" >> "$out/w64.$n.log" 2>/dev/null
+  done
+fi
 "$PYTHON" - "$out" "$reps" "$iters" > "$out/cost.txt" <<'EOF'
-import re, statistics, sys
+import os, re, statistics, sys
 out, reps, iters = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def bench(kind):
     per = {}
@@ -43,15 +59,21 @@ def bench(kind):
         except OSError:
             pass
     return {op: statistics.median(v) for op, v in per.items()}
-def calls(n):
-    best = {}
+def calls(n, prefix="calls"):  # the process that made the most calls (the rank, not its launcher)
+    best, most = {}, -1
     try:
-        for l in open(f"{out}/calls.{n}.txt"):
-            d = dict(kv.split("=") for kv in l.split()[1:])
-            if int(d.get("cudaLaunchKernel", 0)) >= int(best.get("cudaLaunchKernel", -1)): best = d
+        for l in open(f"{out}/{prefix}.{n}.txt"):
+            d = {k: int(v) for k, v in (kv.split("=") for kv in l.split()[1:]) if k != "pid"}
+            if sum(d.values()) > most: best, most = d, sum(d.values())
     except OSError:
         pass
-    return {k: int(v) for k, v in best.items() if k != "pid"}
+    return best
+def per_iter(op, c1, c2):
+    if not (c1 and c2): return float("nan")
+    if op == "cudaMalloc+cudaFree": return (c2.get("cudaMalloc", 0) - c1.get("cudaMalloc", 0)) / iters
+    n = (c2.get(op, 0) - c1.get(op, 0)) / iters
+    if op == "cudaEventRecord": n += (c2.get("cudaEventRecordWithFlags", 0) - c1.get("cudaEventRecordWithFlags", 0)) / iters
+    return n
 def iter_ms(n):
     t = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", open(f"{out}/megatron.{n}.log").read())]
     return statistics.median(t[3:]) if len(t) > 4 else None
@@ -61,16 +83,46 @@ it = iter_ms(2 * iters)
 print(f"{'op':26s} {'native ns':>10s} {'preload ns':>10s} {'virtual ns':>10s} {'added ns':>9s} {'calls/iter':>10s} {'added us/iter':>13s}")
 total_ns = 0.0
 for op in nat:
-    per_iter = (c2.get(op, 0) - c1.get(op, 0)) / iters if c1 and c2 else float("nan")
-    if op == "cudaEventRecord": per_iter += (c2.get("cudaEventRecordWithFlags", 0) - c1.get("cudaEventRecordWithFlags", 0)) / iters
-    if op == "cudaMalloc+cudaFree": per_iter = (c2.get("cudaMalloc", 0) - c1.get("cudaMalloc", 0)) / iters
+    n = per_iter(op, c1, c2)
     added = vir.get(op, float("nan")) - nat[op]
-    us = added * per_iter / 1e3
-    if us == us: total_ns += added * per_iter
-    print(f"{op:26s} {nat[op]:10.1f} {pre.get(op, float('nan')):10.1f} {vir.get(op, float('nan')):10.1f} {added:9.1f} {per_iter:10.1f} {us:13.2f}")
+    us = added * n / 1e3
+    if us == us: total_ns += added * n
+    print(f"{op:26s} {nat[op]:10.1f} {pre.get(op, float('nan')):10.1f} {vir.get(op, float('nan')):10.1f} {added:9.1f} {n:10.1f} {us:13.2f}")
+summary = []
 if it:
-    print(f"native iteration {it:.2f} ms (median of iterations 4-{2*iters}); added {total_ns/1e6:.4f} ms per iteration = {100*total_ns/1e6/it:.3f} % (runtime calls only; collectives: the shim suite's host cost per collective)")
+    summary.append(f"world 1: native iteration {it:.2f} ms (median of iterations 4-{2*iters}); runtime calls add {total_ns/1e6:.4f} ms per iteration = {100*total_ns/1e6/it:.3f} % (collectives at world 1: one-member, duration 0, no gate; host cost in the pairs' bye lines)")
 else:
-    print("no Megatron iteration times (see megatron.*.log)")
+    summary.append("world 1: no Megatron iteration times (see megatron.*.log)")
+def w64_run(n):  # (units, gated units, bye host_ns, iteration s) of rank 0's run of n iterations
+    import json
+    units = gated = 0; host = None
+    try:
+        for l in open(f"{out}/w64.{n}/rank0.events.jsonl"):
+            e = json.loads(l)
+            if e.get("type") == "op":
+                units += 1; gated += "opened_ns" in e
+            elif e.get("type") == "bye":
+                host = e.get("host_ns")
+        it_s = json.load(open(f"{out}/w64.{n}/report.json")).get("iteration_time_s")
+    except (OSError, ValueError):
+        return None
+    return units, gated, host, it_s
+r1, r2 = w64_run(iters), w64_run(2 * iters)
+if r1 and r2 and r2[2] and r2[3]:
+    w1, w2 = calls(iters, "w64calls"), calls(2 * iters, "w64calls")
+    calls_ns = 0.0
+    print("world 64, rank 0 (tp 2, pp 2; calls libprism forwards):")
+    for op in nat:
+        n = per_iter(op, w1, w2); added = vir.get(op, float("nan")) - nat[op]
+        if n == n and added == added and op != "cudaGetDevice": calls_ns += added * n
+        print(f"  {op:26s} added {added:9.1f} ns x {n:10.1f} per iteration")
+    units = (r2[0] - r1[0]) / iters; gated = (r2[1] - r1[1]) / iters; host = r2[2]
+    it64 = r2[3] * 1e3
+    unit_ns = units * host["p50"]
+    tot = calls_ns + unit_ns
+    summary.append(f"world 64: rank 0 iteration {it64:.2f} ms (prism's report); {units:.1f} units per iteration ({gated:.1f} gated), libprism's host time per unit median {host['p50']} ns (p90 {host['p90']}); runtime calls {calls_ns/1e6:.4f} ms + units {unit_ns/1e6:.4f} ms = {tot/1e6:.4f} ms per iteration = {100*tot/1e6/it64:.3f} % (upper bound)")
+elif os.environ.get("COST_W64", "1") == "1":
+    summary.append("world 64: no result (see w64.*.log)")
+for l in summary: print(l)
 EOF
 cat "$out/cost.txt"

@@ -9,7 +9,9 @@
 # PAIRS_VARIANT=eager: the second side is native too, with CUDA_MODULE_LOADING=EAGER (what prism-run sets for its
 # workers that share a GPU: docs/cli.md), to tell that setting's cost from libprism's. PAIRS_VARIANT=nopreload: the
 # second side is `prism-run --no-preload` (prism-run's launch and environment without libprism), to tell the launch's
-# cost from libprism's.
+# cost from libprism's. PAIRS_VARIANT=libprism: the first side is `prism-run --no-preload` instead of native, so that
+# the ratio is libprism's alone (the same launcher and environment on both sides: TORCH_NCCL_* settings, the compile
+# cache, OMP_NUM_THREADS; docs/cli.md "Environment prism sets").
 # Writes OUT/pairs.txt (the table; its last line the summary) and each run's log.
 set -uo pipefail
 out=$(realpath -m "${1:?usage: overhead_pairs.sh OUT}"); mkdir -p "$out"
@@ -21,7 +23,12 @@ source tests/gpu/megatron_env.sh
 job=(pretrain_gpt.py "${MEGATRON_MEDIUM_ARGS[@]}" --global-batch-size 8 --train-iters "$iters")
 run() {  # KIND PAIR
   local log=$out/$1.$2.log
-  case $1 in
+  local kind=$1
+  [ "$kind" = native ] && [ "${PAIRS_VARIANT:-}" = libprism ] && kind=noprism
+  case $kind in
+    noprism) (cd "$MEGATRON" && timeout 300 "$PRISM_RUN" --policy mirror --ranks 0 --no-preload --out "$out/native.$2" --quiet \
+                torchrun --nproc-per-node 1 "${job[@]}") > "$log" 2>&1
+             cat "$out/native.$2"/logs/rank0.log >> "$log" 2>/dev/null ;;
     native) rm -rf "$out/compile-cache"  # cold, as prism-run's workers compile (docs/cli.md "Environment")
             (cd "$MEGATRON" && TORCHINDUCTOR_CACHE_DIR=$out/compile-cache/inductor \
               TRITON_CACHE_DIR=$out/compile-cache/triton timeout 300 "$PYTHON" -m torch.distributed.run --nproc-per-node 1 "${job[@]}") \
@@ -55,7 +62,20 @@ rows = []
 for p in range(1, pairs + 1):
     n, q = med(os.path.join(out, "native.%d.log" % p)), med(os.path.join(out, "prism.%d.log" % p))
     rows.append((p, n, q, q / n if n == n and q == q and n > 0 else float("nan")))
-print("%-5s %12s %12s %8s" % ("pair", "native ms", "prism ms", "ratio"))
+def host_ns(p):  # libprism's host time per unit on the prism side (the event file's bye line), when it ran
+    import json
+    try:
+        for l in open(os.path.join(out, "prism.%d" % p, "rank0.events.jsonl")):
+            if '"bye"' in l: return json.loads(l).get("host_ns")
+    except (OSError, ValueError):
+        return None
+hosts = [h for h in (host_ns(p) for p in range(1, pairs + 1)) if h]
+if hosts:
+    print("libprism host time per unit (prism side): median %s ns, p90 %s ns over %s units (per run: %s)" % (
+        statistics.median(h["p50"] for h in hosts), statistics.median(h["p90"] for h in hosts),
+        statistics.median(h["units"] for h in hosts), " ".join(str(h["p50"]) for h in hosts)))
+base = "prism-run --no-preload" if os.environ.get("PAIRS_VARIANT") == "libprism" else "native"
+print("%-5s %12s %12s %8s   (first side: %s)" % ("pair", "native ms", "prism ms", "ratio", base))
 for p, n, q, r in rows:
     print("%-5d %12.2f %12.2f %8.4f" % (p, n, q, r))
 ratios = sorted(r for *_, r in rows if r == r)

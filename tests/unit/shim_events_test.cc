@@ -105,6 +105,12 @@ TEST(ShimEvents, FileHasEveryKindOfLine) {
   ASSERT_GE(by_type["mem"].size(), 1u);
   EXPECT_EQ(by_type["mem"].back().at("peak_bytes"), 4096);
   ASSERT_EQ(by_type["bye"].size(), 1u);
+  // libprism's host time per unit, so that a run's cost per collective can be read from its file.
+  const nlohmann::json& bye = by_type["bye"][0];
+  ASSERT_TRUE(bye.contains("host_ns")) << bye.dump();
+  EXPECT_GE(bye.at("host_ns").at("units").get<uint64_t>(), 1u);
+  EXPECT_GT(bye.at("host_ns").at("p50").get<uint64_t>(), 0u);
+  EXPECT_LE(bye.at("host_ns").at("p50").get<uint64_t>(), bye.at("host_ns").at("p90").get<uint64_t>());
   std::filesystem::remove_all(dir);
 }
 

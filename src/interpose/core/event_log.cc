@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "interpose/core/config.h"
 #include "interpose/core/coord_client.h"
+#include "interpose/core/engine.h"
 #include "interpose/core/gpu.h"
 #include "interpose/core/memory.h"
 #include "interpose/core/recorded.h"
@@ -372,9 +373,17 @@ void EventLogStop() {
                   static_cast<unsigned long long>(rs.written), static_cast<unsigned long long>(rs.hits),
                   static_cast<unsigned long long>(rs.misses), static_cast<unsigned long long>(rs.mismatches),
                   static_cast<unsigned long long>(rs.over_limit));
-  std::fprintf(w.file, "{\"type\":\"bye\",\"t_ns\":%llu,\"peak_bytes\":%llu%s}\n",
+  // libprism's own host time per executed unit (what a real rank pays per collective on its thread; sampled, see
+  // engine.cc), so that a run's cost can be read from its event file (tests/gpu/libprism_cost.sh).
+  char host[128] = "";
+  const uint64_t units = UnitsExecuted(), p50 = HostOverheadQuantileNs(0.5);
+  if (units > 0 && p50 > 0)  // p50 is 0 while no unit was sampled
+    std::snprintf(host, sizeof host, ",\"host_ns\":{\"units\":%llu,\"p50\":%llu,\"p90\":%llu}",
+                  static_cast<unsigned long long>(units), static_cast<unsigned long long>(p50),
+                  static_cast<unsigned long long>(HostOverheadQuantileNs(0.9)));
+  std::fprintf(w.file, "{\"type\":\"bye\",\"t_ns\":%llu,\"peak_bytes\":%llu%s%s}\n",
                static_cast<unsigned long long>(HostNowNs()), static_cast<unsigned long long>(memory::PeakBytes()),
-               recorded);
+               recorded, host);
   std::fclose(w.file);
   w.file = nullptr;
 }
