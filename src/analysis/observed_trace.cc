@@ -17,6 +17,7 @@
 
 #include "analysis/class_key.h"
 #include "analysis/megatron_membership.h"
+#include "analysis/observed_trace_builder.h"
 #include "prism/events.h"
 #include "prism/limits.h"
 #include "replay/trace_io.h"
@@ -27,25 +28,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using trace::CollOp;
-using trace::DType;
-using trace::Node;
-using trace::NodeKind;
 
 std::string Join(const std::vector<int>& v, size_t max_items = 8) {
   std::string s;
   for (size_t i = 0; i < v.size() && i < max_items; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
   if (v.size() > max_items) s += ", ...";
-  return s;
-}
-
-// Megatron group descriptions compare without case and without a trailing "_GROUP".
-std::string NormDesc(std::string_view d) {
-  std::string s(d);
-  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  constexpr std::string_view kSuffix = "_GROUP";
-  if (s.size() > kSuffix.size() && s.compare(s.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0)
-    s.resize(s.size() - kSuffix.size());
   return s;
 }
 
@@ -57,122 +44,6 @@ std::string SlotLabel(std::string_view s) {
   return out.empty() ? std::string("comm") : out;
 }
 
-// How a communicator of the class representative generalises to every rank of its class.
-struct Family {
-  enum Type { kWorld, kGroup, kMoved } type = kMoved;
-  std::string kind;          // kGroup: world::Group::kind
-  std::string desc;          // trace::Comm::desc
-  std::vector<int> members;  // the representative's (global ranks, communicator order)
-  int position = -1;         // the representative's communicator rank
-  std::string slot;          // slot name in the class
-};
-
-// One trace node to be, from (part of) an op line.
-struct Piece {
-  NodeKind kind = NodeKind::kInvalid;
-  CollOp op = CollOp::kInvalid;
-  int64_t comm_id = -1;
-  int64_t seq = -1;
-  uint64_t bytes = 0;
-  DType dtype = DType::kInvalid;
-  int32_t peer = -1;
-  int32_t root = -1;
-};
-
-// Where a unit ends on its stream: its release, or when its gate opened if that was later (the release time came
-// late: the coordinator's decision under --graph), never before its arrival. That lateness is the communication
-// node's, not the next compute node's.
-int64_t UnitEnd(const ObservedOp& op) {
-  return std::max({op.release_ns, op.arrival_ns, op.opened_ns});
-}
-
-struct Unit {
-  const ObservedOp* op = nullptr;
-  int64_t iter = 0;
-  std::vector<Piece> pieces;
-  // Sends and receives to the rank itself: no nodes. Their seq is -1 (libprism does not number them); in files
-  // written before that they have one, and count in the sequence check.
-  std::vector<Piece> local;
-};
-
-// A built unit, for the event file's "wait" lines: its nodes and the compute nodes of the gap that ends where it
-// arrives (one, or several when the gap crosses iteration marks; none when it followed the previous unit at once).
-struct UnitNodes {
-  struct GapPiece {
-    uint32_t id = 0;
-    int64_t from = 0, to = 0;
-    bool own_mark = false;  // ends at an iteration mark stamped on this stream: the stream did this work in order
-  };
-  std::vector<uint32_t> ids;
-  int64_t arrival = 0, release = 0;
-  std::vector<GapPiece> gap;
-  size_t waitable = 0;  // first piece a wait can sit in: after the last one that ends at this stream's own mark
-};
-
-// Lookup tables over world::World's groups: kind -> (rank -> group index).
-class GroupIndex {
- public:
-  explicit GroupIndex(const world::World& w) : w_(w) {
-    for (const world::Group& g : w.MegatronGroups()) {
-      if (g.backend != "nccl") continue;
-      std::string n = NormDesc(g.desc);
-      if (!by_desc_.count(n)) by_desc_[n] = g.kind;
-    }
-  }
-  // Index of the `kind` group containing `rank` in Groups(kind), -1 when none.
-  int IndexOf(const std::string& kind, int rank) {
-    const Table& t = TableOf(kind);
-    return rank >= 0 && rank < static_cast<int>(t.of_rank.size()) ? t.of_rank[rank] : -1;
-  }
-  const std::vector<int>& Group(const std::string& kind, int index) { return TableOf(kind).groups[index]->members; }
-  const std::string& Desc(const std::string& kind, int index) { return TableOf(kind).groups[index]->desc; }
-  // Kind of a Megatron description ("" when none).
-  std::string KindOfDesc(std::string_view desc) const {
-    // Why split on '|': run_report's labeler joins the names of groups with equal members that way.
-    std::string d(desc);
-    size_t start = 0;
-    while (start <= d.size()) {
-      size_t bar = d.find('|', start);
-      std::string part = d.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
-      auto it = by_desc_.find(NormDesc(part));
-      if (!part.empty() && it != by_desc_.end()) return it->second;
-      if (bar == std::string::npos) break;
-      start = bar + 1;
-    }
-    return "";
-  }
-  std::vector<std::string> Kinds() const {
-    std::vector<std::string> out;
-    for (const world::Group& g : w_.MegatronGroups())
-      if (g.backend == "nccl" && std::find(out.begin(), out.end(), g.kind) == out.end()) out.push_back(g.kind);
-    return out;
-  }
-
- private:
-  struct Table {
-    std::vector<const world::Group*> groups;
-    std::vector<int> of_rank;
-  };
-  const Table& TableOf(const std::string& kind) {
-    auto [it, fresh] = tables_.try_emplace(kind);
-    if (fresh) {
-      Table& t = it->second;
-      t.of_rank.assign(static_cast<size_t>(w_.size()), -1);
-      for (const world::Group& g : w_.MegatronGroups()) {
-        if (g.kind != kind || g.backend != "nccl") continue;
-        int idx = static_cast<int>(t.groups.size());
-        t.groups.push_back(&g);
-        for (int m : g.members)
-          if (m >= 0 && m < w_.size() && t.of_rank[m] < 0) t.of_rank[m] = idx;
-      }
-    }
-    return it->second;
-  }
-  const world::World& w_;
-  std::map<std::string, Table> tables_;
-  std::map<std::string, std::string> by_desc_;
-};
-
 // Preferred kinds when several Megatron groups have the same members (pp and embd for pp = 2, dp and dp-cp for
 // cp = 1, ...) and the communicator's description does not say which.
 const std::vector<std::string>& KindPreference() {
@@ -181,76 +52,9 @@ const std::vector<std::string>& KindPreference() {
   return k;
 }
 
-bool IsP2p(NodeKind k) { return k == NodeKind::kSend || k == NodeKind::kRecv; }
+}  // namespace
 
-class Builder {
- public:
-  Builder(const std::vector<RankEventLog>& logs, const world::World& w, const ObservedTraceOptions& o,
-          ObservedTrace* out)
-      : logs_(logs), w_(w), o_(o), out_(out), groups_(w), membership_(w, 1) {}
-
-  bool Run(std::string* error);
-
- private:
-  struct ClassInfo {
-    ClassKey key;
-    int rep = -1;                 // rank whose nodes the class holds
-    int mirror_of = -1;           // class whose nodes it repeats (an expert-parallel class without events), or -1
-    // A mirrored class with point-to-point operations on the expert-parallel communicator (a grouped send/recv
-    // all-to-all): its position there, its nodes built from the source rank's by BorrowEpP2p; else -1.
-    int ep_position = -1;
-    const RankEventLog* log = nullptr;
-    std::vector<Family> families;  // per slot
-    std::vector<uint8_t> p2p_slot;
-  };
-
-  bool Fail(std::string msg) {
-    error_ = std::move(msg);
-    return false;
-  }
-  void Warn(std::string msg) { out_->warnings.push_back(std::move(msg)); }
-
-  bool PickRepresentatives();
-  bool IterationRange();
-  class ClassBuild;  // BuildClass's steps
-  bool BuildClass(ClassInfo& ci, trace::RoleClass* cls);
-  void SequenceMultiStreamSlots(const std::map<uint32_t, int64_t>& comm_seq, trace::RoleClass* cls);
-  void ApplyWaits(const RankEventLog& log, const std::map<std::pair<int64_t, int64_t>, UnitNodes>& unit_at,
-                  trace::RoleClass* cls);
-  bool Expand(const RankEventLog& log, const ObservedOp& op, std::vector<Piece>* pieces, std::vector<Piece>* local);
-  bool BorrowEpP2p(const RankEventLog& log, const ObservedOp& op, int position, std::map<int64_t, int>* ep_comms,
-                   std::vector<Piece>* pieces, std::vector<Piece>* local);
-  bool Resolve(const RankEventLog& log, const ObservedComm& c, Family* f);
-  bool Bind();
-  std::vector<int> Moved(const std::vector<int>& members, int from, int to) const;
-  uint32_t CommId(const std::string& slot, const std::vector<int>& members, const std::string& desc);
-
-  const std::vector<RankEventLog>& logs_;
-  const world::World& w_;
-  const ObservedTraceOptions& o_;
-  ObservedTrace* out_;
-  GroupIndex groups_;
-  MegatronMembership membership_;
-  std::string error_;
-
-  // Passthrough operations (the real NCCL, every member logged): (communicator key, seq) -> (latest arrival, earliest
-  // release, members seen). An operation's duration is the time from its last member's arrival to its first
-  // release, which leaves the waiting for late members out.
-  std::map<std::tuple<std::string, std::vector<int>, int64_t>, std::tuple<int64_t, int64_t, int>> real_ops_;
-  static std::vector<int> SortedMembers(const ObservedComm& c) {
-    std::vector<int> m = c.members;
-    std::sort(m.begin(), m.end());
-    return m;
-  }
-  void IndexRealOps();
-  std::vector<ClassKey> key_of_;               // per rank
-  std::map<ClassKey, int> class_of_key_;
-  std::vector<ClassInfo> classes_;
-  bool use_marks_ = false;
-  int64_t first_ = 0, last_ = 0;
-  std::map<std::pair<std::string, std::vector<int>>, uint32_t> comm_ids_;
-  bool warned_root_ = false, warned_split_ = false;
-};
+namespace detail {
 
 void Builder::IndexRealOps() {
   for (const RankEventLog& log : logs_) {
@@ -755,48 +559,6 @@ bool Builder::BorrowEpP2p(const RankEventLog& log, const ObservedOp& op, int pos
   return true;
 }
 
-// BuildClass's state and steps for one class, in its order. A step that returns false has failed the build
-// (Builder::Fail, or Expand/Resolve's own).
-class Builder::ClassBuild {
- public:
-  ClassBuild(Builder& b, ClassInfo& ci, trace::RoleClass* cls)
-      : b_(b), ci_(ci), cls_(cls), log_(*ci.log), rank_s_("rank " + std::to_string(log_.rank)) {}
-
-  void SortMarks();
-  bool CollectUnits();
-  bool AssignSlots();
-  bool OrderStreams();
-  void CheckSequenceGaps();
-  void BuildNodes();
-  bool CheckDurations();
-  void ApplyWaits() { b_.ApplyWaits(log_, unit_at_, cls_); }
-  void SequenceMultiStreamSlots() { b_.SequenceMultiStreamSlots(comm_seq_, cls_); }
-
- private:
-  class StreamBuild;
-  using StreamKey = std::pair<int, int64_t>;  // (0 recorded index | 1 fallback, id)
-
-  int64_t IterationOf(int64_t arrival) const;
-
-  Builder& b_;
-  ClassInfo& ci_;
-  trace::RoleClass* cls_;
-  const RankEventLog& log_;
-  const std::string rank_s_;
-  std::vector<ObservedMark> marks_;  // by iteration, one per iteration
-  std::map<int64_t, int64_t> mark_t_;
-  std::map<int64_t, int32_t> mark_stream_;
-  std::map<StreamKey, std::vector<Unit>> streams_;
-  std::map<int64_t, int64_t> first_use_;  // comm id -> order of first use (per-comm fallback)
-  std::vector<Unit> local_only_;          // units of sends and receives to the rank itself only
-  std::map<int64_t, int> ep_comms_;       // BorrowEpP2p's: comm id -> the source's ep position, -1 when not ep
-  std::map<int64_t, uint32_t> slot_of_comm_;
-  uint32_t next_id_ = 0;
-  std::map<uint32_t, int64_t> comm_seq_;  // communication node id -> its communicator sequence on the rank
-  std::vector<trace::Stream> helpers_;
-  std::map<std::pair<int64_t, int64_t>, UnitNodes> unit_at_;  // (recorded stream, sseq) -> its nodes
-};
-
 // Iteration of each op: the first mark after its arrival.
 void Builder::ClassBuild::SortMarks() {
   marks_ = log_.marks;
@@ -938,212 +700,6 @@ void Builder::ClassBuild::CheckSequenceGaps() {
       }
     }
   }
-}
-
-// One stream's nodes: its units' communication nodes, the compute nodes of the gaps between them (cut at iteration
-// marks), and helper streams for point-to-point channels.
-class Builder::ClassBuild::StreamBuild {
- public:
-  StreamBuild(ClassBuild& c, const StreamKey& key) : c_(c), b_(c.b_), key_(key), cur_(c.b_.first_) {}
-
-  void NameStream(const std::vector<Unit>& units);
-  void AddHelperStreams(const std::vector<Unit>& units);
-  void StartClock();
-  void AddUnit(const Unit& u);
-  void Close();
-  trace::Stream TakeMain() { return std::move(main_); }
-
- private:
-  uint32_t Add(trace::Stream& s, Node node, std::vector<uint32_t> after);
-  uint32_t AddMain(Node node);
-  void Compute(int64_t from, int64_t to, int64_t iter, bool own_mark);
-  bool MarksHere(int64_t it) const;
-  void CloseThrough(int64_t iter);
-  void AddPiece(const Unit& u, const Piece& p, const std::vector<uint32_t>& fork, std::vector<uint32_t>* joined);
-
-  ClassBuild& c_;
-  Builder& b_;
-  const StreamKey& key_;
-  trace::Stream main_;
-  std::map<std::tuple<uint32_t, int32_t, int>, size_t> helper_of_;  // (slot, peer, send) -> index in helpers_
-  std::vector<uint32_t> pending_;         // helper nodes the next node of the main stream waits for
-  std::vector<UnitNodes::GapPiece> gap_;  // compute nodes since the last unit
-  bool have_t_ = false;
-  int64_t t_ = 0;
-  int64_t cur_;
-  bool trailing_ = false;  // after the stream's last unit
-};
-
-void Builder::ClassBuild::StreamBuild::NameStream(const std::vector<Unit>& units) {
-  if (key_.first == 0) {
-    main_.name = "stream" + std::to_string(key_.second);
-  } else if (b_.o_.stream_fallback == StreamFallback::kPerComm && !units.empty()) {
-    main_.name = c_.cls_->comm_slots[c_.slot_of_comm_.at(units.front().op->comm_id)];
-  } else {
-    main_.name = "stream";
-  }
-}
-
-// Point-to-point channels (slot, peer, direction) that appear in a unit with another p2p operation get a helper
-// stream each, for all their operations, so that each channel stays in order on one stream.
-void Builder::ClassBuild::StreamBuild::AddHelperStreams(const std::vector<Unit>& units) {
-  for (const Unit& u : units) {
-    int p2p = 0;
-    for (const Piece& p : u.pieces) p2p += IsP2p(p.kind) ? 1 : 0;
-    if (p2p < 2) continue;
-    for (const Piece& p : u.pieces) {
-      if (!IsP2p(p.kind)) continue;
-      uint32_t slot = c_.slot_of_comm_.at(p.comm_id);
-      auto k = std::make_tuple(slot, p.peer, p.kind == NodeKind::kSend ? 1 : 0);
-      if (helper_of_.count(k)) continue;
-      helper_of_[k] = c_.helpers_.size();
-      c_.helpers_.push_back(trace::Stream{main_.name + "." + c_.cls_->comm_slots[slot] +
-                                              (p.kind == NodeKind::kSend ? ".send" : ".recv") + std::to_string(p.peer),
-                                          {}});
-    }
-  }
-}
-
-// The stream's clock starts at the mark of the iteration before the first one built, when there is one.
-void Builder::ClassBuild::StreamBuild::StartClock() {
-  if (b_.use_marks_) {
-    auto prev = c_.mark_t_.find(b_.first_ - 1);
-    if (prev != c_.mark_t_.end()) {
-      t_ = prev->second;
-      have_t_ = true;
-    }
-  }
-}
-
-uint32_t Builder::ClassBuild::StreamBuild::Add(trace::Stream& s, Node node, std::vector<uint32_t> after) {
-  node.id = c_.next_id_++;
-  node.after = std::move(after);
-  s.nodes.push_back(std::move(node));
-  return s.nodes.back().id;
-}
-
-uint32_t Builder::ClassBuild::StreamBuild::AddMain(Node node) {
-  uint32_t id = Add(main_, std::move(node), std::move(pending_));
-  pending_.clear();
-  return id;
-}
-
-void Builder::ClassBuild::StreamBuild::Compute(int64_t from, int64_t to, int64_t iter, bool own_mark) {
-  if (to <= from) return;
-  Node node;
-  node.kind = NodeKind::kCompute;
-  node.dur_us = static_cast<double>(to - from) / 1000.0;
-  node.iter = static_cast<uint32_t>(iter);
-  gap_.push_back({AddMain(std::move(node)), from, to, own_mark});
-}
-
-// Whether iteration `it`'s mark was stamped on this stream (streams without a recorded index: one per
-// communicator or one for all, never with wait lines, so either answer is harmless).
-bool Builder::ClassBuild::StreamBuild::MarksHere(int64_t it) const {
-  auto ms = c_.mark_stream_.find(it);
-  return key_.first != 0 || (ms != c_.mark_stream_.end() && ms->second == key_.second);
-}
-
-// Compute up to the end of iterations cur..iter-1.
-void Builder::ClassBuild::StreamBuild::CloseThrough(int64_t iter) {
-  while (b_.use_marks_ && cur_ < iter) {
-    auto m = c_.mark_t_.find(cur_);
-    if (m != c_.mark_t_.end()) {
-      // Why not after the last unit on another stream than the mark's: no wait line can follow to take the
-      // waiting out, and a side stream has no work of its own there (the last iteration replayed the slice's
-      // whole wait: 2.6 s against 0.21 s for the others, GraphCli.RealFillEvents...).
-      const bool own = MarksHere(cur_);
-      if (have_t_ && (!trailing_ || own)) Compute(t_, m->second, cur_, own);
-      t_ = have_t_ ? std::max(t_, m->second) : m->second;
-      have_t_ = true;
-    }
-    ++cur_;
-  }
-}
-
-void Builder::ClassBuild::StreamBuild::AddUnit(const Unit& u) {
-  CloseThrough(u.iter);
-  UnitNodes un;
-  un.arrival = u.op->arrival_ns;
-  un.release = UnitEnd(*u.op);
-  if (have_t_) Compute(t_, u.op->arrival_ns, u.iter, false);
-  if (u.op->opened_ns > 0) {
-    const int64_t late = u.op->opened_ns - std::max(u.op->release_ns, u.op->arrival_ns);
-    b_.out_->coordinator_latency_ns[c_.log_.rank][u.iter] += std::max<int64_t>(0, late);
-  }
-  un.gap = std::move(gap_);
-  gap_.clear();
-  for (size_t i = 0; i < un.gap.size(); ++i)
-    if (un.gap[i].own_mark) un.waitable = i + 1;
-  const uint32_t first_id = c_.next_id_;
-  // Fork: helper nodes start when the main stream reaches the unit; join: the next main node waits for them.
-  std::vector<uint32_t> fork = pending_;
-  if (!main_.nodes.empty()) fork.push_back(main_.nodes.back().id);
-  std::vector<uint32_t> joined;
-  for (const Piece& p : u.pieces) AddPiece(u, p, fork, &joined);
-  if (!joined.empty()) pending_ = std::move(joined);  // includes the old pending through the fork
-  t_ = UnitEnd(*u.op);
-  have_t_ = true;
-  if (key_.first == 0 && u.op->sseq >= 0) {
-    for (uint32_t id = first_id; id < c_.next_id_; ++id) un.ids.push_back(id);
-    c_.unit_at_[{key_.second, u.op->sseq}] = std::move(un);
-  }
-}
-
-// A communication node, on the main stream or its channel's helper stream.
-void Builder::ClassBuild::StreamBuild::AddPiece(const Unit& u, const Piece& p, const std::vector<uint32_t>& fork,
-                                                std::vector<uint32_t>* joined) {
-  if (p.seq >= 0) c_.comm_seq_[c_.next_id_] = p.seq;  // the id `Add` gives it (a copy to itself has none)
-  Node node;
-  node.kind = p.kind;
-  node.op = p.op;
-  node.comm_slot = c_.slot_of_comm_.at(p.comm_id);
-  node.peer = p.peer;
-  node.root = p.root;
-  node.bytes = p.bytes;
-  node.dtype = p.dtype;
-  node.iter = static_cast<uint32_t>(u.iter);
-  node.name = p.seq >= 0 ? "seq " + std::to_string(p.seq) : "copy to itself, borrowed";
-  if (u.op->passthrough && u.op->nops == 1) {
-    // Measured on the real NCCL (prism-run record): from the last member's arrival to the first release.
-    auto c = c_.log_.comms.find(u.op->comm_id);
-    auto r = c == c_.log_.comms.end() ? b_.real_ops_.end()
-                                      : b_.real_ops_.find({c->second.key, SortedMembers(c->second), u.op->seq});
-    if (r != b_.real_ops_.end()) {
-      const auto& [arrival, release, members] = r->second;
-      node.dur_us = static_cast<double>(std::max<int64_t>(0, release - arrival)) / 1000.0;
-      ++b_.out_->recorded_comm;
-    }
-  }
-  if (IsP2p(p.kind)) c_.ci_.p2p_slot[node.comm_slot] = 1;
-  auto h = helper_of_.end();
-  if (IsP2p(p.kind))
-    h = helper_of_.find(std::make_tuple(node.comm_slot, p.peer, p.kind == NodeKind::kSend ? 1 : 0));
-  if (h != helper_of_.end()) {
-    joined->push_back(Add(c_.helpers_[h->second], std::move(node), fork));
-  } else {
-    AddMain(std::move(node));
-  }
-}
-
-// After the stream's last unit: compute through the end of the last iteration.
-void Builder::ClassBuild::StreamBuild::Close() {
-  trailing_ = true;
-  CloseThrough(b_.last_ + 1);
-}
-
-// Nodes.
-void Builder::ClassBuild::BuildNodes() {
-  for (auto& [key, units] : streams_) {
-    StreamBuild s(*this, key);
-    s.NameStream(units);
-    s.AddHelperStreams(units);
-    s.StartClock();
-    for (const Unit& u : units) s.AddUnit(u);
-    s.Close();
-    cls_->streams.push_back(s.TakeMain());
-  }
-  for (trace::Stream& h : helpers_) cls_->streams.push_back(std::move(h));
 }
 
 // Why here: a duration comes from two clock stamps of the file, and past the format's bound the graph written
@@ -1352,7 +908,7 @@ bool Builder::Bind() {
   return true;
 }
 
-}  // namespace
+}  // namespace detail
 
 std::optional<ObservedTrace> BuildObservedTrace(const std::vector<RankEventLog>& logs, const world::World& world,
                                                 const ObservedTraceOptions& options, std::string* error) {
@@ -1362,7 +918,7 @@ std::optional<ObservedTrace> BuildObservedTrace(const std::vector<RankEventLog>&
       out.warnings.push_back("rank " + std::to_string(log.rank) + " events: " + std::to_string(log.malformed) +
                              " malformed line(s) skipped, first at " + log.first_malformed);
   }
-  Builder b(logs, world, options, &out);
+  detail::Builder b(logs, world, options, &out);
   if (!b.Run(error)) return std::nullopt;
   if (out.dropped_ops > 0)
     out.warnings.push_back(std::to_string(out.dropped_ops) + " operation(s) outside the kept iterations " +
