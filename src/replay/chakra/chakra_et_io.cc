@@ -63,29 +63,37 @@ int ReadDelimited(pbio::ZeroCopyInputStream* in, google::protobuf::MessageLite* 
 
 }  // namespace
 
-bool ReadEtFile(const std::string& path, EtFile* out, std::string* error) {
-  *out = EtFile{};
+int OpenEtFile(const std::string& path, bool* gzip, uint64_t* file_size, std::string* error) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     *error = path + ": cannot open: " + std::strerror(errno);
-    return false;
+    return -1;
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode) || (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode))) {
     *error = path + (S_ISDIR(st.st_mode) ? ": is a directory, not a file" : ": is a device or socket, not a file");
     ::close(fd);
-    return false;
+    return -1;
   }
   if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > limits::kMaxChakraFileBytes) {
     *error = path + ": " + std::to_string(st.st_size) + " bytes is larger than the " +
              ByteCap(limits::kMaxChakraFileBytes) + " cap on Chakra ET files";
     ::close(fd);
-    return false;
+    return -1;
   }
   unsigned char magic[2] = {0, 0};
   ssize_t got = ::pread(fd, magic, 2, 0);
-  const bool gzip = got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
-  const uint64_t file_size = !gzip && S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+  *gzip = got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+  *file_size = !*gzip && S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+  return fd;
+}
+
+bool ReadEtFile(const std::string& path, EtFile* out, std::string* error) {
+  *out = EtFile{};
+  bool gzip = false;
+  uint64_t file_size = 0;
+  const int fd = OpenEtFile(path, &gzip, &file_size, error);
+  if (fd < 0) return false;
   pbio::FileInputStream file(fd);
   file.SetCloseOnDelete(true);
   std::unique_ptr<pbio::GzipInputStream> gz;

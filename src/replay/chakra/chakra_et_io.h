@@ -26,6 +26,12 @@ struct EtFile {
 // bytes that do not parse as the message.
 bool ReadEtFile(const std::string& path, EtFile* out, std::string* error);
 
+// Opens an ET file for reading, with the checks both readers make (ReadEtFile and EtReader::Open): a regular
+// file within the size cap, or a pipe. Returns the descriptor, which the caller closes, with *gzip (the file
+// starts with gzip's magic) and *file_size (a plain regular file's size, else 0: no size to check messages
+// against); or -1 with *error.
+int OpenEtFile(const std::string& path, bool* gzip, uint64_t* file_size, std::string* error);
+
 // Writes `f` (metadata, then nodes). Returns false with *error on an I/O failure.
 bool WriteEtFile(const std::string& path, const EtFile& f, std::string* error);
 

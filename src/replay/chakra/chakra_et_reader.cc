@@ -1,7 +1,5 @@
 #include "replay/chakra/chakra_et_reader.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -449,27 +447,8 @@ bool EtReader::Open(const std::string& path, std::string* error) {
   index_ = 0;
   done_ = false;
   metadata_.Clear();
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    *error = path + ": cannot open: " + std::strerror(errno);
-    return false;
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode) || (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode))) {
-    *error = path + (S_ISDIR(st.st_mode) ? ": is a directory, not a file" : ": is a device or socket, not a file");
-    ::close(fd);
-    return false;
-  }
-  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > limits::kMaxChakraFileBytes) {
-    *error = path + ": " + std::to_string(st.st_size) + " bytes is larger than the " +
-             ByteCap(limits::kMaxChakraFileBytes) + " cap on Chakra ET files";
-    ::close(fd);
-    return false;
-  }
-  unsigned char magic[2] = {0, 0};
-  ssize_t got = ::pread(fd, magic, 2, 0);
-  gzip_ = got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
-  file_size_ = !gzip_ && S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+  const int fd = OpenEtFile(path, &gzip_, &file_size_, error);
+  if (fd < 0) return false;
   file_->Reset(fd);
   in_ = file_.get();
   if (gzip_) {
