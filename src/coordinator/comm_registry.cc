@@ -92,24 +92,20 @@ void CommRegistry::FindMembers(const json& j, CommInitRequest* q) {
       q->how = "unique id";
     }
   }
+  // A registered group found by name or description: its members, under a key of that group.
+  auto adopt = [&](const auto& g, const std::string& comm_key, const char* how) {
+    q->members = g.members;
+    q->group = g.name;
+    q->group_desc = g.desc;
+    q->comm_key = comm_key;
+    q->how = how;
+  };
   q->name = j.value("name", std::string());
   if (q->members.empty() && !q->name.empty()) {
-    if (auto g = st_.vr->LookupGroupByName(q->name)) {
-      q->members = g->members;
-      q->group = g->name;
-      q->group_desc = g->desc;
-      q->comm_key = "group:" + q->name + ":" + key;
-      q->how = "group name";
-    }
+    if (auto g = st_.vr->LookupGroupByName(q->name)) adopt(*g, "group:" + q->name + ":" + key, "group name");
   }
   if (q->members.empty() && !q->desc.empty()) {
-    if (auto g = st_.vr->LookupGroupByCommDesc(q->desc)) {
-      q->members = g->members;
-      q->group = g->name;
-      q->group_desc = g->desc;
-      q->comm_key = "desc:" + q->desc + ":" + key;
-      q->how = "description";
-    }
+    if (auto g = st_.vr->LookupGroupByCommDesc(q->desc)) adopt(*g, "desc:" + q->desc + ":" + key, "description");
   }
   if (q->members.empty() && j.contains("members") && j["members"].is_array()) {
     // A split or shrink: the member named them (from the hook's scope or the parent); every member of the same
