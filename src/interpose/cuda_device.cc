@@ -199,22 +199,30 @@ PRISM_API cudaError_t cudaMemPoolSetAccess(cudaMemPool_t memPool, const cudaMemA
   return real(memPool, copy, n);
 }
 
-PRISM_API cudaError_t cudaMemGetDefaultMemPool(cudaMemPool_t* memPool, cudaMemLocation* location,
-                                               cudaMemAllocationType type) {
-  PRISM_REAL(cudaMemGetDefaultMemPool)
+namespace {
+
+// cudaMemGetDefaultMemPool and cudaMemGetMemPool: the real call on the mapped location (MapLocation).
+template <typename Real>
+cudaError_t PoolAtMappedLocation(Real real, cudaMemPool_t* memPool, cudaMemLocation* location,
+                                 cudaMemAllocationType type) {
   if (location == nullptr) return real(memPool, location, type);
   cudaMemLocation l = *location;
   MapLocation(&l);
   return real(memPool, &l, type);
 }
 
+}  // namespace
+
+PRISM_API cudaError_t cudaMemGetDefaultMemPool(cudaMemPool_t* memPool, cudaMemLocation* location,
+                                               cudaMemAllocationType type) {
+  PRISM_REAL(cudaMemGetDefaultMemPool)
+  return PoolAtMappedLocation(real, memPool, location, type);
+}
+
 PRISM_API cudaError_t cudaMemGetMemPool(cudaMemPool_t* memPool, cudaMemLocation* location,
                                         cudaMemAllocationType type) {
   PRISM_REAL(cudaMemGetMemPool)
-  if (location == nullptr) return real(memPool, location, type);
-  cudaMemLocation l = *location;
-  MapLocation(&l);
-  return real(memPool, &l, type);
+  return PoolAtMappedLocation(real, memPool, location, type);
 }
 
 PRISM_API cudaError_t cudaMemSetMemPool(cudaMemLocation* location, cudaMemAllocationType type,
