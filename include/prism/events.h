@@ -22,8 +22,8 @@
 //   iter   {type, iteration, t_ns, dur_ns, peak_bytes, torch_max_allocated}
 //   mem    {type, t_ns, current_bytes, peak_bytes}
 //   error  {type, what}
-//   bye    {type, t_ns, peak_bytes, recorded?, host_ns?}: host_ns {units, p50, p90}: libprism's host time per
-//           executed unit (ns), present when a unit ran
+//   bye    {type, t_ns, peak_bytes, recorded?, host_ns?}: host_ns {units, p50, p90, own_p50, own_p90}: libprism's
+//           host time per executed unit (ns; own_*: less the driver calls), present when a unit was sampled
 // Times are Unix-epoch nanoseconds (GPU %globaltimer where the event comes from the GPU).
 #pragma once
 

@@ -8,11 +8,13 @@
 #  3. The estimate: sum over ops of (virtualised - native ns) x calls per iteration, over the native iteration time
 #     (Megatron's own "elapsed time per iteration", median after the first 3).
 #  4. World 64 (COST_W64=1, the default; 0 skips it): rank 0 of the medium GPT at world 64 (8 x 8, tp 2, pp 2, global
-#     batch 64) under `prism-run --policy mirror --ranks 0`, its communicators emulated, the counter preloaded after
-#     libprism at COST_ITERS and 2 x COST_ITERS iterations: the runtime calls libprism forwards (a virtualised rank
-#     answers cudaGetDevice itself, so that saving is not counted: an upper bound), the units (collectives and
-#     groups) per iteration and libprism's host time per unit (the event file's bye host_ns median, counted whole
-#     although it replaces NCCL's own enqueue time: an upper bound), over rank 0's iteration (report.json).
+#     batch 64) under `prism-run --policy mirror --ranks 0`, its communicators emulated, at COST_ITERS and
+#     2 x COST_ITERS iterations, with the counter preloaded before libprism (prism-run --no-preload and the two
+#     libraries and the Python hook set by hand, since prism-run puts libprism first): the runtime calls per
+#     iteration, the units (collectives and groups) per iteration and libprism's host time per unit (the event
+#     file's bye host_ns: whole, and less its driver calls), over rank 0's iteration (report.json). The whole host
+#     time is counted although it replaces NCCL's own enqueue (an upper bound), and a launch into a full stream queue
+#     blocks for time the job's next launch would have waited anyway (docs/libprism.md "Cost on a real rank").
 # Needs: PRISM_BUILD with bin/libprism_cost_bench, lib/libprism_call_count.so, lib/libcudart.so.13 (the bench's),
 # lib/libprism.so. Writes OUT/cost.txt (the table) and the logs.
 #   tests/gpu/libprism_cost.sh OUT
@@ -32,6 +34,7 @@ for ((k = 1; k <= reps; k++)); do
 done
 job=(pretrain_gpt.py "${MEGATRON_MEDIUM_ARGS[@]}" --global-batch-size 8)
 for n in "$iters" $((2 * iters)); do
+  [ "${COST_W1:-1}" = 1 ] || break  # COST_W1=0: world 64 only
   rm -f "$out/calls.$n.txt"
   (cd "$MEGATRON" && PRISM_CALL_COUNT_OUT=$out/calls.$n.txt LD_PRELOAD=$count timeout 200 "$PYTHON" \
      -m torch.distributed.run --nproc-per-node 1 "${job[@]}" --train-iters "$n") > "$out/megatron.$n.log" 2>&1
@@ -41,8 +44,9 @@ if [ "${COST_W64:-1}" = 1 ]; then
        --pipeline-model-parallel-size 2 --global-batch-size 64)
   for n in "$iters" $((2 * iters)); do
     rm -rf "$out/w64.$n" "$out/w64calls.$n.txt"
-    (cd "$MEGATRON" && PRISM_CALL_COUNT_OUT=$out/w64calls.$n.txt LD_PRELOAD=$count timeout 240 "$PRISM_BUILD/bin/prism-run" \
-       --policy mirror --ranks 0 --out "$out/w64.$n" --quiet "${w64[@]}" --train-iters "$n") > "$out/w64.$n.log" 2>&1
+    (cd "$MEGATRON" && PRISM_CALL_COUNT_OUT=$out/w64calls.$n.txt LD_PRELOAD=$count:$lib \
+       PYTHONPATH=$PRISM_BUILD/lib/python${PYTHONPATH:+:$PYTHONPATH} timeout 240 "$PRISM_BUILD/bin/prism-run" \
+       --policy mirror --ranks 0 --no-preload --out "$out/w64.$n" --quiet "${w64[@]}" --train-iters "$n") > "$out/w64.$n.log" 2>&1
     cat "$out/w64.$n/logs/rank0.log" >> "$out/w64.$n.log" 2>/dev/null
   done
 fi
@@ -75,7 +79,10 @@ def per_iter(op, c1, c2):
     if op == "cudaEventRecord": n += (c2.get("cudaEventRecordWithFlags", 0) - c1.get("cudaEventRecordWithFlags", 0)) / iters
     return n
 def iter_ms(n):
-    t = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", open(f"{out}/megatron.{n}.log").read())]
+    try:
+        t = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", open(f"{out}/megatron.{n}.log").read())]
+    except OSError:
+        return None
     return statistics.median(t[3:]) if len(t) > 4 else None
 nat, pre, vir = bench("native"), bench("preload"), bench("virtual")
 c1, c2 = calls(iters), calls(2 * iters)
@@ -89,7 +96,9 @@ for op in nat:
     if us == us: total_ns += added * n
     print(f"{op:26s} {nat[op]:10.1f} {pre.get(op, float('nan')):10.1f} {vir.get(op, float('nan')):10.1f} {added:9.1f} {n:10.1f} {us:13.2f}")
 summary = []
-if it:
+if not c1:
+    pass  # COST_W1=0
+elif it:
     summary.append(f"world 1: native iteration {it:.2f} ms (median of iterations 4-{2*iters}); runtime calls add {total_ns/1e6:.4f} ms per iteration = {100*total_ns/1e6/it:.3f} % (collectives at world 1: one-member, duration 0, no gate; host cost in the pairs' bye lines)")
 else:
     summary.append("world 1: no Megatron iteration times (see megatron.*.log)")
@@ -111,15 +120,18 @@ r1, r2 = w64_run(iters), w64_run(2 * iters)
 if r1 and r2 and r2[2] and r2[3]:
     w1, w2 = calls(iters, "w64calls"), calls(2 * iters, "w64calls")
     calls_ns = 0.0
-    print("world 64, rank 0 (tp 2, pp 2; calls libprism forwards):")
+    print("At world 64, rank 0 (tp 2, pp 2):")
     for op in nat:
         n = per_iter(op, w1, w2); added = vir.get(op, float("nan")) - nat[op]
-        if n == n and added == added and op != "cudaGetDevice": calls_ns += added * n
+        if n == n and added == added: calls_ns += added * n
         print(f"  {op:26s} added {added:9.1f} ns x {n:10.1f} per iteration")
     units = (r2[0] - r1[0]) / iters; gated = (r2[1] - r1[1]) / iters; host = r2[2]
     it64 = r2[3] * 1e3
     unit_ns = units * host["p50"]
     tot = calls_ns + unit_ns
+    own = host.get("own_p50")
+    if own is not None:
+        print(f"  per unit: host time median {host['p50']} ns, p90 {host['p90']}; less its driver calls median {own} ns, p90 {host.get('own_p90')}: {units:.1f} units x {own} ns = {units*own/1e6:.4f} ms per iteration = {100*units*own/1e6/it64:.3f} %")
     summary.append(f"world 64: rank 0 iteration {it64:.2f} ms (prism's report); {units:.1f} units per iteration ({gated:.1f} gated), libprism's host time per unit median {host['p50']} ns (p90 {host['p90']}); runtime calls {calls_ns/1e6:.4f} ms + units {unit_ns/1e6:.4f} ms = {tot/1e6:.4f} ms per iteration = {100*tot/1e6/it64:.3f} % (upper bound)")
 elif os.environ.get("COST_W64", "1") == "1":
     summary.append("world 64: no result (see w64.*.log)")

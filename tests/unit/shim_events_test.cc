@@ -111,6 +111,9 @@ TEST(ShimEvents, FileHasEveryKindOfLine) {
   EXPECT_GE(bye.at("host_ns").at("units").get<uint64_t>(), 1u);
   EXPECT_GT(bye.at("host_ns").at("p50").get<uint64_t>(), 0u);
   EXPECT_LE(bye.at("host_ns").at("p50").get<uint64_t>(), bye.at("host_ns").at("p90").get<uint64_t>());
+  // libprism's own share (less the driver calls) is part of the whole
+  EXPECT_LE(bye.at("host_ns").at("own_p50").get<uint64_t>(), bye.at("host_ns").at("p50").get<uint64_t>());
+  EXPECT_GT(bye.at("host_ns").at("own_p50").get<uint64_t>(), 0u);
   std::filesystem::remove_all(dir);
 }
 

@@ -38,7 +38,8 @@ constexpr uint32_t kHistBucketNs = 25;
 constexpr uint32_t kHistBuckets = 8000;  // up to 200 us; beyond goes in the last bucket
 
 struct Stats {
-  std::atomic<uint64_t> hist[kHistBuckets] = {};
+  std::atomic<uint64_t> hist[kHistBuckets] = {};      // host time per sampled unit
+  std::atomic<uint64_t> own_hist[kHistBuckets] = {};  // the same less the time spent in driver calls
   std::atomic<uint64_t> units{0};
 };
 Stats& St() {
@@ -52,9 +53,31 @@ uint64_t MonoNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+// The driver calls' share of a sampled unit (stamp and payload launches, the gate's stream wait, copies): kept apart
+// because a launch blocks while the stream's queue is full, time the job's next launch would have spent anyway, so
+// the unit's host time of a GPU-bound job is not all libprism's (docs/libprism.md "Cost on a real rank").
+thread_local bool t_sampling = false;
+thread_local uint64_t t_driver_ns = 0;
+
+template <typename F>
+CUresult Driver(F&& call) {
+  if (!t_sampling) return call();
+  const uint64_t t0 = MonoNs();
+  const CUresult r = call();
+  t_driver_ns += MonoNs() - t0;
+  return r;
+}
+
+void StartSample() {
+  t_sampling = true;
+  t_driver_ns = 0;
+}
+
 void RecordOverhead(uint64_t ns) {
-  uint64_t b = std::min<uint64_t>(ns / kHistBucketNs, kHistBuckets - 1);
-  St().hist[b].fetch_add(1, std::memory_order_relaxed);
+  t_sampling = false;
+  const uint64_t own = ns > t_driver_ns ? ns - t_driver_ns : 0;
+  St().hist[std::min<uint64_t>(ns / kHistBucketNs, kHistBuckets - 1)].fetch_add(1, std::memory_order_relaxed);
+  St().own_hist[std::min<uint64_t>(own / kHistBucketNs, kHistBuckets - 1)].fetch_add(1, std::memory_order_relaxed);
 }
 
 // One operation of a unit, ready to run.
@@ -598,7 +621,7 @@ class UnitRun {
     p2p_only_exchange_ = real_data;
     if (exchanges) {
       // Why stamp first: the arrival is when the GPU reached the operation, before the host-side exchange.
-      r_ = gpu_.Stamp(stream_, slot_);
+      r_ = Driver([&] { return gpu_.Stamp(stream_, slot_); });
       stamped_ = true;
       if (r_ == CUDA_SUCCESS) r_ = RunExchange(gpu_, stream_, prep_);
     }
@@ -624,10 +647,11 @@ class UnitRun {
                                      static_cast<uint8_t>(p.desc.dtype), want);
       if (rec == nullptr) continue;
       if (!stamped_) {
-        r_ = gpu_.Stamp(stream_, slot_);
+        r_ = Driver([&] { return gpu_.Stamp(stream_, slot_); });
         stamped_ = true;
       }
-      if (r_ == CUDA_SUCCESS) r_ = gpu_.CopyAsync(stream_, p.desc.recv_addr, reinterpret_cast<uint64_t>(rec), want);
+      if (r_ == CUDA_SUCCESS)
+        r_ = Driver([&] { return gpu_.CopyAsync(stream_, p.desc.recv_addr, reinterpret_cast<uint64_t>(rec), want); });
       p.local = false;
     }
   }
@@ -661,12 +685,13 @@ class UnitRun {
   // The arrival stamp when no step carried it, the gate, and the stamp after it (PRISM_GATE_OPEN_STAMPS). On a
   // CUDA error the gate is opened and the error returned.
   [[gnu::always_inline]] ncclResult_t EnqueueGate() {
-    if (!stamped_ && r_ == CUDA_SUCCESS) r_ = gpu_.Stamp(stream_, slot_);
-    if (r_ == CUDA_SUCCESS && gated_) r_ = gpu_.Gate(stream_, slot_, ticket_, cfg_.gate, ops_[0].comm->spin_ctas);
+    if (!stamped_ && r_ == CUDA_SUCCESS) r_ = Driver([&] { return gpu_.Stamp(stream_, slot_); });
+    if (r_ == CUDA_SUCCESS && gated_)
+      r_ = Driver([&] { return gpu_.Gate(stream_, slot_, ticket_, cfg_.gate, ops_[0].comm->spin_ctas); });
     if (r_ == CUDA_SUCCESS && gated_ && cfg_.gate_open_stamps) {
       open_slot_ = NextSlot();
       *gpu_.ArrivalWord(open_slot_) = 0;
-      r_ = gpu_.Stamp(stream_, open_slot_);
+      r_ = Driver([&] { return gpu_.Stamp(stream_, open_slot_); });
     }
     if (r_ != CUDA_SUCCESS) {
       SetLastError("CUDA error " + std::to_string(static_cast<int>(r_)) + " while enqueueing on the stream");
@@ -771,10 +796,10 @@ class UnitRun {
       const payload::Step& st = p.steps.steps[k];
       CUresult rs;
       if (!stamped_ && st.kind != StepKind::kNoop) {
-        rs = gpu_.StampAndStep(stream_, slot_, p.desc, st);
+        rs = Driver([&] { return gpu_.StampAndStep(stream_, slot_, p.desc, st); });
         stamped_ = true;
       } else {
-        rs = gpu_.RunStep(stream_, p.desc, st);
+        rs = Driver([&] { return gpu_.RunStep(stream_, p.desc, st); });
       }
       if (rs == CUDA_ERROR_NOT_FOUND) {
         LogOnce(&warned_step, "a payload kernel is missing from the fatbin: that step was skipped");
@@ -989,8 +1014,12 @@ ncclResult_t SubmitReal(const OpCall& c) {
 ncclResult_t Submit(const OpCall& call) {
   if (call.comm != nullptr && call.comm->real != nullptr) return SubmitReal(call);
   const bool sample = tls.depth == 0 && SampleThisUnit();
+  if (sample) StartSample();
   const uint64_t t0 = sample ? MonoNs() : 0;
-  if (ncclResult_t v = Validate(call); v != ncclSuccess) return v;
+  if (ncclResult_t v = Validate(call); v != ncclSuccess) {
+    t_sampling = false;
+    return v;
+  }
   if (tls.depth > 0) {
     try {
       tls.group.push_back(call);
@@ -1070,6 +1099,7 @@ ncclResult_t GroupEnd() {
   if (--tls.depth > 0) return real_result;
   if (tls.group.empty()) return real_result;
   const bool sample = SampleThisUnit();
+  if (sample) StartSample();
   const uint64_t t0 = sample ? MonoNs() : 0;
   ncclResult_t result = ncclSuccess;
   // One unit per stream, in posting order of each stream's first operation.
@@ -1198,24 +1228,29 @@ int IterationMark(cudaStream_t stream, uint64_t torch_max_allocated) {
   return static_cast<int>(it);
 }
 
-uint64_t HostOverheadQuantileNs(double q) {
-  Stats& s = St();
+namespace {
+uint64_t Quantile(const std::atomic<uint64_t>* hist, double q) {
   uint64_t total = 0;
-  for (uint32_t i = 0; i < kHistBuckets; ++i) total += s.hist[i].load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < kHistBuckets; ++i) total += hist[i].load(std::memory_order_relaxed);
   if (total == 0) return 0;
   uint64_t target = static_cast<uint64_t>(q * static_cast<double>(total - 1));
   uint64_t seen = 0;
   for (uint32_t i = 0; i < kHistBuckets; ++i) {
-    seen += s.hist[i].load(std::memory_order_relaxed);
+    seen += hist[i].load(std::memory_order_relaxed);
     if (seen > target) return static_cast<uint64_t>(i) * kHistBucketNs + kHistBucketNs / 2;
   }
   return static_cast<uint64_t>(kHistBuckets) * kHistBucketNs;
 }
+}  // namespace
+
+uint64_t HostOverheadQuantileNs(double q) { return Quantile(St().hist, q); }
+uint64_t HostOwnQuantileNs(double q) { return Quantile(St().own_hist, q); }
 
 uint64_t UnitsExecuted() { return St().units.load(); }
 
 void ResetStatsForTest() {
   for (auto& h : St().hist) h.store(0);
+  for (auto& h : St().own_hist) h.store(0);
   St().units.store(0);
 }
 

@@ -58,6 +58,8 @@ int IterationMark(cudaStream_t stream, uint64_t torch_max_allocated);
 // Host time spent inside libprism per executed unit (a collective outside a group, or a group end), in ns:
 // the q-quantile (0.5 = median) of everything measured so far; 0 when nothing was measured.
 uint64_t HostOverheadQuantileNs(double q);
+// The same less the time spent in driver calls (launches, stream waits, copies) within the unit.
+uint64_t HostOwnQuantileNs(double q);
 uint64_t UnitsExecuted();
 void ResetStatsForTest();
 
