@@ -2,13 +2,15 @@
 // boundary faked (tests/unit/shim_fake_gpu.h), so what is left is libprism's own work per call (validation,
 // planning, cost model, slot/ticket, progress queue). The GPU suite measures the whole (driver calls included);
 // the difference between the two is what the two driver calls per collective cost.
-//   build/bin/shim_host_bench [calls]   prints median and p90 ns per call over 5 runs, for fixed and model durations
+//   build/bin/shim_host_bench [calls] [gap_us]   prints median and p90 ns per call over 5 runs, for fixed and model
+//   durations; gap_us > 0 spaces the calls (each after the progress thread went idle)
 #include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "../tests/unit/shim_fake_gpu.h"
@@ -21,7 +23,9 @@ using namespace prism::interpose;
 
 namespace {
 
-double RunOnce(Comm* comm, int calls, std::vector<double>* per_call) {
+// gap_us > 0: a call every gap_us (the wait not timed), so that the progress thread has released everything and
+// sleeps before each call, as between the collectives of a GPU-bound job; 0: back to back.
+double RunOnce(Comm* comm, int calls, int gap_us, std::vector<double>* per_call) {
   std::vector<float> buf(1024, 1.0f);
   OpCall call;
   call.op = prism::payload::OpKind::kAllReduce;
@@ -35,7 +39,12 @@ double RunOnce(Comm* comm, int calls, std::vector<double>* per_call) {
     Submit(call);
     auto t1 = std::chrono::steady_clock::now();
     per_call->push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
-    if ((i & 255) == 255) ProgressDrain(5000000000ull);  // keep the in-flight ring from filling
+    if (gap_us > 0) {
+      ProgressDrain(5000000000ull);
+      std::this_thread::sleep_for(std::chrono::microseconds(gap_us));
+    } else if ((i & 255) == 255) {
+      ProgressDrain(5000000000ull);  // keep the in-flight ring from filling
+    }
   }
   ProgressDrain(5000000000ull);
   std::sort(per_call->begin(), per_call->end());
@@ -46,6 +55,7 @@ double RunOnce(Comm* comm, int calls, std::vector<double>* per_call) {
 
 int main(int argc, char** argv) {
   const int calls = argc > 1 ? std::atoi(argv[1]) : 20000;
+  const int gap_us = argc > 2 ? std::atoi(argv[2]) : 0;
   testing::FakeGpu gpu;
   gpu.stamp_arrivals = true;
   SetGpuForTest(&gpu);
@@ -66,7 +76,7 @@ int main(int argc, char** argv) {
     if (CommInit(a, &comm) != ncclSuccess) return 1;
     std::vector<double> meds, p90s, v;
     for (int run = 0; run < 5; ++run) {
-      meds.push_back(RunOnce(comm, calls, &v));
+      meds.push_back(RunOnce(comm, calls, gap_us, &v));
       p90s.push_back(v[v.size() * 9 / 10]);
       std::lock_guard<std::mutex> l(gpu.mu);
       gpu.steps.clear();
@@ -76,8 +86,8 @@ int main(int argc, char** argv) {
     std::sort(meds.begin(), meds.end());
     std::sort(p90s.begin(), p90s.end());
     std::printf("libprism host path without driver calls (%s durations): median %.0f ns, p90 %.0f ns per "
-                "all-reduce (median of 5 runs x %d calls)\n",
-                fixed ? "fixed" : "cost-model", meds[2], p90s[2], calls);
+                "all-reduce (median of 5 runs x %d calls, %s)\n",
+                fixed ? "fixed" : "cost-model", meds[2], p90s[2], calls, gap_us > 0 ? "spaced" : "back to back");
   }
   SetGpuForTest(nullptr);
   return 0;
