@@ -12,16 +12,8 @@ namespace {
 
 ncclResult_t Coll(OpKind op, const void* send, void* recv, size_t count, ncclDataType_t dtype, ncclRedOp_t redop,
                   int root, ncclComm_t comm, cudaStream_t stream) {
-  OpCall c;
-  c.op = op;
-  c.send = send;
-  c.recv = recv;
-  c.count = count;
-  c.dtype = dtype;
-  c.redop = redop;
-  c.root = root;
-  c.comm = ToComm(comm);
-  c.stream = stream;
+  const OpCall c{.op = op, .dtype = dtype, .redop = redop, .count = count, .send = send, .recv = recv, .root = root,
+                 .comm = ToComm(comm), .stream = stream};
   return Guarded(ncclInternalError, [&] { return Submit(c); });
 }
 

@@ -12,15 +12,8 @@ namespace {
 
 ncclResult_t P2p(OpKind op, const void* send, void* recv, size_t count, ncclDataType_t dtype, int peer,
                  ncclComm_t comm, cudaStream_t stream) {
-  OpCall c;
-  c.op = op;
-  c.send = send;
-  c.recv = recv;
-  c.count = count;
-  c.dtype = dtype;
-  c.peer = peer;
-  c.comm = ToComm(comm);
-  c.stream = stream;
+  const OpCall c{.op = op, .dtype = dtype, .count = count, .send = send, .recv = recv, .peer = peer,
+                 .comm = ToComm(comm), .stream = stream};
   return Guarded(ncclInternalError, [&] { return Submit(c); });
 }
 
