@@ -221,44 +221,19 @@ PY
 kernels_toggle() {
   local name=kernels_toggle_w64 d=$kdir/toggle n=${KERNELS_TOGGLE:-5}
   PRISM_KERNELS_TOGGLE=$n KERNELS_ITERS=${KERNELS_TOGGLE_ITERS:-60} kernels_w64 "$d" --kernels || { echo "run failed"; return 1; }
-  "$PYTHON" - "$d/report.json" "$n" "$KERNELS_SKIP" > "$out/$name.detail" <<'PY'
+  "$PYTHON" - "$d/report.json" "$n" "$KERNELS_SKIP" tests/gpu > "$out/$name.detail" <<'PY'
 import json, statistics, sys
-t = json.load(open(sys.argv[1]))["ranks"][0]["iteration_times_s"]
+sys.path.insert(0, sys.argv[4])
+from toggle_blocks import block_stats
 n, skip = int(sys.argv[2]), int(sys.argv[3])
-blocks = {}  # block number -> [ms]; times[i] ran from mark i-1, whose block is (i-1) // n (even: recording on)
-for i, x in enumerate(t):
-    if i <= skip or x is None or (i - 1) % n == 0:
-        continue
-    blocks.setdefault((i - 1) // n, []).append(x * 1e3)
-on = [v for b, vs in blocks.items() if b % 2 == 0 for v in vs]
-off = [v for b, vs in blocks.items() if b % 2 == 1 for v in vs]
-if len(on) < 3 or len(off) < 3:
-    print("too few iterations: on %d off %d" % (len(on), len(off))); sys.exit(1)
-pairs = [statistics.median(blocks[b]) / statistics.median(blocks[b + 1]) for b in sorted(blocks)
-         if b % 2 == 0 and b + 1 in blocks]
-# Every boundary between neighbouring blocks, both ways (on -> off and off -> on): twice the pairs, and a drift
-# that lasts several blocks cancels between a boundary and the next.
-bounds = []
-for b in sorted(blocks):
-    if b + 1 not in blocks:
-        continue
-    on_b, off_b = (b, b + 1) if b % 2 == 0 else (b + 1, b)
-    bounds.append(statistics.median(blocks[on_b]) / statistics.median(blocks[off_b]))
-mo, mn = statistics.median(off), statistics.median(on)
-# How far the pooled ratio can be trusted: a bootstrap over whole blocks (resampled with replacement, on and off
-# separately, fixed seed), its 2.5 and 97.5 percentiles.
-import random
-rng = random.Random(1)
-on_bs = [b for b in blocks if b % 2 == 0]
-off_bs = [b for b in blocks if b % 2 == 1]
-def pooled(bs):
-    return statistics.median([v for b in bs for v in blocks[b]])
-boot = sorted(pooled([rng.choice(on_bs) for _ in on_bs]) / pooled([rng.choice(off_bs) for _ in off_bs])
-              for _ in range(2000))
-print("bootstrap over blocks: pooled ratio 95%% interval %.4f .. %.4f" % (boot[50], boot[1949]))
+s = block_stats(json.load(open(sys.argv[1]))["ranks"][0]["iteration_times_s"], n, skip)
+if not s["enough"]:
+    print("too few iterations: on %d off %d" % (len(s["on"]), len(s["off"]))); sys.exit(1)
+mn, mo, pairs, bounds = s["median_on"], s["median_off"], s["pairs"], s["bounds"]
+print("bootstrap over blocks: pooled ratio 95%% interval %.4f .. %.4f" % (s["boot_lo"], s["boot_hi"]))
 print("toggle %d: gpu ms/iter on %.3f (%d it), off %.3f (%d it), ratio %.4f (%+.2f%%); neighbouring blocks on/off "
       "median %.4f over %d pairs (%s); every boundary median %.4f over %d; target < 2%%" % (
-      n, mn, len(on), mo, len(off), mn / mo, 100 * (mn / mo - 1),
+      n, mn, len(s["on"]), mo, len(s["off"]), mn / mo, 100 * (mn / mo - 1),
       statistics.median(pairs) if pairs else float("nan"), len(pairs), "/".join("%.3f" % p for p in pairs),
       statistics.median(bounds) if bounds else float("nan"), len(bounds)))
 PY

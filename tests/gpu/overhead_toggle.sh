@@ -19,33 +19,20 @@ job=(pretrain_gpt.py "${MEGATRON_MEDIUM_ARGS[@]}" --global-batch-size 8 --train-
 (cd "$MEGATRON" && PRISM_GATE_TOGGLE=$n PRISM_FIXED_DUR_US=0.001 timeout 540 "$PRISM_BUILD/bin/prism-run" --policy mirror --ranks 0 \
    --out "$out/run" --quiet torchrun --nproc-per-node 1 "${job[@]}") > "$out/run.log" 2>&1
 cat "$out/run/logs/rank0.log" >> "$out/run.log" 2>/dev/null
-"$PYTHON" - "$out/run/report.json" "$n" "$skip" > "$out/toggle.txt" <<'PY'
-import json, random, statistics, sys
-t = json.load(open(sys.argv[1]))["ranks"][0]["iteration_times_s"]
+"$PYTHON" - "$out/run/report.json" "$n" "$skip" "$(dirname "$0")" > "$out/toggle.txt" <<'PY'
+import json, statistics, sys
+sys.path.insert(0, sys.argv[4])
+from toggle_blocks import block_stats
 n, skip = int(sys.argv[2]), int(sys.argv[3])
-blocks = {}  # times[i] ran from mark i-1, whose block is (i-1) // n (even: gated)
-for i, x in enumerate(t):
-    if i <= skip or x is None or (i - 1) % n == 0:
-        continue
-    blocks.setdefault((i - 1) // n, []).append(x * 1e3)
-on = [v for b, vs in blocks.items() if b % 2 == 0 for v in vs]
-off = [v for b, vs in blocks.items() if b % 2 == 1 for v in vs]
-if len(on) < 3 or len(off) < 3:
-    print("too few iterations: gated %d, not gated %d" % (len(on), len(off))); sys.exit(1)
-pairs = [statistics.median(blocks[b]) / statistics.median(blocks[b + 1]) for b in sorted(blocks)
-         if b % 2 == 0 and b + 1 in blocks]
-rng = random.Random(1)
-on_bs = [b for b in blocks if b % 2 == 0]
-off_bs = [b for b in blocks if b % 2 == 1]
-pooled = lambda bs: statistics.median([v for b in bs for v in blocks[b]])
-boot = sorted(pooled([rng.choice(on_bs) for _ in on_bs]) / pooled([rng.choice(off_bs) for _ in off_bs])
-              for _ in range(2000))
-mn, mo = statistics.median(on), statistics.median(off)
+s = block_stats(json.load(open(sys.argv[1]))["ranks"][0]["iteration_times_s"], n, skip)
+if not s["enough"]:
+    print("too few iterations: gated %d, not gated %d" % (len(s["on"]), len(s["off"]))); sys.exit(1)
+mn, mo, pairs = s["median_on"], s["median_off"], s["pairs"]
 print("blocks gated/not: " + " ".join("%.3f" % p for p in pairs))
 print("gate toggle %d: ms/iter gated %.3f (%d it), not gated %.3f (%d it), ratio %.4f (%+.2f %%); neighbouring "
       "blocks median %.4f over %d; bootstrap 95 %% interval %.4f..%.4f" % (
-      n, mn, len(on), mo, len(off), mn / mo, 100 * (mn / mo - 1), statistics.median(pairs), len(pairs),
-      boot[50], boot[1949]))
+      n, mn, len(s["on"]), mo, len(s["off"]), mn / mo, 100 * (mn / mo - 1), statistics.median(pairs), len(pairs),
+      s["boot_lo"], s["boot_hi"]))
 PY
 rc=$?
 cat "$out/toggle.txt"
