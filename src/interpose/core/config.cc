@@ -62,10 +62,6 @@ const Setting kSettings[] = {
      "(switched at the iteration marks), to measure the gates' cost within one run (tests/gpu/overhead_toggle.sh: "
      "world 1, PRISM_FIXED_DUR_US=0.001); where virtual ranks decide releases the ungated blocks run ahead of them "
      "(docs/libprism.md \"Cost on a real rank\"). 0: gated throughout."},
-    {"PRISM_PROGRESS_LINGER_US", "1000",
-     "How long the progress thread keeps polling for new units (every 20 us) after its last one before it sleeps; "
-     "a collective pushed while it polls costs its caller no futex wake (a syscall, on a VM an interrupt to another "
-     "CPU). 0: sleep at once."},
 };
 const int kNumSettings = static_cast<int>(sizeof(kSettings) / sizeof(kSettings[0]));
 
@@ -229,11 +225,6 @@ void LoadConfig(EnvLookup lookup, Config* c) {
   if (const char* v = lookup("PRISM_GATE_TOGGLE"); v && *v) {
     if (!ParseInt(v, 0, 1 << 20, &c->gate_toggle)) {
       c->errors.push_back(std::string("PRISM_GATE_TOGGLE='") + v + "' is not a number of iterations (0 or more)");
-    }
-  }
-  if (const char* v = lookup("PRISM_PROGRESS_LINGER_US"); v && *v) {
-    if (!ParseInt(v, 0, 1000000, &c->progress_linger_us)) {
-      c->errors.push_back(std::string("PRISM_PROGRESS_LINGER_US='") + v + "' is not a number of microseconds (0 to 1000000)");
     }
   }
   if (const char* v = lookup("PRISM_KERNELS_TOGGLE"); v && *v) {

@@ -48,7 +48,6 @@ struct Config {
   std::string record_payloads;  // file this rank records its received payloads into (PRISM_RECORD_PAYLOADS)
   uint64_t payload_max_bytes = 4ull << 20;  // PRISM_PAYLOAD_MAX_BYTES: larger payloads are not recorded or replayed (0: all)
   int kernels_toggle = 0;       // PRISM_KERNELS_TOGGLE: CUPTI on for N iterations, off for N, ... (0: always on)
-  int progress_linger_us = 1000;  // PRISM_PROGRESS_LINGER_US: the progress thread polls this long before sleeping
   int gate_toggle = 0;          // PRISM_GATE_TOGGLE: gates on for N iterations, off for N, ... (0: always on)
   int kernels = 0;              // PRISM_KERNELS: 0 off, 1 CUPTI kernels/memcpy/memset, 2 also NVTX (core/kernel_trace.h)
   std::vector<std::string> errors;  // bad values seen (logged once on first use; defaults used instead)

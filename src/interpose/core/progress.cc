@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "common/log.h"
-#include "interpose/core/config.h"
 #include "interpose/core/coord_client.h"
 #include "interpose/core/gpu.h"
 
@@ -26,7 +25,6 @@ constexpr uint32_t kReservedSlots = 8;  // top gate slots: clock calibration (gp
 // ~60 us, which made 10 ms gates 50 us late with a 40 us window.
 constexpr int64_t kSpinWindowNs = 200000;
 constexpr int64_t kMaxSleepNs = 200000;
-constexpr int64_t kLingerPollNs = 20000;  // the poll while lingering (PRISM_PROGRESS_LINGER_US)
 
 // Vyukov's bounded MPMC queue (used MPSC): one CAS per push, no allocation.
 class UnitQueue {
@@ -158,7 +156,6 @@ bool PollOpening(State& s) {
 void Loop() {
   prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // Why: default 50 us slack would make every sleep late.
   State& s = S();
-  uint64_t idle_since = 0;  // host time the loop found nothing pending, 0 while units are pending
   for (;;) {
     Gpu& gpu = TheGpu();  // Why per loop: tests swap the GPU backend between cases
     GateUnit u;
@@ -238,14 +235,6 @@ void Loop() {
       continue;
     }
     if (s.npending == 0) {
-      // Linger before sleeping: the collectives of a step come in bursts, and one pushed while the thread polls
-      // costs its caller no futex wake (ProgressPush), which on a VM is an interrupt to another CPU, several us.
-      if (idle_since == 0) idle_since = now_host;
-      const int64_t linger_ns = static_cast<int64_t>(Cfg().progress_linger_us) * 1000;
-      if (static_cast<int64_t>(now_host - idle_since) < linger_ns) {
-        SleepNs(kLingerPollNs);
-        continue;
-      }
       uint32_t w = s.wake.load(std::memory_order_acquire);
       s.sleeping.store(1, std::memory_order_seq_cst);
       if (s.pushed.load(std::memory_order_seq_cst) == s.released.load(std::memory_order_seq_cst)) {
@@ -255,7 +244,6 @@ void Loop() {
       s.sleeping.store(0, std::memory_order_relaxed);
       continue;
     }
-    idle_since = 0;
     // Next poll: soon enough to catch the nearest release, and to see an arrival well before a short op ends.
     int64_t poll = kMaxSleepNs;
     if (min_dur != INT64_MAX) poll = std::min<int64_t>(poll, std::max<int64_t>(2000, min_dur / 4));
