@@ -68,9 +68,11 @@ CUresult Driver(F&& call) {
   return r;
 }
 
-void StartSample() {
+// Starts timing a sampled unit; returns its start (RecordOverhead takes the elapsed time).
+uint64_t StartSample() {
   t_sampling = true;
   t_driver_ns = 0;
+  return MonoNs();
 }
 
 void RecordOverhead(uint64_t ns) {
@@ -1014,8 +1016,7 @@ ncclResult_t SubmitReal(const OpCall& c) {
 ncclResult_t Submit(const OpCall& call) {
   if (call.comm != nullptr && call.comm->real != nullptr) return SubmitReal(call);
   const bool sample = tls.depth == 0 && SampleThisUnit();
-  if (sample) StartSample();
-  const uint64_t t0 = sample ? MonoNs() : 0;
+  const uint64_t t0 = sample ? StartSample() : 0;
   if (ncclResult_t v = Validate(call); v != ncclSuccess) {
     t_sampling = false;
     return v;
@@ -1099,8 +1100,7 @@ ncclResult_t GroupEnd() {
   if (--tls.depth > 0) return real_result;
   if (tls.group.empty()) return real_result;
   const bool sample = SampleThisUnit();
-  if (sample) StartSample();
-  const uint64_t t0 = sample ? MonoNs() : 0;
+  const uint64_t t0 = sample ? StartSample() : 0;
   ncclResult_t result = ncclSuccess;
   // One unit per stream, in posting order of each stream's first operation.
   std::vector<OpCall>& ops = tls.group;

@@ -376,11 +376,10 @@ void EventLogStop() {
   // libprism's own host time per executed unit (what a real rank pays per collective on its thread; sampled, see
   // engine.cc), so that a run's cost can be read from its event file (tests/gpu/libprism_cost.sh).
   char host[192] = "";
-  const uint64_t units = UnitsExecuted(), p50 = HostOverheadQuantileNs(0.5);
-  if (units > 0 && p50 > 0)  // p50 is 0 while no unit was sampled
+  if (const uint64_t p50 = HostOverheadQuantileNs(0.5); p50 > 0)  // 0 while no unit was sampled
     std::snprintf(host, sizeof host,
                   ",\"host_ns\":{\"units\":%llu,\"p50\":%llu,\"p90\":%llu,\"own_p50\":%llu,\"own_p90\":%llu}",
-                  static_cast<unsigned long long>(units), static_cast<unsigned long long>(p50),
+                  static_cast<unsigned long long>(UnitsExecuted()), static_cast<unsigned long long>(p50),
                   static_cast<unsigned long long>(HostOverheadQuantileNs(0.9)),
                   static_cast<unsigned long long>(HostOwnQuantileNs(0.5)),
                   static_cast<unsigned long long>(HostOwnQuantileNs(0.9)));
