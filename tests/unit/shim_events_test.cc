@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -232,6 +233,77 @@ std::vector<nlohmann::json> LinesOf(const std::string& type) {
     if (j.at("type") == type) out.push_back(std::move(j));
   }
   return out;
+}
+
+// A GPU whose arrival stamps are not in the arrival words (as event stamps are not): the progress thread must take
+// arrivals, open stamps included, through Gpu::Arrival, and a cleared slot must read 0 until stamped again.
+class EventStampGpu : public testing::FakeGpu {
+ public:
+  CUresult Stamp(CUstream, uint32_t slot) override {
+    std::lock_guard<std::mutex> l(stamp_mu);
+    stamps[slot % kGateSlots] = next_stamp += 1000;
+    return CUDA_SUCCESS;
+  }
+  uint64_t Arrival(uint32_t slot) override {
+    std::lock_guard<std::mutex> l(stamp_mu);
+    auto it = stamps.find(slot % kGateSlots);
+    return it == stamps.end() ? 0 : it->second;
+  }
+  void ClearArrival(uint32_t slot) override {
+    std::lock_guard<std::mutex> l(stamp_mu);
+    stamps.erase(slot % kGateSlots);
+  }
+  std::mutex stamp_mu;
+  std::map<uint32_t, uint64_t> stamps;
+  uint64_t next_stamp = 5000000000000ull;
+};
+
+TEST(ShimEvents, ArrivalsAreReadThroughTheGpuNotItsWords) {
+  EventStampGpu gpu;
+  SetGpuForTest(&gpu);
+  auto dir = std::filesystem::temp_directory_path() / ("prism_events_arrival_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  Config c;
+  c.rank = 0;
+  c.world_size = 8;
+  c.real_ranks = {0};
+  c.fixed_dur_us = 50;
+  c.out_dir = dir.string();
+  c.gate_open_stamps = true;
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  ncclUniqueId id;
+  ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
+  InitArgs a;
+  a.nranks = 8;
+  a.rank = 0;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  std::vector<float> buf(64);
+  OpCall call;
+  call.op = payload::OpKind::kAllReduce;
+  call.comm = comm;
+  call.count = 64;
+  call.dtype = ncclFloat32;
+  call.redop = ncclSum;
+  call.send = buf.data();
+  call.recv = buf.data();
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(Submit(call), ncclSuccess);
+  ASSERT_TRUE(ProgressDrain(5000000000ull)) << "a unit waited for an arrival it could only see through Arrival()";
+  usleep(300000);
+  EventLogStop();
+  SetGpuForTest(nullptr);
+  for (uint64_t w : gpu.arrival) EXPECT_EQ(w, 0u);
+  std::vector<uint64_t> arrivals;
+  for (const nlohmann::json& j : LinesOf("op")) {
+    arrivals.push_back(j.at("arrival_ns").get<uint64_t>());
+    // Each unit takes two stamps (arrival, then its gate's opening), 1000 ns apart on this fake's clock.
+    EXPECT_EQ(j.at("gate_open_ns").get<uint64_t>(), arrivals.back() + 1000) << j.dump();
+    EXPECT_EQ(j.at("release_ns").get<uint64_t>(), arrivals.back() + 50000) << j.dump();
+  }
+  EXPECT_EQ(arrivals, (std::vector<uint64_t>{5000000001000ull, 5000000003000ull, 5000000005000ull}));
+  std::filesystem::remove_all(dir);
 }
 
 // A unit released here at its own arrival (world 1: the cost model gives a one-member communicator 0) holds no gate:

@@ -27,6 +27,7 @@
 #include "interpose/core/config.h"
 #include "interpose/core/cost.h"
 #include "interpose/core/event_log.h"
+#include "interpose/core/gpu.h"
 #include "interpose/core/progress.h"
 #include "interpose/core/real_symbols.h"
 #include "nccl_patch/semantics.h"
@@ -172,6 +173,9 @@ void ReaderLoop() {
     if (f.type == ipc::MsgType::kHelloAck) {
       nlohmann::json j = nlohmann::json::parse(f.payload, nullptr, false);
       if (j.is_object()) c.swap.store(j.value("swap", false));
+      // Why: a checkpointed process's driver calls block until its restore, and the progress thread must keep
+      // talking to the coordinator meanwhile, so its arrival reads must not be event queries.
+      if (c.swap.load()) TheGpu().UseKernelStamps("the coordinator may checkpoint this process (--swap)");
     }
     {
       std::lock_guard<std::mutex> lock(c.mu);

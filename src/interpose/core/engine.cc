@@ -603,7 +603,7 @@ class UnitRun {
     slot_ = NextSlot();
     ticket_ = NextTicket();
     gated_ = cfg_.gate != GateKind::kNone && !capturing_ && !g_gates_toggled_off.load(std::memory_order_relaxed);
-    *gpu_.ArrivalWord(slot_) = 0;
+    gpu_.ClearArrival(slot_);
     // The arrival stamp rides on the first payload step (one launch); earlier operations of the unit have none.
     stamped_ = capturing_;
   }
@@ -692,7 +692,7 @@ class UnitRun {
       r_ = Driver([&] { return gpu_.Gate(stream_, slot_, ticket_, cfg_.gate, ops_[0].comm->spin_ctas); });
     if (r_ == CUDA_SUCCESS && gated_ && cfg_.gate_open_stamps) {
       open_slot_ = NextSlot();
-      *gpu_.ArrivalWord(open_slot_) = 0;
+      gpu_.ClearArrival(open_slot_);
       r_ = Driver([&] { return gpu_.Stamp(stream_, open_slot_); });
     }
     if (r_ != CUDA_SUCCESS) {
@@ -999,13 +999,13 @@ ncclResult_t SubmitReal(const OpCall& c) {
   if (!TimeReal(c.stream)) return CallReal(c);
   Gpu& gpu = TheGpu();
   const uint32_t slot = NextSlot(), end = NextSlot();
-  *gpu.ArrivalWord(slot) = 0;
-  *gpu.ArrivalWord(end) = 0;
+  gpu.ClearArrival(slot);
+  gpu.ClearArrival(end);
   const auto s = reinterpret_cast<CUstream>(c.stream);
   if (gpu.Stamp(s, slot) != CUDA_SUCCESS) return CallReal(c);
   const ncclResult_t r = CallReal(c);
   if (gpu.Stamp(s, end) != CUDA_SUCCESS || r != ncclSuccess) {
-    *gpu.ArrivalWord(slot) = 0;  // nothing to report: the slot is simply not used
+    gpu.ClearArrival(slot);  // nothing to report: the slot is simply not used
     return r;
   }
   std::pair<OpCall, uint64_t> one(c, seq);
@@ -1076,8 +1076,8 @@ ncclResult_t GroupEnd() {
       for (const auto& st : stamped) seen = seen || tls.real_group[st.first].first.stream == tls.real_group[k].first.stream;
       if (seen) continue;
       const uint32_t slot = NextSlot(), end = NextSlot();
-      *gpu.ArrivalWord(slot) = 0;
-      *gpu.ArrivalWord(end) = 0;
+      gpu.ClearArrival(slot);
+      gpu.ClearArrival(end);
       if (gpu.Stamp(reinterpret_cast<CUstream>(tls.real_group[k].first.stream), slot) == CUDA_SUCCESS)
         stamped.push_back({k, {slot, end}});
     }

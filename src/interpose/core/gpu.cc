@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -40,6 +41,15 @@ uint64_t WorkItems(const payload::Step& st) {
 }
 
 class DriverGpu final : public Gpu {
+  // An event of the clock that event stamps are read against: its %globaltimer value, measured by bracketing the
+  // stamp kernel between `start` and `end` on the private stream.
+  struct Anchor {
+    CUevent start = nullptr, end = nullptr;
+    int64_t gpu_ns = 0;    // %globaltimer at `start` (0: none)
+    int64_t width_ns = 0;  // end - start: the anchor's error is at most half of it
+  };
+  static constexpr int kAnchors = 4;  // a ring: the progress thread reads the published one and the one before
+
  public:
   DriverGpu() {
     for (auto& s : spin_release_) s.store(-1);
@@ -68,13 +78,40 @@ class DriverGpu final : public Gpu {
   }
 
   CUresult Stamp(CUstream stream, uint32_t slot) override {
-    CUdeviceptr p = arrival_dev_ + sizeof(uint64_t) * (slot % kGateSlots);
-    void* args[] = {&p};
-    return d().cuLaunchKernel(k_stamp_, 1, 1, 1, 32, 1, 1, 0, stream, args, nullptr);
+    const uint32_t i = slot % kGateSlots;
+    if (event_stamps_.load(std::memory_order_relaxed)) {
+      const CUresult r = d().cuEventRecord(events_[i], stream);
+      by_event_[i] = r == CUDA_SUCCESS;
+      return r;
+    }
+    by_event_[i] = 0;
+    return StampKernel(stream, arrival_dev_ + sizeof(uint64_t) * i);
+  }
+
+  uint64_t Arrival(uint32_t slot) override {
+    const uint32_t i = slot % kGateSlots;
+    if (!by_event_[i]) return arrival_[i];
+    return EventTime(events_[i]);
+  }
+
+  void ClearArrival(uint32_t slot) override {
+    const uint32_t i = slot % kGateSlots;
+    by_event_[i] = 0;
+    arrival_[i] = 0;
+  }
+
+  void UseKernelStamps(const char* why) override {
+    std::lock_guard<std::mutex> lock(mu_);  // Why: SetupEventStamps runs under it and reads forced_why_
+    forced_why_ = why;
+    if (event_stamps_.exchange(false)) Log("interpose")->info("arrival stamps are kernel writes from now on: {}", why);
   }
 
   CUresult StampAndStep(CUstream stream, uint32_t slot, const payload::OpDesc& desc,
                         const payload::Step& st) override {
+    if (event_stamps_.load(std::memory_order_relaxed)) {
+      const CUresult r = Stamp(stream, slot);
+      return r == CUDA_SUCCESS ? RunStep(stream, desc, st) : r;
+    }
     if (k_fused_ == nullptr) {
       CUresult r = Stamp(stream, slot);
       return r == CUDA_SUCCESS ? RunStep(stream, desc, st) : r;
@@ -168,9 +205,7 @@ class DriverGpu final : public Gpu {
   }
 
   CUresult StampIteration(CUstream stream, uint32_t iter_slot) override {
-    CUdeviceptr p = iter_dev_ + sizeof(uint64_t) * (iter_slot % kIterSlots);
-    void* args[] = {&p};
-    return d().cuLaunchKernel(k_stamp_, 1, 1, 1, 32, 1, 1, 0, stream, args, nullptr);
+    return StampKernel(stream, iter_dev_ + sizeof(uint64_t) * (iter_slot % kIterSlots));
   }
 
   bool Capturing(CUstream stream) override {
@@ -211,6 +246,7 @@ class DriverGpu final : public Gpu {
       clock_.Add(now, off);
       ++probes_ok_;
     }
+    if (event_stamps_.load(std::memory_order_relaxed)) RefreshAnchor();
     // Why a line every 10 s: the offset drifts (9 us/s between processes on the H200) and a probe needs an idle SM
     // within 0.2 ms, which a GPU-bound job may never leave. With a stale offset the progress thread opens each timed
     // gate late by the drift and logs it on time, so the lateness lands in the next compute gap of the filled graph
@@ -223,6 +259,13 @@ class DriverGpu final : public Gpu {
                              cur, cur - first_offset_ns_, span_s,
                              span_s > 0 ? 1e-3 * static_cast<double>(cur - first_offset_ns_) / span_s : 0.0,
                              clock_.RatePpm(), probes_ok_, probes_);
+      if (event_stamps_.load(std::memory_order_relaxed)) {
+        Log("interpose")->info("arrival anchors: {} of {} in the last 10 s taken (bracket {} ns), the last one {:+} ns "
+                               "from the event clock's prediction over {:.1f} s",
+                               anchors_taken_, anchors_tried_, anchor_width_ns_, anchor_step_ns_,
+                               static_cast<double>(anchor_span_ns_) * 1e-9);
+        anchors_taken_ = anchors_tried_ = 0;
+      }
       last_clock_log_ns_ = now;
       probes_ = probes_ok_ = 0;
     }
@@ -297,7 +340,164 @@ class DriverGpu final : public Gpu {
     Calibrate();
     Log("interpose")->info("GPU ready: clock offset {} ns, wait-gate release {} ns, spin-gate (1 CTA) release {} ns",
                            clock_.OffsetAt(HostNowNs()), wait_release_.load(), spin_release_[1].load());
+    SetupEventStamps();
     return true;
+  }
+
+  // Launches the stamp kernel: the stream's %globaltimer into the host-mapped word at `word`.
+  CUresult StampKernel(CUstream stream, CUdeviceptr word) {
+    void* args[] = {&word};
+    return d().cuLaunchKernel(k_stamp_, 1, 1, 1, 32, 1, 1, 0, stream, args, nullptr);
+  }
+
+  // Makes the job's context current on the calling thread once (the progress thread's event queries need it).
+  void EnsureThreadContext() {
+    thread_local bool done = false;
+    if (done) return;
+    EnsureContext();
+    done = true;
+  }
+
+  // An event's time on the GPU clock: the published anchor's %globaltimer value plus the elapsed time from the
+  // anchor to the event (the anchor before it when that fails); 0 while the event has not completed.
+  uint64_t EventTime(CUevent ev) {
+    EnsureThreadContext();
+    const CUresult q = d().cuEventQuery(ev);
+    if (q == CUDA_ERROR_NOT_READY) return 0;
+    if (q == CUDA_SUCCESS) {
+      const int cur = anchor_.load(std::memory_order_acquire);
+      for (int back = 0; back < 2; ++back) {
+        const Anchor& a = anchors_[(cur + kAnchors - back) % kAnchors];
+        float ms = 0;
+        if (a.gpu_ns > 0 && d().cuEventElapsedTime(&ms, a.start, ev) == CUDA_SUCCESS)
+          return static_cast<uint64_t>(a.gpu_ns + std::llround(static_cast<double>(ms) * 1e6));
+      }
+    }
+    // Why the host clock rather than 0: a stamp that can never be read would hold its gate for ever.
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true))
+      Log("interpose")->error("an arrival event could not be read (CUDA error {}): such arrivals take the host clock",
+                              static_cast<int>(q));
+    const uint64_t now = HostNowNs();
+    return static_cast<uint64_t>(static_cast<int64_t>(now) + clock_.OffsetAt(now));
+  }
+
+  // Enqueues anchor `i` on the private stream: an event, the stamp kernel (into probe_[2]), an event.
+  bool EnqueueAnchor(int i) {
+    probe_[2] = 0;
+    const DriverFns& f = d();
+    return f.cuEventRecord(anchors_[i].start, stream_) == CUDA_SUCCESS &&
+           StampKernel(stream_, probe_dev_ + 2 * sizeof(uint64_t)) == CUDA_SUCCESS &&
+           f.cuEventRecord(anchors_[i].end, stream_) == CUDA_SUCCESS;
+  }
+
+  // Reads an enqueued anchor: 1 measured (gpu_ns, width_ns set), 0 still in flight, -1 failed. The stamp lies
+  // between the two events, so the start event's time is the stamp less half the bracket, within half of it.
+  int HarvestAnchor(Anchor* a) {
+    const CUresult q = d().cuEventQuery(a->end);
+    if (q == CUDA_ERROR_NOT_READY) return 0;
+    const uint64_t t = probe_[2];
+    float ms = 0;
+    if (q != CUDA_SUCCESS || t <= 1 || d().cuEventElapsedTime(&ms, a->start, a->end) != CUDA_SUCCESS) return -1;
+    a->width_ns = std::llround(static_cast<double>(ms) * 1e6);
+    a->gpu_ns = static_cast<int64_t>(t) - a->width_ns / 2;
+    return 1;
+  }
+
+  // Why re-anchor: cuEventElapsedTime is a float of milliseconds, so its error grows with the distance from the
+  // anchor (half a unit in the last place: 30 ns at 1 s, 1 us at 16 s). Once a second (MaybeRecalibrate, under
+  // probe_mu_) the last enqueued anchor is read and published when its bracket is about as tight as the first one
+  // (or its error, half the bracket, below the float's at the current anchor's distance), and the next one is
+  // enqueued; a GPU too busy to run the stamp kernel at once leaves a wide bracket and the older anchor in place.
+  void RefreshAnchor() {
+    if (anchor_pending_ >= 0) {
+      Anchor& a = anchors_[anchor_pending_];
+      const int got = HarvestAnchor(&a);
+      if (got == 0) return;
+      ++anchors_tried_;
+      const Anchor& cur = anchors_[anchor_.load(std::memory_order_relaxed)];
+      const int64_t float_err_ns = (a.gpu_ns - cur.gpu_ns) >> 24;
+      if (got > 0 && (a.width_ns <= first_width_ns_ + first_width_ns_ / 2 + 500 || a.width_ns / 2 <= float_err_ns)) {
+        float ms = 0;
+        if (d().cuEventElapsedTime(&ms, cur.start, a.start) == CUDA_SUCCESS) {
+          anchor_step_ns_ = a.gpu_ns - (cur.gpu_ns + std::llround(static_cast<double>(ms) * 1e6));
+          anchor_span_ns_ = a.gpu_ns - cur.gpu_ns;
+        }
+        anchor_width_ns_ = a.width_ns;
+        anchor_.store(anchor_pending_, std::memory_order_release);
+        ++anchors_taken_;
+      }
+      anchor_pending_ = -1;
+    }
+    const int next = (anchor_.load(std::memory_order_relaxed) + 1) % kAnchors;
+    if (EnqueueAnchor(next)) anchor_pending_ = next;
+  }
+
+  // Event stamps: every slot's event and the anchors' created, the first anchor taken (the narrowest bracket of
+  // 7), then a check logged: an event and a stamp kernel right after it on the idle private stream, the kernel's
+  // %globaltimer less the event's time read as an arrival (median of 7; the launch gap, a microsecond or two).
+  // Kernel stamps stay when anything fails.
+  void SetupEventStamps() {
+    const DriverFns& f = d();
+    const Config& c = Cfg();
+    const char* off = !c.arrival_by_event ? "PRISM_ARRIVAL=kernel"
+                      : c.kernels != 0   ? "PRISM_KERNELS aligns CUPTI's clock on the stamp kernels"
+                      : forced_why_ != nullptr ? forced_why_
+                      : f.cuEventCreate == nullptr || f.cuEventRecord == nullptr || f.cuEventQuery == nullptr ||
+                              f.cuEventElapsedTime == nullptr
+                          ? "the driver lacks an event entry point"
+                          : nullptr;
+    if (off != nullptr) {
+      Log("interpose")->info("arrival stamps are kernel writes: {}", off);
+      return;
+    }
+    const uint64_t t0 = HostNowNs();
+    CUresult r = CUDA_SUCCESS;
+    for (uint32_t i = 0; i < kGateSlots && r == CUDA_SUCCESS; ++i) r = f.cuEventCreate(&events_[i], CU_EVENT_DEFAULT);
+    for (Anchor& a : anchors_) {
+      if (r == CUDA_SUCCESS) r = f.cuEventCreate(&a.start, CU_EVENT_DEFAULT);
+      if (r == CUDA_SUCCESS) r = f.cuEventCreate(&a.end, CU_EVENT_DEFAULT);
+    }
+    if (r != CUDA_SUCCESS) {
+      Fail("cuEventCreate (arrival stamps stay kernel writes)", r);
+      return;
+    }
+    const uint64_t created_ns = HostNowNs() - t0;
+    Anchor best;
+    for (int i = 0; i < 7; ++i) {
+      Anchor& a = anchors_[1];
+      a.gpu_ns = 0;
+      if (!EnqueueAnchor(1) || f.cuStreamSynchronize(stream_) != CUDA_SUCCESS || HarvestAnchor(&a) <= 0) continue;
+      if (best.gpu_ns == 0 || a.width_ns < best.width_ns) {
+        std::swap(anchors_[0], anchors_[1]);
+        best = anchors_[0];
+      }
+    }
+    anchors_[1].gpu_ns = 0;
+    if (best.gpu_ns == 0) {
+      Log("interpose")->warn("arrival stamps are kernel writes: no anchor of the event clock could be measured");
+      return;
+    }
+    first_width_ns_ = anchor_width_ns_ = best.width_ns;
+    anchor_.store(0, std::memory_order_release);
+    std::vector<int64_t> gaps;
+    const uint32_t slot = kGateSlots - 3;
+    for (int i = 0; i < 7; ++i) {
+      arrival_[slot] = 0;
+      if (f.cuEventRecord(events_[slot], stream_) != CUDA_SUCCESS ||
+          StampKernel(stream_, arrival_dev_ + sizeof(uint64_t) * slot) != CUDA_SUCCESS ||
+          f.cuStreamSynchronize(stream_) != CUDA_SUCCESS)
+        break;
+      const uint64_t ev = EventTime(events_[slot]);
+      if (ev != 0 && arrival_[slot] > 1) gaps.push_back(static_cast<int64_t>(arrival_[slot]) - static_cast<int64_t>(ev));
+    }
+    arrival_[slot] = 0;
+    std::sort(gaps.begin(), gaps.end());
+    event_stamps_.store(true, std::memory_order_release);
+    Log("interpose")->info("arrival stamps are event records: {} events created in {:.1f} ms; anchor bracket {} ns; "
+                           "a stamp kernel right after an event read {} ns after it (median of {})",
+                           kGateSlots, static_cast<double>(created_ns) * 1e-6, best.width_ns,
+                           gaps.empty() ? 0 : gaps[gaps.size() / 2], gaps.size());
   }
 
   // Launches every own kernel once (the lazy-loading hazard of gpu-machine-findings.md: the first launch of a
@@ -306,7 +506,8 @@ class DriverGpu final : public Gpu {
     const DriverFns& f = d();
     CUresult r;
     const uint32_t slot = kGateSlots - 2;
-    if ((r = Stamp(stream_, slot)) != CUDA_SUCCESS) return Fail("warm prism_stamp", r);
+    if ((r = StampKernel(stream_, arrival_dev_ + sizeof(uint64_t) * slot)) != CUDA_SUCCESS)
+      return Fail("warm prism_stamp", r);
     if ((r = Gate(stream_, slot, 0, GateKind::kSpin, 1)) != CUDA_SUCCESS) return Fail("warm prism_spin_gate", r);
     payload::OpDesc desc;
     payload::Step noop;
@@ -381,7 +582,7 @@ class DriverGpu final : public Gpu {
       const uint32_t ticket = ++release_ticket_;
       arrival_[slot] = 0;
       if (Gate(stream_, slot, ticket, kind, ctas) != CUDA_SUCCESS) break;
-      if (Stamp(stream_, slot) != CUDA_SUCCESS) break;
+      if (StampKernel(stream_, arrival_dev_ + sizeof(uint64_t) * slot) != CUDA_SUCCESS) break;
       usleep(300);
       uint64_t t_host = HostNowNs();
       __atomic_store_n(&gate_[slot], ticket, __ATOMIC_RELEASE);
@@ -396,7 +597,7 @@ class DriverGpu final : public Gpu {
   }
 
   std::mutex mu_;
-  std::mutex probe_mu_;  // the private stream's probes (calibration)
+  std::mutex probe_mu_;  // the private stream's probes (calibration, anchors)
   std::atomic<bool> ready_{false};
   bool failed_ = false;
   CUcontext ctx_ = nullptr;
@@ -419,6 +620,18 @@ class DriverGpu final : public Gpu {
   uint64_t first_calib_ns_ = 0, last_clock_log_ns_ = 0;
   int64_t first_offset_ns_ = 0;
   uint64_t probes_ = 0, probes_ok_ = 0;
+  // Event stamps (SetupEventStamps). by_event_[i]: slot i's last stamp is events_[i] (else arrival_[i]), written
+  // by the stamping thread before the unit is handed to the progress thread.
+  std::atomic<bool> event_stamps_{false};
+  const char* forced_why_ = nullptr;  // UseKernelStamps's reason (under mu_; a string literal)
+  CUevent events_[kGateSlots] = {};
+  uint8_t by_event_[kGateSlots] = {};
+  Anchor anchors_[kAnchors];
+  std::atomic<int> anchor_{0};
+  // RefreshAnchor's state and account (under probe_mu_).
+  int anchor_pending_ = -1;
+  int64_t first_width_ns_ = 0, anchor_width_ns_ = 0, anchor_step_ns_ = 0, anchor_span_ns_ = 0;
+  uint64_t anchors_taken_ = 0, anchors_tried_ = 0;
 };
 
 std::atomic<Gpu*> g_fake{nullptr};

@@ -1,6 +1,13 @@
 // The shim's own GPU work, behind an interface so that unit tests fake the CUDA boundary (as libkineto's
 // CuptiActivityApi). The real implementation (DriverGpu) uses only the CUDA driver API and the kernels of the
 // embedded fatbin: arrival stamps, gates, payload steps, clock calibration.
+//
+// Arrival stamps are event records (PRISM_ARRIVAL=event, the default): cuEventRecord costs the calling thread a
+// fraction of what a kernel launch does, and the stamp is paid per collective. The progress thread reads an event's
+// time as an anchor event's %globaltimer value plus the elapsed time between the two (docs/libprism.md, "Arrival
+// stamps"). They are kernel writes of %globaltimer into host-mapped words instead where a driver call from the
+// progress thread could block (a process the coordinator may checkpoint) or where CUPTI aligns its clock on the
+// stamp kernels (PRISM_KERNELS), and when PRISM_ARRIVAL=kernel.
 #pragma once
 
 #include <cuda.h>
@@ -30,7 +37,8 @@ class Gpu {
   // One-time setup on a thread whose current context is the job's (module load, warm-up of every own kernel,
   // slot memory, clock calibration). Idempotent and thread-safe; false when the GPU cannot be used (logged).
   virtual bool EnsureReady() = 0;
-  // Host views of the slot words (valid after EnsureReady).
+  // Host views of the slot words (valid after EnsureReady). ArrivalWord holds kernel stamps only: read arrivals
+  // through Arrival().
   virtual volatile uint64_t* ArrivalWord(uint32_t slot) = 0;
   virtual volatile uint32_t* GateWord(uint32_t slot) = 0;
   virtual volatile uint64_t* IterWord(uint32_t slot) = 0;
@@ -40,6 +48,13 @@ class Gpu {
   // Enqueue on `stream`: the arrival stamp of `slot`; a gate that holds the stream until GateWord(slot) reaches
   // `ticket`; one payload step; an iteration stamp. CUDA_SUCCESS or the driver's error.
   virtual CUresult Stamp(CUstream stream, uint32_t slot) = 0;
+  // The arrival stamp of `slot` on the GPU clock (%globaltimer, Unix-epoch ns); 0 while the stream has not reached
+  // it. Called by the progress thread.
+  virtual uint64_t Arrival(uint32_t slot) { return *ArrivalWord(slot); }
+  // Forgets the slot's earlier stamp: called before the slot is stamped again, so that an unstamped slot reads 0.
+  virtual void ClearArrival(uint32_t slot) { *ArrivalWord(slot) = 0; }
+  // Stamps from now on are kernel writes (see the top of this file); `why` is logged.
+  virtual void UseKernelStamps(const char* why) {}
   // The arrival stamp fused with the unit's first payload step (one launch instead of two).
   virtual CUresult StampAndStep(CUstream stream, uint32_t slot, const payload::OpDesc& desc,
                                 const payload::Step& step) = 0;

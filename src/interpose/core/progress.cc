@@ -25,6 +25,10 @@ constexpr uint32_t kReservedSlots = 8;  // top gate slots: clock calibration (gp
 // ~60 us, which made 10 ms gates 50 us late with a 40 us window.
 constexpr int64_t kSpinWindowNs = 200000;
 constexpr int64_t kMaxSleepNs = 200000;
+// Why arrivals are read at most every 2 us: an event-stamped arrival is a driver call (gpu.h), and while the thread
+// spins for a near release it would otherwise query every waiting unit's event in a tight loop. An arrival read
+// later is not later on the GPU clock; the release it decides is, by at most this.
+constexpr uint64_t kArrivalReadNs = 2000;
 
 // Vyukov's bounded MPMC queue (used MPSC): one CAS per push, no allocation.
 class UnitQueue {
@@ -139,7 +143,7 @@ bool PollOpening(State& s) {
   Gpu& gpu = TheGpu();
   for (size_t i = 0; i < s.opening.size();) {
     GateUnit& u = s.opening[i];
-    const uint64_t t = *gpu.ArrivalWord(u.open_slot);
+    const uint64_t t = gpu.Arrival(u.open_slot);
     if (t == 0) {
       ++i;
       continue;
@@ -156,6 +160,7 @@ bool PollOpening(State& s) {
 void Loop() {
   prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // Why: default 50 us slack would make every sleep late.
   State& s = S();
+  uint64_t arrivals_read_ns = 0;  // host time of the last pass that read arrivals
   for (;;) {
     Gpu& gpu = TheGpu();  // Why per loop: tests swap the GPU backend between cases
     GateUnit u;
@@ -168,10 +173,12 @@ void Loop() {
     int64_t min_wait = INT64_MAX;       // ns until the nearest known release
     int64_t min_dur = INT64_MAX;        // shortest duration among units still waiting for arrival
     uint64_t now_host = HostNowNs();
+    const bool read_arrivals = now_host - arrivals_read_ns >= kArrivalReadNs;
+    if (read_arrivals) arrivals_read_ns = now_host;
     for (uint32_t i = 0; i < s.npending;) {
       Pending& p = s.pending[i];
       if (!p.has_arrival) {
-        uint64_t a = *gpu.ArrivalWord(p.u.slot);
+        const uint64_t a = read_arrivals ? gpu.Arrival(p.u.slot) : 0;
         if (a != 0) {
           p.has_arrival = true;
           p.u.event.arrival_ns = a;
@@ -185,7 +192,7 @@ void Loop() {
       }
       if (p.has_arrival && p.u.end_slot != UINT32_MAX && !p.has_release) {
         // Passthrough: the real operations ended when the stream reached the end stamp.
-        uint64_t e = *gpu.ArrivalWord(p.u.end_slot);
+        const uint64_t e = read_arrivals ? gpu.Arrival(p.u.end_slot) : 0;
         if (e != 0) {
           p.u.event.release_ns = std::max<uint64_t>(e, p.u.event.arrival_ns);
           p.has_release = true;

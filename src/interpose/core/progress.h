@@ -1,6 +1,6 @@
-// The progress thread: watches arrival stamps in host-mapped memory, computes when each gated unit completes at
-// the target scale, and writes its gate word at that moment (minus the measured release latency). It never calls
-// CUDA. Units whose communicator has several real members get their release time from the coordinator
+// The progress thread: watches arrival stamps (Gpu::Arrival: an event query, or a word of host-mapped memory),
+// computes when each gated unit completes at the target scale, and writes its gate word at that moment (minus the
+// measured release latency). Its only CUDA calls are the event queries of event stamps. Units whose communicator has several real members get their release time from the coordinator
 // (kOpArrive -> kOpRelease); all others take the local fast path: mirror arrivals, release = arrival + duration.
 //
 // Producers (the threads calling NCCL) hand units over through a bounded lock-free queue: no allocation and no
@@ -23,7 +23,7 @@ struct GateUnit {
   bool via_coordinator = false;
   uint32_t coord_comm_id = 0;
   uint32_t comm_ops = 1;        // operations of the unit on its first communicator (ipc.h OpArrive::nops)
-  // A passthrough unit (real NCCL, comm.h): its release is the GPU stamp in ArrivalWord(end_slot), written on the
+  // A passthrough unit (real NCCL, comm.h): its release is the GPU stamp Arrival(end_slot), made on the
   // stream after the real operations; UINT32_MAX for every emulated unit.
   uint32_t end_slot = UINT32_MAX;
   // PRISM_GATE_OPEN_STAMPS: the slot whose arrival word the stream stamps right after the gate; the unit is logged

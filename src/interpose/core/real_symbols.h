@@ -180,6 +180,8 @@ void SetRealNcclForTest(const NcclFns* fake);
   X(cuStreamWaitEvent)                    \
   X(cuEventCreate)                        \
   X(cuEventRecord)                        \
+  X(cuEventQuery)                         \
+  X(cuEventElapsedTime)                   \
   X(cuEventDestroy)                       \
   X(cuMemCreate)                          \
   X(cuMemRelease)                         \
