@@ -1,10 +1,10 @@
 #include "calibrate/measurements.h"
 
 #include <cmath>
-#include <ctime>
 #include <fstream>
 #include <sstream>
 
+#include "common/text.h"
 #include "replay/cost_model.h"
 
 namespace prism::calibrate {
@@ -264,13 +264,6 @@ std::string NcclVersionString(int code) {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
 }
 
-std::string UtcNow() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string UtcNow() { return TimeNow("%Y-%m-%dT%H:%M:%SZ", /*utc=*/true); }
 
 }  // namespace prism::calibrate

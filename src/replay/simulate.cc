@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +12,7 @@
 #include <sstream>
 
 #include "common/rank_list.h"
+#include "common/text.h"
 #include "prism/report.h"
 #include "replay/trace_io.h"
 #include "replay/trace_validate.h"
@@ -53,15 +53,6 @@ std::string Ms(double s) {
   } else {
     std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
   }
-  return buf;
-}
-
-std::string Timestamp() {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
   return buf;
 }
 
@@ -511,7 +502,7 @@ bool SimulateRun::LoadWhatIfModels() {
 
 // Output directory.
 bool SimulateRun::CreateOutDir() {
-  dir_ = o_.out_dir.empty() ? fs::path("prism-out") / Timestamp() : fs::path(o_.out_dir);
+  dir_ = o_.out_dir.empty() ? fs::path("prism-out") / TimeNow("%Y%m%d-%H%M%S") : fs::path(o_.out_dir);
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec || !fs::is_directory(dir_)) {
