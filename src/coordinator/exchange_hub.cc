@@ -222,31 +222,23 @@ std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::
       AppendResult(send.h, ipc::kExchangeSendDone, {}, &to_send.frames);
       out->push_back(std::move(to_send));
     };
-    if (!request) {
-      auto w = recv_waits_.find(k);
-      if (w != recv_waits_.end()) {
-        match(posted, w->second);
-        note(comm, w->second, false);
-        Release(std::move(w->second));
-        recv_waits_.erase(w);
-        Release(std::move(posted));
-      } else {
-        note(comm, posted, true);
-        Store(&sends_[k], std::move(posted));
-      }
+    // A send looks for its receive request, a receive request for its send; the first of the two waits.
+    std::map<P2pKey, Posted>& waiting = request ? sends_ : recv_waits_;
+    auto other = waiting.find(k);
+    if (other == waiting.end()) {
+      note(comm, posted, true);
+      Store(request ? &recv_waits_[k] : &sends_[k], std::move(posted));
       return "";
     }
-    auto s = sends_.find(k);
-    if (s != sends_.end()) {
-      match(s->second, posted);
-      note(comm, s->second, false);
-      Release(std::move(s->second));
-      sends_.erase(s);
-      Release(std::move(posted));
+    if (request) {
+      match(other->second, posted);
     } else {
-      note(comm, posted, true);
-      Store(&recv_waits_[k], std::move(posted));
+      match(posted, other->second);
     }
+    note(comm, other->second, false);
+    Release(std::move(other->second));
+    waiting.erase(other);
+    Release(std::move(posted));
     return "";
   }
 
