@@ -18,20 +18,14 @@ std::vector<std::vector<uint32_t>> ShapeOf(const trace::RoleClass& rc) {
   return shape;
 }
 
-std::vector<double> ComputeDurations(const trace::RoleClass& rc) {
-  std::vector<double> d;
+// One field of every compute node of the class, in stream then node order.
+template <typename T>
+std::vector<T> OfComputeNodes(const trace::RoleClass& rc, T trace::Node::*field) {
+  std::vector<T> v;
   for (const auto& st : rc.streams)
     for (const auto& n : st.nodes)
-      if (n.kind == trace::NodeKind::kCompute) d.push_back(n.dur_us);
-  return d;
-}
-
-std::vector<uint32_t> ComputeIterations(const trace::RoleClass& rc) {
-  std::vector<uint32_t> it;
-  for (const auto& st : rc.streams)
-    for (const auto& n : st.nodes)
-      if (n.kind == trace::NodeKind::kCompute) it.push_back(n.iter);
-  return it;
+      if (n.kind == trace::NodeKind::kCompute) v.push_back(n.*field);
+  return v;
 }
 
 double Median(std::vector<double> v) {
@@ -57,10 +51,10 @@ void FillSamples::AddSample(ClassSamples* cs, const trace::RoleClass& rc) {
   auto shape = ShapeOf(rc);
   if (shape != cs->shape) {
     cs->shape = std::move(shape);
-    cs->iters = ComputeIterations(rc);
+    cs->iters = OfComputeNodes(rc, &trace::Node::iter);
     cs->samples.clear();
   }
-  cs->samples.push_back(ComputeDurations(rc));
+  cs->samples.push_back(OfComputeNodes(rc, &trace::Node::dur_us));
   cs->levels.push_back(PerIteration(cs->samples.back(), cs->iters));
 }
 

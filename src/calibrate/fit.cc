@@ -570,24 +570,15 @@ void Fitter::NameCalibrated() {
 
 // Metadata.
 void Fitter::AddMetadata() {
-  json c;
-  c["tool"] = "prism-run calibrate";
-  if (!options_.prism_version.empty()) c["prism_version"] = options_.prism_version;
-  c["created"] = UtcNow();
-  c["measured"] = set_.created;
-  c["measurements_file"] = options_.measurements_file;
-  c["host"] = set_.host;
-  c["gpu"] = set_.gpu_name;
-  c["gpu_count"] = set_.gpu_count;
-  c["compute_capability"] = set_.compute_capability;
-  c["nccl_version"] = set_.nccl_version;
-  c["nccl_library"] = set_.nccl_library;
-  c["cuda_driver_version"] = set_.cuda_driver_version;
   json env = json::object();
   for (const auto& [k, v] : set_.nccl_env) env[k] = v;
-  c["nccl_env"] = env;
-  c["base_topology"] = r_.base_spec;
-  c["measurements"] = set_.results.size();
+  json c = {{"tool", "prism-run calibrate"}, {"created", UtcNow()}, {"measured", set_.created},
+            {"measurements_file", options_.measurements_file}, {"host", set_.host}, {"gpu", set_.gpu_name},
+            {"gpu_count", set_.gpu_count}, {"compute_capability", set_.compute_capability},
+            {"nccl_version", set_.nccl_version}, {"nccl_library", set_.nccl_library},
+            {"cuda_driver_version", set_.cuda_driver_version}, {"nccl_env", env}, {"base_topology", r_.base_spec},
+            {"measurements", set_.results.size()}};
+  if (!options_.prism_version.empty()) c["prism_version"] = options_.prism_version;
   json fitted = json::object();
   if (r_.fitted_nccl) {
     fitted[base_.intra_nvlink ? "node.nvlink_GBps" : "node.pci_GBps"] = {{"before", r_.intra_bw_before},

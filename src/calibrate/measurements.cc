@@ -1,10 +1,10 @@
 #include "calibrate/measurements.h"
 
 #include <cmath>
-#include <ctime>
 #include <fstream>
 #include <sstream>
 
+#include "common/text.h"
 #include "replay/cost_model.h"
 
 namespace prism::calibrate {
@@ -181,18 +181,14 @@ nlohmann::json MeasurementsToJson(const MeasurementSet& s) {
   j["timing"] = "per call: CUDA events around the timed iterations on every GPU, the slowest GPU / iterations";
   json results = json::array();
   for (const Measurement& m : s.results) {
-    json r = {{"op", ToString(m.op)}, {"nranks", m.nranks}};
+    Measurement c = m;
+    FillBandwidth(&c);
+    json r = {{"op", ToString(m.op)}, {"nranks", m.nranks}, {"bytes", m.bytes}, {"iterations", m.iterations},
+              {"time_us", m.time_us}, {"algbw_GBps", c.algbw_GBps}, {"busbw_GBps", c.busbw_GBps}};
     if (m.op == MeasuredOp::kSendRecv) {
       r["src"] = m.src;
       r["dst"] = m.dst;
     }
-    Measurement c = m;
-    FillBandwidth(&c);
-    r["bytes"] = m.bytes;
-    r["iterations"] = m.iterations;
-    r["time_us"] = m.time_us;
-    r["algbw_GBps"] = c.algbw_GBps;
-    r["busbw_GBps"] = c.busbw_GBps;
     results.push_back(std::move(r));
   }
   j["results"] = std::move(results);
@@ -264,13 +260,6 @@ std::string NcclVersionString(int code) {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
 }
 
-std::string UtcNow() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string UtcNow() { return TimeNow("%Y-%m-%dT%H:%M:%SZ", /*utc=*/true); }
 
 }  // namespace prism::calibrate

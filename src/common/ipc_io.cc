@@ -136,17 +136,22 @@ DecodeStatus FrameDecoder::Next(Frame* out) {
   return st;
 }
 
+bool RetryWrite(int fd) {
+  if (errno == EINTR) return true;
+  if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    pollfd pfd{fd, POLLOUT, 0};
+    ::poll(&pfd, 1, -1);
+    return true;
+  }
+  return false;
+}
+
 IoStatus WriteAll(int fd, const void* data, size_t len, std::string* error) {
   const char* p = static_cast<const char*>(data);
   while (len > 0) {
     ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL);
     if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        pollfd pfd{fd, POLLOUT, 0};
-        ::poll(&pfd, 1, -1);
-        continue;
-      }
+      if (RetryWrite(fd)) continue;
       if (errno == EPIPE || errno == ECONNRESET) {
         if (error) *error = Errno("send");
         return IoStatus::kClosed;

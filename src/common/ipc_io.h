@@ -3,6 +3,7 @@
 // no logging, no CUDA.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -37,20 +38,38 @@ std::string EncodePod(MsgType type, const T& pod) {
   return EncodeFrame(type, std::string_view(reinterpret_cast<const char*>(&pod), sizeof(T)));
 }
 
-// Copies a fixed-size payload into *out; false when the size differs (a peer with another schema).
-template <typename T>
-bool DecodePod(const Frame& f, T* out) {
+// Copies a fixed-size payload of a Frame or FrameView into *out; false when the size differs (a peer with another
+// schema).
+template <typename T, typename AnyFrame>
+  requires std::is_same_v<AnyFrame, Frame> || std::is_same_v<AnyFrame, FrameView>
+bool DecodePod(const AnyFrame& f, T* out) {
   static_assert(std::is_trivially_copyable_v<T>);
   if (f.payload.size() != sizeof(T)) return false;
   std::memcpy(out, f.payload.data(), sizeof(T));
   return true;
 }
-template <typename T>
-bool DecodePod(const FrameView& f, T* out) {
-  static_assert(std::is_trivially_copyable_v<T>);
-  if (f.payload.size() != sizeof(T)) return false;
-  std::memcpy(out, f.payload.data(), sizeof(T));
+
+// The frames of one exchange payload of `total` bytes (prism/ipc.h): at least one, each with the header `h` at a
+// growing offset and at most kExchangeChunkBytes of the payload. Calls on_frame(fh, h, off, n) for each in order, fh
+// and h being that frame's headers and [off, off + n) its part of the payload; false as soon as on_frame is.
+template <typename OnFrame>
+bool ForEachExchangeFrame(MsgType type, ExchangeHeader h, uint64_t total, OnFrame&& on_frame) {
+  h.total_bytes = total;
+  uint64_t off = 0;
+  do {
+    const uint64_t n = std::min<uint64_t>(kExchangeChunkBytes, total - off);
+    h.offset = off;
+    FrameHeader fh;
+    fh.type = static_cast<uint16_t>(type);
+    fh.length = static_cast<uint32_t>(sizeof(h) + n);
+    if (!on_frame(fh, h, off, n)) return false;
+    off += n;
+  } while (off < total);
   return true;
+}
+// How many frames ForEachExchangeFrame makes of `total` bytes.
+inline uint64_t ExchangeFrameCount(uint64_t total) {
+  return total == 0 ? 1 : (total + kExchangeChunkBytes - 1) / kExchangeChunkBytes;
 }
 
 enum class DecodeStatus { kFrame, kNeedMore, kError };
@@ -90,6 +109,9 @@ enum class IoStatus { kOk, kClosed, kTimeout, kError };
 // Blocking helpers over a connected stream socket. Retry on EINTR and short writes; never raise SIGPIPE.
 // timeout_ms < 0 waits forever.
 IoStatus WriteAll(int fd, const void* data, size_t len, std::string* error);
+// After a write to fd failed (errno set): true when it should be tried again, on EINTR, or on EAGAIN once fd is
+// writable (this waits for it); false when the error is final (errno untouched).
+bool RetryWrite(int fd);
 IoStatus ReadExact(int fd, void* data, size_t len, int timeout_ms, std::string* error);
 IoStatus SendFrame(int fd, MsgType type, const void* payload, size_t len, std::string* error);
 IoStatus RecvFrame(int fd, Frame* out, int timeout_ms, std::string* error);

@@ -412,12 +412,7 @@ void Coordinator::Impl::NoteExchangeWaits(const std::vector<ExchangeHub::Wait>& 
       st_.hang.Release(w.rank, w.comm_id, w.seq, now);
       continue;
     }
-    HangOp o;
-    o.comm_id = w.comm_id;
-    o.seq = w.seq;
-    o.op = w.op;
-    o.bytes = w.bytes;
-    o.peer = w.peer;
+    const HangOp o{.comm_id = w.comm_id, .seq = w.seq, .op = w.op, .bytes = w.bytes, .peer = w.peer};
     st_.hang.ArriveOp(w.rank, o, now, now);
   }
 }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/non_copyable.h"
 #include "coordinator/swap_driver.h"
 #include "coordinator/swap_scheduler.h"
 #include "coordinator/swap_usage.h"
@@ -148,12 +149,10 @@ struct CoordinatorEndpoints {
   std::string status_path;  // <out>/status.json
 };
 
-class Coordinator {
+class Coordinator : NonCopyable {
  public:
   static std::unique_ptr<Coordinator> Start(const CoordinatorOptions& opts, std::string* error);
   ~Coordinator();
-  Coordinator(const Coordinator&) = delete;
-  Coordinator& operator=(const Coordinator&) = delete;
 
   const CoordinatorEndpoints& endpoints() const;
   // Stops the bus and the store, writes the last status, removes the socket. Idempotent.

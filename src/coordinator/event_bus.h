@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/ipc_io.h"
+#include "common/non_copyable.h"
 #include "prism/limits.h"
 
 namespace prism::coord {
@@ -41,7 +42,7 @@ struct BusClient {
   uint64_t parked_bytes = 0;  // the handler's count of what it holds for this client's requests
 };
 
-class EventBus {
+class EventBus : NonCopyable {
  public:
   // One decoded frame; the view lives until the client's next read. A handler marks a bad client with drop_reason.
   using FrameHandler = std::function<void(BusId, BusClient&, const ipc::FrameView&)>;
@@ -55,8 +56,6 @@ class EventBus {
   void set_limits(const BusLimits& limits) { limits_ = limits; }
   const BusLimits& limits() const { return limits_; }
   ~EventBus();
-  EventBus(const EventBus&) = delete;
-  EventBus& operator=(const EventBus&) = delete;
 
   // <out_dir>/coord.sock (a /tmp path when that is too long for sun_path) and, when `tcp` is "HOST:PORT", a TCP
   // port; the timer ticks every `tick_ms`. *socket_path and *tcp_endpoint ("advertised-host:port") are set as each

@@ -65,24 +65,18 @@ void ExchangeHub::AddComm(uint32_t comm_id, std::vector<int> members, std::vecto
 
 void ExchangeHub::AppendResult(const ipc::ExchangeHeader& base, uint32_t flags, std::string_view bytes,
                                std::string* to) {
-  ipc::ExchangeHeader h = base;
-  h.flags = flags;
-  h.total_bytes = bytes.size();
+  ipc::ExchangeHeader head = base;
+  head.flags = flags;
   // Why written in place (frame header, exchange header, bytes): one copy of the bytes, no temporary payload.
-  const uint64_t chunks = bytes.empty() ? 1 : (bytes.size() + ipc::kExchangeChunkBytes - 1) / ipc::kExchangeChunkBytes;
-  to->reserve(to->size() + bytes.size() + chunks * (sizeof(ipc::FrameHeader) + sizeof(h)));
-  uint64_t off = 0;
-  do {
-    const uint64_t n = std::min<uint64_t>(ipc::kExchangeChunkBytes, bytes.size() - off);
-    h.offset = off;
-    ipc::FrameHeader fh;
-    fh.type = static_cast<uint16_t>(ipc::MsgType::kOpResult);
-    fh.length = static_cast<uint32_t>(sizeof(h) + n);
-    to->append(reinterpret_cast<const char*>(&fh), sizeof(fh));
-    to->append(reinterpret_cast<const char*>(&h), sizeof(h));
-    if (n) to->append(bytes.data() + off, n);
-    off += n;
-  } while (off < bytes.size());
+  to->reserve(to->size() + bytes.size() +
+              ipc::ExchangeFrameCount(bytes.size()) * (sizeof(ipc::FrameHeader) + sizeof(head)));
+  ipc::ForEachExchangeFrame(ipc::MsgType::kOpResult, head, bytes.size(),
+                            [&](const ipc::FrameHeader& fh, const ipc::ExchangeHeader& h, uint64_t off, uint64_t n) {
+                              to->append(reinterpret_cast<const char*>(&fh), sizeof(fh));
+                              to->append(reinterpret_cast<const char*>(&h), sizeof(h));
+                              if (n) to->append(bytes.data() + off, n);
+                              return true;
+                            });
 }
 
 uint64_t ExchangeHub::WidenSeq(int from, uint32_t comm_id, uint32_t low) {
@@ -228,31 +222,23 @@ std::string ExchangeHub::OnData(int from, const ipc::ExchangeHeader& h_in, std::
       AppendResult(send.h, ipc::kExchangeSendDone, {}, &to_send.frames);
       out->push_back(std::move(to_send));
     };
-    if (!request) {
-      auto w = recv_waits_.find(k);
-      if (w != recv_waits_.end()) {
-        match(posted, w->second);
-        note(comm, w->second, false);
-        Release(std::move(w->second));
-        recv_waits_.erase(w);
-        Release(std::move(posted));
-      } else {
-        note(comm, posted, true);
-        Store(&sends_[k], std::move(posted));
-      }
+    // A send looks for its receive request, a receive request for its send; the first of the two waits.
+    std::map<P2pKey, Posted>& waiting = request ? sends_ : recv_waits_;
+    auto other = waiting.find(k);
+    if (other == waiting.end()) {
+      note(comm, posted, true);
+      Store(request ? &recv_waits_[k] : &sends_[k], std::move(posted));
       return "";
     }
-    auto s = sends_.find(k);
-    if (s != sends_.end()) {
-      match(s->second, posted);
-      note(comm, s->second, false);
-      Release(std::move(s->second));
-      sends_.erase(s);
-      Release(std::move(posted));
+    if (request) {
+      match(other->second, posted);
     } else {
-      note(comm, posted, true);
-      Store(&recv_waits_[k], std::move(posted));
+      match(posted, other->second);
     }
+    note(comm, other->second, false);
+    Release(std::move(other->second));
+    waiting.erase(other);
+    Release(std::move(posted));
     return "";
   }
 
@@ -391,7 +377,7 @@ bool ExchangeHub::AppendComputed(const ipc::ExchangeHeader& base, const payload:
                                  std::string* to) {
   // Frames as AppendResult lays them out; each chunk's bytes computed in place (no result buffer, no copy).
   constexpr uint64_t kHead = sizeof(ipc::FrameHeader) + sizeof(ipc::ExchangeHeader);
-  const uint64_t chunks = bytes == 0 ? 1 : (bytes + ipc::kExchangeChunkBytes - 1) / ipc::kExchangeChunkBytes;
+  const uint64_t chunks = ipc::ExchangeFrameCount(bytes);
   const size_t start = to->size();
   if (to->capacity() < start + bytes + chunks * kHead) {
     std::string grown = TakeBuffer(start + bytes + chunks * kHead);
@@ -400,26 +386,21 @@ bool ExchangeHub::AppendComputed(const ipc::ExchangeHeader& base, const payload:
   }
   to->resize(start + bytes + chunks * kHead);
   char* w = to->data() + start;
-  ipc::ExchangeHeader h = base;
-  h.flags = 0;
-  h.total_bytes = bytes;
-  uint64_t off = 0;
-  do {
-    const uint64_t n = std::min<uint64_t>(ipc::kExchangeChunkBytes, bytes - off);
-    h.offset = off;
-    ipc::FrameHeader fh;
-    fh.type = static_cast<uint16_t>(ipc::MsgType::kOpResult);
-    fh.length = static_cast<uint32_t>(sizeof(h) + n);
-    std::memcpy(w, &fh, sizeof(fh));
-    std::memcpy(w + sizeof(fh), &h, sizeof(h));
-    if (n && !payload::ExchangeOutputRange(op, inputs, rank, off, n, reinterpret_cast<uint8_t*>(w + kHead))) {
-      to->resize(start);
-      return false;
-    }
-    w += kHead + n;
-    off += n;
-  } while (off < bytes);
-  return true;
+  ipc::ExchangeHeader head = base;
+  head.flags = 0;
+  const bool ok = ipc::ForEachExchangeFrame(
+      ipc::MsgType::kOpResult, head, bytes,
+      [&](const ipc::FrameHeader& fh, const ipc::ExchangeHeader& h, uint64_t off, uint64_t n) {
+        std::memcpy(w, &fh, sizeof(fh));
+        std::memcpy(w + sizeof(fh), &h, sizeof(h));
+        if (n && !payload::ExchangeOutputRange(op, inputs, rank, off, n, reinterpret_cast<uint8_t*>(w + kHead))) {
+          return false;
+        }
+        w += kHead + n;
+        return true;
+      });
+  if (!ok) to->resize(start);
+  return ok;
 }
 
 void ExchangeHub::PatchResultHeaders(int32_t rank, uint32_t seq, std::string* frames) {

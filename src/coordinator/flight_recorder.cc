@@ -485,6 +485,17 @@ void AddToStatus(FrDump& d, const FrEntry& e) {
 
 bool IsP2pOp(uint32_t op) { return op == kSend || op == kRecv; }
 
+// A dump prism writes for `rank`, before its groups and entries.
+FrDump PrismDump(int rank, int world_size, std::vector<int> real_ranks) {
+  FrDump d;
+  d.rank = rank;
+  d.comm_lib_version = "prism (emulated NCCL; see docs/hang.md)";
+  d.from_prism = true;
+  d.world_size = world_size;
+  d.real_ranks = std::move(real_ranks);
+  return d;
+}
+
 }  // namespace
 
 std::vector<FrDump> FrDumpsFromDetector(const HangDetector& det, int world_size, const std::vector<int>& real_ranks) {
@@ -493,12 +504,7 @@ std::vector<FrDump> FrDumpsFromDetector(const HangDetector& det, int world_size,
   for (int rank : det.Ranks()) {
     const auto& log = det.Log(rank);
     if (log.empty()) continue;
-    FrDump d;
-    d.rank = rank;
-    d.comm_lib_version = "prism (emulated NCCL; see docs/hang.md)";
-    d.from_prism = true;
-    d.world_size = world_size;
-    d.real_ranks = real_ranks;
+    FrDump d = PrismDump(rank, world_size, real_ranks);
     for (const auto& [id, c] : det.comms()) {
       if (std::find(c.members.begin(), c.members.end(), rank) == c.members.end()) continue;
       const Pg& pg = t.Of(id);
@@ -655,13 +661,8 @@ FrVirtualResult FrVirtualDumps(const HangDetector& det, int world_size, const st
   }
 
   for (int v : chosen) {
-    FrDump d;
-    d.rank = v;
-    d.comm_lib_version = "prism (emulated NCCL; see docs/hang.md)";
-    d.from_prism = true;
+    FrDump d = PrismDump(v, world_size, std::vector<int>(real.begin(), real.end()));
     d.synthesized = true;
-    d.world_size = world_size;
-    d.real_ranks.assign(real.begin(), real.end());
     for (const auto& [key, pg] : t.pgs) {
       if (std::find(pg.group.ranks.begin(), pg.group.ranks.end(), v) != pg.group.ranks.end())
         d.pg_config[pg.group.name] = pg.group;

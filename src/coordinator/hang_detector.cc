@@ -252,11 +252,7 @@ void HangDetector::Note(int rank, const HangOp& op, uint64_t now_ns, bool progre
 }
 
 void HangDetector::Arrive(int rank, const ipc::OpArrive& a, uint64_t now_ns) {
-  HangOp o;
-  o.comm_id = a.comm_id;
-  o.seq = a.seq;
-  o.op = a.op;
-  o.bytes = a.bytes;
+  HangOp o{.comm_id = a.comm_id, .seq = a.seq, .op = a.op, .bytes = a.bytes};
   int32_t peer = a.peer;
   auto c = comms_.find(o.comm_id);
   if (peer >= 0 && c != comms_.end() && peer < static_cast<int32_t>(c->second.members.size())) {
@@ -290,12 +286,7 @@ void HangDetector::Release(int rank, uint32_t comm_id, uint64_t seq, uint64_t no
 }
 
 void HangDetector::Record(int rank, const ipc::OpRecord& rec, uint64_t now_ns) {
-  HangOp o;
-  o.comm_id = rec.comm_id;
-  o.seq = rec.seq;
-  o.op = rec.op;
-  o.bytes = rec.bytes;
-  o.dtype = rec.dtype;
+  const HangOp o{.comm_id = rec.comm_id, .seq = rec.seq, .op = rec.op, .bytes = rec.bytes, .dtype = rec.dtype};
   RecordOp(rank, o, rec.arrival_ns, rec.release_ns, now_ns);
 }
 

@@ -274,6 +274,12 @@ class Reader {
     pos_ += n;
     return v;
   }
+  // Need, then Le.
+  bool ReadLe(size_t at, size_t n, uint64_t* v) {
+    if (!Need(n, at)) return false;
+    *v = Le(n);
+    return true;
+  }
   bool Line(size_t at, std::string* out) {
     size_t nl = d_.find('\n', pos_);
     if (nl == std::string_view::npos) return Bad(at, "truncated text argument");
@@ -323,6 +329,22 @@ class Reader {
     v->s = std::string(d_.substr(pos_, n));
     pos_ += n;
     return Push(v);
+  }
+  // PUT's and GET's argument: a memo index as text on its own line, handed to `use`.
+  template <typename Use>
+  bool MemoLine(size_t at, const char* op, Use use) {
+    std::string s;
+    if (!Line(at, &s)) return false;
+    try {
+      return use(std::stoull(s));
+    } catch (...) {
+      return Bad(at, fmt::format("bad {} '{}'", op, s));
+    }
+  }
+  // A string whose length comes first, in `len_bytes` little-endian bytes.
+  bool SizedStr(size_t at, size_t len_bytes, Value::Kind kind) {
+    uint64_t len = 0;
+    return ReadLe(at, len_bytes, &len) && Str(at, len, kind);
   }
   bool AddTo(size_t at, const ValuePtr& target, std::vector<ValuePtr> items) {
     if (target->kind != Value::Kind::kList) return Bad(at, "APPEND to something that is not a list");
@@ -428,35 +450,19 @@ class Reader {
           return Bad(at, "bad float '" + s + "'");
         }
       }
-      case kBinUnicode:
-        if (!Need(4, at)) return false;
-        return Str(at, Le(4), Value::Kind::kStr);
-      case kShortBinUnicode:
-        if (!Need(1, at)) return false;
-        return Str(at, Le(1), Value::Kind::kStr);
-      case kBinUnicode8:
-        if (!Need(8, at)) return false;
-        return Str(at, Le(8), Value::Kind::kStr);
+      case kBinUnicode: return SizedStr(at, 4, Value::Kind::kStr);
+      case kShortBinUnicode: return SizedStr(at, 1, Value::Kind::kStr);
+      case kBinUnicode8: return SizedStr(at, 8, Value::Kind::kStr);
       case kUnicode: {
         std::string s;
         if (!Line(at, &s)) return false;
         return Push(Value::Str(RawUnicodeEscape(s)));
       }
-      case kBinBytes:
-        if (!Need(4, at)) return false;
-        return Str(at, Le(4), Value::Kind::kBytes);
-      case kShortBinBytes:
-        if (!Need(1, at)) return false;
-        return Str(at, Le(1), Value::Kind::kBytes);
-      case kBinBytes8:
-        if (!Need(8, at)) return false;
-        return Str(at, Le(8), Value::Kind::kBytes);
-      case kBinString:  // Python 2 str: read as text
-        if (!Need(4, at)) return false;
-        return Str(at, Le(4), Value::Kind::kStr);
-      case kShortBinString:
-        if (!Need(1, at)) return false;
-        return Str(at, Le(1), Value::Kind::kStr);
+      case kBinBytes: return SizedStr(at, 4, Value::Kind::kBytes);
+      case kShortBinBytes: return SizedStr(at, 1, Value::Kind::kBytes);
+      case kBinBytes8: return SizedStr(at, 8, Value::Kind::kBytes);
+      case kBinString: return SizedStr(at, 4, Value::Kind::kStr);  // Python 2 str: read as text
+      case kShortBinString: return SizedStr(at, 1, Value::Kind::kStr);
       case kEmptyList: return Push(Value::List());
       case kEmptyDict: return Push(Value::Dict());
       case kEmptyTuple: return Push(Value::Tuple());
@@ -491,56 +497,31 @@ class Reader {
         return AddTo(at, *t, {x});
       }
       case kAppends:
-      case kAddItems: {
+      case kAddItems:
+      case kSetItems: {
         std::vector<ValuePtr> items;
-        if (!PopMark(at, &items)) return false;
         ValuePtr* t = nullptr;
-        if (!Top(at, &t)) return false;
-        return AddTo(at, *t, std::move(items));
+        if (!PopMark(at, &items) || !Top(at, &t)) return false;
+        return op == kSetItems ? SetIn(at, *t, std::move(items)) : AddTo(at, *t, std::move(items));
       }
       case kSetItem: {
         ValuePtr k, v, *t = nullptr;
         if (!Pop(at, &v) || !Pop(at, &k) || !Top(at, &t)) return false;
         return SetIn(at, *t, {k, v});
       }
-      case kSetItems: {
-        std::vector<ValuePtr> kv;
-        if (!PopMark(at, &kv)) return false;
-        ValuePtr* t = nullptr;
-        if (!Top(at, &t)) return false;
-        return SetIn(at, *t, std::move(kv));
-      }
       case kBinPut:
-        if (!Need(1, at)) return false;
-        return Memo(at, Le(1));
-      case kLongBinPut:
-        if (!Need(4, at)) return false;
-        return Memo(at, Le(4));
+      case kLongBinPut: {
+        uint64_t id = 0;
+        return ReadLe(at, op == kBinPut ? 1 : 4, &id) && Memo(at, id);
+      }
       case kMemoize: return Memo(at, memo_.size());
-      case kPut: {
-        std::string s;
-        if (!Line(at, &s)) return false;
-        try {
-          return Memo(at, std::stoull(s));
-        } catch (...) {
-          return Bad(at, "bad PUT '" + s + "'");
-        }
-      }
+      case kPut: return MemoLine(at, "PUT", [&](uint64_t id) { return Memo(at, id); });
       case kBinGet:
-        if (!Need(1, at)) return false;
-        return Recall(at, Le(1));
-      case kLongBinGet:
-        if (!Need(4, at)) return false;
-        return Recall(at, Le(4));
-      case kGet: {
-        std::string s;
-        if (!Line(at, &s)) return false;
-        try {
-          return Recall(at, std::stoull(s));
-        } catch (...) {
-          return Bad(at, "bad GET '" + s + "'");
-        }
+      case kLongBinGet: {
+        uint64_t id = 0;
+        return ReadLe(at, op == kBinGet ? 1 : 4, &id) && Recall(at, id);
       }
+      case kGet: return MemoLine(at, "GET", [&](uint64_t id) { return Recall(at, id); });
       case kGlobal: {
         std::string mod, name;
         if (!Line(at, &mod) || !Line(at, &name)) return false;

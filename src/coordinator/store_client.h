@@ -8,14 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "common/non_copyable.h"
+
 namespace prism::store {
 
-class StoreClient {
+class StoreClient : NonCopyable {
  public:
   StoreClient() = default;
   ~StoreClient();
-  StoreClient(const StoreClient&) = delete;
-  StoreClient& operator=(const StoreClient&) = delete;
 
   // TCP connect, then VALIDATE and PING like torch's TCPStore constructor (unless handshake is false).
   bool Connect(const std::string& host, uint16_t port, int timeout_ms = 10000, bool handshake = true);

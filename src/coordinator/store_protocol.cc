@@ -209,63 +209,61 @@ void PutBytes(std::string* out, std::string_view bytes) {
   out->append(bytes);
 }
 
-std::string EncodeValidate(uint32_t magic) {
-  std::string s;
-  PutU8(&s, static_cast<uint8_t>(QueryType::kValidate));
-  PutU32(&s, magic);
-  return s;
-}
-
-std::string EncodePing(uint32_t nonce) {
-  std::string s;
-  PutU8(&s, static_cast<uint8_t>(QueryType::kPing));
-  PutU32(&s, nonce);
-  return s;
-}
-
-std::string EncodeKeyOnly(QueryType t, std::string_view key) {
+// Every request starts with its QueryType byte; the encoders below append the arguments.
+std::string EncodeNoArgs(QueryType t) {
   std::string s;
   PutU8(&s, static_cast<uint8_t>(t));
+  return s;
+}
+
+namespace {
+
+std::string EncodeU32(QueryType t, uint32_t v) {
+  std::string s = EncodeNoArgs(t);
+  PutU32(&s, v);
+  return s;
+}
+
+std::string EncodeKeyI64(QueryType t, std::string_view key, int64_t v) {
+  std::string s = EncodeKeyOnly(t, key);
+  PutI64(&s, v);
+  return s;
+}
+
+}  // namespace
+
+std::string EncodeValidate(uint32_t magic) { return EncodeU32(QueryType::kValidate, magic); }
+std::string EncodePing(uint32_t nonce) { return EncodeU32(QueryType::kPing, nonce); }
+
+std::string EncodeKeyOnly(QueryType t, std::string_view key) {
+  std::string s = EncodeNoArgs(t);
   PutBytes(&s, key);
   return s;
 }
 
 std::string EncodeKeyValue(QueryType t, std::string_view key, std::string_view value) {
-  std::string s;
-  PutU8(&s, static_cast<uint8_t>(t));
-  PutBytes(&s, key);
+  std::string s = EncodeKeyOnly(t, key);
   PutBytes(&s, value);
   return s;
 }
 
-std::string EncodeAdd(std::string_view key, int64_t delta) {
-  std::string s;
-  PutU8(&s, static_cast<uint8_t>(QueryType::kAdd));
-  PutBytes(&s, key);
-  PutI64(&s, delta);
-  return s;
-}
+std::string EncodeAdd(std::string_view key, int64_t delta) { return EncodeKeyI64(QueryType::kAdd, key, delta); }
 
 std::string EncodeKeyList(QueryType t, const std::vector<std::string>& keys) {
-  std::string s;
-  PutU8(&s, static_cast<uint8_t>(t));
+  std::string s = EncodeNoArgs(t);
   PutU64(&s, keys.size());
   for (const auto& k : keys) PutBytes(&s, k);
   return s;
 }
 
 std::string EncodeCompareSet(std::string_view key, std::string_view expected, std::string_view desired) {
-  std::string s;
-  PutU8(&s, static_cast<uint8_t>(QueryType::kCompareSet));
-  PutBytes(&s, key);
-  PutBytes(&s, expected);
+  std::string s = EncodeKeyValue(QueryType::kCompareSet, key, expected);
   PutBytes(&s, desired);
   return s;
 }
 
 std::string EncodeMultiSet(const std::vector<std::string>& keys, const std::vector<std::string>& values) {
-  std::string s;
-  PutU8(&s, static_cast<uint8_t>(QueryType::kMultiSet));
+  std::string s = EncodeNoArgs(QueryType::kMultiSet);
   PutU64(&s, keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     PutBytes(&s, keys[i]);
@@ -275,17 +273,7 @@ std::string EncodeMultiSet(const std::vector<std::string>& keys, const std::vect
 }
 
 std::string EncodeBarrier(std::string_view key, int64_t world_size) {
-  std::string s;
-  PutU8(&s, static_cast<uint8_t>(QueryType::kBarrier));
-  PutBytes(&s, key);
-  PutI64(&s, world_size);
-  return s;
-}
-
-std::string EncodeNoArgs(QueryType t) {
-  std::string s;
-  PutU8(&s, static_cast<uint8_t>(t));
-  return s;
+  return EncodeKeyI64(QueryType::kBarrier, key, world_size);
 }
 
 std::string PrintableKey(std::string_view key, size_t max_len) {

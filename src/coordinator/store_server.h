@@ -19,6 +19,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/non_copyable.h"
 #include "coordinator/store_protocol.h"
 #include "coordinator/store_state.h"
 
@@ -57,12 +58,10 @@ struct ServerStats {
   StoreStats store;
 };
 
-class StoreServer {
+class StoreServer : NonCopyable {
  public:
   StoreServer() = default;
   ~StoreServer();
-  StoreServer(const StoreServer&) = delete;
-  StoreServer& operator=(const StoreServer&) = delete;
 
   // Binds, listens and starts the server thread. False with *error (naming host and port) on failure.
   bool Start(const StoreServerOptions& opts, std::string* error);

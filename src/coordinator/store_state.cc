@@ -148,8 +148,25 @@ bool StoreState::Handle(ClientId client, const Request& req, std::string* reply,
     *error = fmt::format("its reply would pass {} bytes", max_reply);
     return false;
   };
+  // Appends `bytes` (length first) when they fit.
+  auto put_bytes = [&](std::string_view bytes) {
+    if (!fits(8 + bytes.size())) return false;
+    PutBytes(reply, bytes);
+    return true;
+  };
   const auto& keys = req.keys;
   std::span<const std::string_view> batch(keys.data(), keys.size());
+  // GET's and MULTI_GET's answer for one key: its value (a stand-in materialized as for a read), empty when absent.
+  auto put_value = [&](std::string_view key) {
+    if (!Exists(key)) TryMaterialize(key, StandIn::Access::kRead, batch);
+    auto it = kv_.find(key);
+    return put_bytes(it == kv_.end() ? std::string_view() : std::string_view(it->second));
+  };
+  // ADD's and BARRIER's counter: the first key's value as a number (a stand-in materialized as for ADD).
+  auto counter = [&](int64_t* v) {
+    if (!Exists(keys[0])) TryMaterialize(keys[0], StandIn::Access::kAdd, batch);
+    return ParseCounter(keys[0], v, error);
+  };
   switch (req.type) {
     case QueryType::kValidate:
       return true;
@@ -181,22 +198,13 @@ bool StoreState::Handle(ClientId client, const Request& req, std::string* reply,
         return true;
       }
       if (it->second == expected && !Store(key, std::string(desired), error)) return false;
-      if (!fits(8 + kv_.find(key)->second.size())) return false;
-      PutBytes(reply, kv_.find(key)->second);
-      return true;
+      return put_bytes(kv_.find(key)->second);
     }
-    case QueryType::kGet: {
-      if (!Exists(keys[0])) TryMaterialize(keys[0], StandIn::Access::kRead, batch);
-      auto it = kv_.find(keys[0]);
-      std::string_view v = it == kv_.end() ? std::string_view() : std::string_view(it->second);
-      if (!fits(8 + v.size())) return false;
-      PutBytes(reply, v);
-      return true;
-    }
+    case QueryType::kGet:
+      return put_value(keys[0]);
     case QueryType::kAdd: {
-      if (!Exists(keys[0])) TryMaterialize(keys[0], StandIn::Access::kAdd, batch);
       int64_t v = 0;
-      if (!ParseCounter(keys[0], &v, error)) return false;
+      if (!counter(&v)) return false;
       int64_t sum = 0;
       if (__builtin_add_overflow(v, req.i64, &sum)) {
         *error = fmt::format("ADD {} to {} on key '{}' overflows", req.i64, v, PrintableKey(keys[0]));
@@ -254,11 +262,7 @@ bool StoreState::Handle(ClientId client, const Request& req, std::string* reply,
     }
     case QueryType::kMultiGet:
       for (std::string_view k : keys) {
-        if (!Exists(k)) TryMaterialize(k, StandIn::Access::kRead, batch);
-        auto it = kv_.find(k);
-        std::string_view v = it == kv_.end() ? std::string_view() : std::string_view(it->second);
-        if (!fits(8 + v.size())) return false;
-        PutBytes(reply, v);
+        if (!put_value(k)) return false;
       }
       return true;
     case QueryType::kMultiSet:
@@ -308,14 +312,12 @@ bool StoreState::Handle(ClientId client, const Request& req, std::string* reply,
     case QueryType::kListKeys:
       PutI64(reply, static_cast<int64_t>(kv_.size()));
       for (const auto& [k, v] : kv_) {
-        if (!fits(8 + k.size())) return false;
-        PutBytes(reply, k);
+        if (!put_bytes(k)) return false;
       }
       return true;
     case QueryType::kBarrier: {
-      if (!Exists(keys[0])) TryMaterialize(keys[0], StandIn::Access::kAdd, batch);
       int64_t v = 0;
-      if (!ParseCounter(keys[0], &v, error)) return false;
+      if (!counter(&v)) return false;
       int64_t count = v + 1;
       if (!Store(keys[0], std::to_string(count), error)) return false;
       if (count >= req.i64) {

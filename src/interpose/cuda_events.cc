@@ -9,28 +9,31 @@
 
 using namespace prism::interpose;
 
-PRISM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  const auto real = Cudart().cudaEventRecord;
+namespace {
+
+// Calls the real function (cudaErrorNotSupported without one), then `note` when it succeeded.
+template <typename Real, typename Note, typename... Args>
+cudaError_t PassThenNote(Real real, Note note, Args... args) {
   if (real == nullptr) return cudaErrorNotSupported;
-  cudaError_t e = real(event, stream);
-  if (e == cudaSuccess) Guarded(0, [&] { NoteEventRecord(event, stream); return 0; });
+  cudaError_t e = real(args...);
+  if (e == cudaSuccess) Guarded(0, [&] { note(); return 0; });
   return e;
+}
+
+}  // namespace
+
+PRISM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  return PassThenNote(Cudart().cudaEventRecord, [&] { NoteEventRecord(event, stream); }, event, stream);
 }
 
 PRISM_API cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
-  const auto real = Cudart().cudaEventRecordWithFlags;
-  if (real == nullptr) return cudaErrorNotSupported;
-  cudaError_t e = real(event, stream, flags);
-  if (e == cudaSuccess) Guarded(0, [&] { NoteEventRecord(event, stream); return 0; });
-  return e;
+  return PassThenNote(Cudart().cudaEventRecordWithFlags, [&] { NoteEventRecord(event, stream); }, event, stream,
+                      flags);
 }
 
 PRISM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
-  const auto real = Cudart().cudaStreamWaitEvent;
-  if (real == nullptr) return cudaErrorNotSupported;
-  cudaError_t e = real(stream, event, flags);
-  if (e == cudaSuccess) Guarded(0, [&] { NoteStreamWaitEvent(stream, event); return 0; });
-  return e;
+  return PassThenNote(Cudart().cudaStreamWaitEvent, [&] { NoteStreamWaitEvent(stream, event); }, stream, event,
+                      flags);
 }
 
 PRISM_API cudaError_t cudaEventDestroy(cudaEvent_t event) {

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <ctime>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +11,7 @@
 #include <optional>
 
 #include "common/atomic_file.h"
+#include "common/text.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/store_client.h"
 #include "launcher/coordinator_link.h"
@@ -30,12 +30,7 @@ using namespace ::prism::analysis;  // the post-run analysis (src/analysis) this
 namespace fs = std::filesystem;
 
 std::string DefaultOutDir() {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
-  fs::path base = fs::current_path() / "prism-out" / buf;
+  fs::path base = fs::current_path() / "prism-out" / TimeNow("%Y%m%d-%H%M%S");
   fs::path p = base;
   for (int i = 2; fs::exists(p); ++i) p = base.string() + "-" + std::to_string(i);
   return p.string();

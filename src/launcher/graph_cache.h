@@ -31,6 +31,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/non_copyable.h"
+
 namespace prism::launcher {
 
 // Part of every key: raised whenever the graph a given job's collect and fill produce changes (the builder, the
@@ -93,12 +95,10 @@ bool ResetEntry(CacheEntry* entry, std::string* error);
 
 // An exclusive lock on ROOT/<key>/lock, held while the object lives. `waiting` is called once if another process
 // holds it (then this blocks until it is released).
-class EntryLock {
+class EntryLock : NonCopyable {
  public:
   EntryLock() = default;
   ~EntryLock();
-  EntryLock(const EntryLock&) = delete;
-  EntryLock& operator=(const EntryLock&) = delete;
   bool Acquire(const std::string& entry_dir, const std::function<void()>& waiting, std::string* error);
 
  private:

@@ -214,20 +214,12 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
   if (int rc = CheckWhatIf(o, ps); rc != kExitOk) return rc;
 
   const int iterations = o.emulate.iterations > 0 ? o.emulate.iterations : o.graph_iterations;
-  GraphKeyInput ki;
-  ki.world_size = ps.world_size;
-  ki.gpus_per_node = ps.gpus_per_node;
-  ki.layout_spec = ps.layout_spec;
-  ki.script_key = ps.script_key;
-  ki.script_path = ps.script_path;
-  ki.cwd = ps.cwd;
-  ki.environment = o.environment;
-  ki.topology = o.emulate.topology;
-  ki.gpus = ps.gpus;
-  ki.payload_max_bytes = o.emulate.payload_max_bytes;
-  ki.iterations = iterations;
-  ki.gpu_models = HostGpuModels();
-  const GraphKey key = MakeGraphKey(ki);
+  const GraphKey key = MakeGraphKey({.world_size = ps.world_size, .gpus_per_node = ps.gpus_per_node,
+                                     .layout_spec = ps.layout_spec, .script_key = ps.script_key,
+                                     .script_path = ps.script_path, .cwd = ps.cwd, .environment = o.environment,
+                                     .topology = o.emulate.topology, .gpus = ps.gpus,
+                                     .payload_max_bytes = o.emulate.payload_max_bytes, .iterations = iterations,
+                                     .gpu_models = HostGpuModels()});
   const std::string root = GraphCacheRoot(o.cache_root);
   CacheEntry entry = LookupEntry(root, key);
   bool hit = entry.filled && !o.refresh;

@@ -144,6 +144,31 @@ int SplitLauncher(const std::vector<std::string>& argv, TorchrunArgs* out, std::
   return -1;
 }
 
+// The field of an option whose value is kept as given; nullptr for the others.
+std::string TorchrunArgs::*VerbatimField(const std::string& dest) {
+  static const std::pair<const char*, std::string TorchrunArgs::*> kVerbatim[] = {
+      {"nproc_per_node", &TorchrunArgs::nproc_per_node},
+      {"rdzv_backend", &TorchrunArgs::rdzv_backend},
+      {"rdzv_endpoint", &TorchrunArgs::rdzv_endpoint},
+      {"rdzv_id", &TorchrunArgs::rdzv_id},
+      {"rdzv_conf", &TorchrunArgs::rdzv_conf},
+      {"event_log_handler", &TorchrunArgs::event_log_handler},
+      {"role", &TorchrunArgs::role},
+      {"log_dir", &TorchrunArgs::log_dir},
+      {"redirects", &TorchrunArgs::redirects},
+      {"tee", &TorchrunArgs::tee},
+      {"local_ranks_filter", &TorchrunArgs::local_ranks_filter},
+      {"master_addr", &TorchrunArgs::master_addr},
+      {"local_addr", &TorchrunArgs::local_addr},
+      {"logs_specs", &TorchrunArgs::logs_specs},
+      {"signals_to_handle", &TorchrunArgs::signals_to_handle},
+  };
+  for (const auto& [name, field] : kVerbatim) {
+    if (dest == name) return field;
+  }
+  return nullptr;
+}
+
 // Applies one value to the destination field; returns false with *error naming the option.
 bool Apply(TorchrunArgs* a, const std::string& dest, const std::string& value, const std::string& shown,
            std::string* error) {
@@ -151,7 +176,9 @@ bool Apply(TorchrunArgs* a, const std::string& dest, const std::string& value, c
     *error = "torchrun option " + shown + ": " + what + ", got \"" + value + "\"";
     return false;
   };
-  if (dest == "nnodes") {
+  if (std::string TorchrunArgs::*field = VerbatimField(dest)) {
+    a->*field = value;
+  } else if (dest == "nnodes") {
     a->nnodes = value;
     size_t colon = value.find(':');
     int lo = 0, hi = 0;
@@ -166,16 +193,6 @@ bool Apply(TorchrunArgs* a, const std::string& dest, const std::string& value, c
     if (lo <= 0 || lo > hi) return bad("need 0 < MIN <= MAX");
     a->min_nodes = lo;
     a->max_nodes = hi;
-  } else if (dest == "nproc_per_node") {
-    a->nproc_per_node = value;
-  } else if (dest == "rdzv_backend") {
-    a->rdzv_backend = value;
-  } else if (dest == "rdzv_endpoint") {
-    a->rdzv_endpoint = value;
-  } else if (dest == "rdzv_id") {
-    a->rdzv_id = value;
-  } else if (dest == "rdzv_conf") {
-    a->rdzv_conf = value;
   } else if (dest == "max_restarts") {
     if (!ParseIntStrict(value, &a->max_restarts) || a->max_restarts < 0) return bad("expected an integer >= 0");
   } else if (dest == "monitor_interval") {
@@ -183,35 +200,15 @@ bool Apply(TorchrunArgs* a, const std::string& dest, const std::string& value, c
   } else if (dest == "start_method") {
     if (value != "spawn" && value != "fork" && value != "forkserver") return bad("choose from spawn, fork, forkserver");
     a->start_method = value;
-  } else if (dest == "event_log_handler") {
-    a->event_log_handler = value;
-  } else if (dest == "role") {
-    a->role = value;
-  } else if (dest == "log_dir") {
-    a->log_dir = value;
-  } else if (dest == "redirects") {
-    a->redirects = value;
-  } else if (dest == "tee") {
-    a->tee = value;
-  } else if (dest == "local_ranks_filter") {
-    a->local_ranks_filter = value;
   } else if (dest == "node_rank") {
     if (!ParseIntStrict(value, &a->node_rank) || a->node_rank < 0) return bad("expected an integer >= 0");
-  } else if (dest == "master_addr") {
-    a->master_addr = value;
   } else if (dest == "master_port") {
     if (!ParseIntStrict(value, &a->master_port) || a->master_port < 0 || a->master_port > 65535)
       return bad("expected a port number");
-  } else if (dest == "local_addr") {
-    a->local_addr = value;
-  } else if (dest == "logs_specs") {
-    a->logs_specs = value;
   } else if (dest == "numa_binding") {
     if (value != "node" && value != "socket" && value != "exclusive" && value != "core-complex")
       return bad("choose from node, socket, exclusive, core-complex");
     a->numa_binding = value;
-  } else if (dest == "signals_to_handle") {
-    a->signals_to_handle = value;
   } else {
     *error = "internal: unhandled torchrun option " + dest;
     return false;

@@ -44,43 +44,27 @@ enum : int {
 };
 
 // ---- bit casts -------------------------------------------------------------------------------------------------
+// Device code uses CUDA's intrinsics, host code BitCast.
 
-PRISM_HD uint64_t DoubleToBits(double d) {
-#if defined(__CUDA_ARCH__)
-  return static_cast<uint64_t>(__double_as_longlong(d));
-#else
-  uint64_t u;
-  __builtin_memcpy(&u, &d, sizeof(u));
-  return u;
-#endif
+template <typename To, typename From>
+PRISM_HD To BitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
+  To to;
+  __builtin_memcpy(&to, &from, sizeof(to));
+  return to;
 }
-PRISM_HD double BitsToDouble(uint64_t u) {
+
 #if defined(__CUDA_ARCH__)
-  return __longlong_as_double(static_cast<long long>(u));
+PRISM_HD uint64_t DoubleToBits(double d) { return static_cast<uint64_t>(__double_as_longlong(d)); }
+PRISM_HD double BitsToDouble(uint64_t u) { return __longlong_as_double(static_cast<long long>(u)); }
+PRISM_HD uint32_t FloatToBits(float f) { return __float_as_uint(f); }
+PRISM_HD float BitsToFloat(uint32_t u) { return __uint_as_float(u); }
 #else
-  double d;
-  __builtin_memcpy(&d, &u, sizeof(d));
-  return d;
+PRISM_HD uint64_t DoubleToBits(double d) { return BitCast<uint64_t>(d); }
+PRISM_HD double BitsToDouble(uint64_t u) { return BitCast<double>(u); }
+PRISM_HD uint32_t FloatToBits(float f) { return BitCast<uint32_t>(f); }
+PRISM_HD float BitsToFloat(uint32_t u) { return BitCast<float>(u); }
 #endif
-}
-PRISM_HD uint32_t FloatToBits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  __builtin_memcpy(&u, &f, sizeof(u));
-  return u;
-#endif
-}
-PRISM_HD float BitsToFloat(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  __builtin_memcpy(&f, &u, sizeof(f));
-  return f;
-#endif
-}
 
 // 2^k as a double, for k in the normal double range [-1022, 1023].
 PRISM_HD double Pow2(int k) { return BitsToDouble(static_cast<uint64_t>(k + 1023) << 52); }
@@ -227,24 +211,15 @@ PRISM_PAYLOAD_SMALL_FLOAT_ELEM(kDtFloat8e5m2, uint8_t, FormatE5m2)
 
 // ---- scalar operations -------------------------------------------------------------------------------------------
 
-// Right-to-left binary exponentiation; n >= 1.
-PRISM_HD double PowDouble(double x, uint64_t n) {
-  double result = 1.0;
-  double base = x;
+// Right-to-left binary exponentiation; n >= 1. T is double (floats) or uint64_t (integers, wrapping).
+template <typename T>
+PRISM_HD T Pow(T x, uint64_t n) {
+  T result = 1;
+  T base = x;
   while (n != 0) {
     if ((n & 1ull) != 0) result *= base;
     n >>= 1;
     if (n != 0) base *= base;
-  }
-  return result;
-}
-PRISM_HD uint64_t PowU64(uint64_t x, uint64_t n) {
-  uint64_t result = 1;
-  uint64_t base = x;
-  while (n != 0) {
-    if ((n & 1ull) != 0) result *= base;
-    n >>= 1;
-    base *= base;
   }
   return result;
 }
@@ -284,9 +259,9 @@ PRISM_HD void PowerAt(void* dst, const void* src, uint64_t i, uint64_t n) {
   using S = typename E::Storage;
   const S x = static_cast<const S*>(src)[i];
   if constexpr (E::kIsFloat) {
-    static_cast<S*>(dst)[i] = E::Encode(PowDouble(E::Decode(x), n));
+    static_cast<S*>(dst)[i] = E::Encode(Pow<double>(E::Decode(x), n));
   } else {
-    static_cast<S*>(dst)[i] = E::FromU64(PowU64(E::ToU64(x), n));
+    static_cast<S*>(dst)[i] = E::FromU64(Pow<uint64_t>(E::ToU64(x), n));
   }
 }
 

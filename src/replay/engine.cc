@@ -212,20 +212,11 @@ struct Simulator::Impl {
           return Fail(SimResult::Status::kBadGraph,
                       "class '" + c.name + "' stream '" + c.streams[si].name + "': duplicate node id " + std::to_string(n.id));
         }
-        FlatNode f;
-        f.kind = n.kind;
-        f.op = n.op;
-        f.dtype = n.dtype;
-        f.stream = si;
-        f.slot = n.comm_slot;
-        f.peer = n.peer;
-        f.root = n.root;
-        f.bytes = n.bytes;
-        f.dur_us = n.dur_us;
-        f.src = &n;
         auto it = std::lower_bound(iter_values.begin(), iter_values.end(), n.iter);
-        f.iter_idx = static_cast<uint32_t>(it - iter_values.begin());
-        cp->nodes.push_back(f);
+        cp->nodes.push_back({.kind = n.kind, .op = n.op, .dtype = n.dtype, .stream = si, .slot = n.comm_slot,
+                             .peer = n.peer, .root = n.root,
+                             .iter_idx = static_cast<uint32_t>(it - iter_values.begin()), .bytes = n.bytes,
+                             .dur_us = n.dur_us, .src = &n});
       }
       cp->stream_begin.push_back(static_cast<uint32_t>(cp->nodes.size()));
     }

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/non_copyable.h"
 #include "prism/trace.h"
 #include "replay/cost_model.h"
 
@@ -119,13 +120,11 @@ struct SimResult {
   std::string symmetric_refused;  // EngineOptions::symmetric was set but the full replay ran: why (one line)
 };
 
-class Simulator {
+class Simulator : NonCopyable {
  public:
   // `trace` and `model` must outlive the simulator.
   Simulator(const trace::Trace& trace, const CostModel& model, EngineOptions options = {});
   ~Simulator();
-  Simulator(const Simulator&) = delete;
-  Simulator& operator=(const Simulator&) = delete;
 
   SimResult Run();
 

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +12,7 @@
 #include <sstream>
 
 #include "common/rank_list.h"
+#include "common/text.h"
 #include "prism/report.h"
 #include "replay/trace_io.h"
 #include "replay/trace_validate.h"
@@ -56,15 +56,6 @@ std::string Ms(double s) {
   return buf;
 }
 
-std::string Timestamp() {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
-  return buf;
-}
-
 const char* StatusName(SimResult::Status s) {
   switch (s) {
     case SimResult::Status::kOk: return "ok";
@@ -103,6 +94,14 @@ struct Progress {
         << total << " events)" << std::endl;
   }
 };
+
+// {"Ring/LL": calls, ...}, in the order given.
+template <typename LabelCounts>
+ordered_json AlgorithmsJson(const LabelCounts& counts) {
+  ordered_json a = ordered_json::object();
+  for (const auto& [label, n] : counts) a[label] = n;
+  return a;
+}
 
 }  // namespace
 
@@ -251,20 +250,9 @@ ordered_json SimReportJson(const trace::Trace& trace, const SimResult& res) {
   };
   std::map<std::string, Group> groups;
   for (const CommResult& c : res.comms) {
-    ordered_json o;
-    o["id"] = c.id;
-    o["desc"] = c.desc;
-    o["nranks"] = c.nranks;
-    o["nnodes"] = c.nnodes;
-    o["calls"] = c.calls;
-    o["bytes"] = c.bytes;
-    o["time_s"] = c.time_s;
-    o["wait_s"] = c.wait_s;
-    o["algorithm"] = c.algorithm;
-    ordered_json a = ordered_json::object();
-    for (const auto& [label, n] : c.algorithms) a[label] = n;
-    o["algorithms"] = std::move(a);
-    comms.push_back(std::move(o));
+    comms.push_back({{"id", c.id}, {"desc", c.desc}, {"nranks", c.nranks}, {"nnodes", c.nnodes}, {"calls", c.calls},
+                     {"bytes", c.bytes}, {"time_s", c.time_s}, {"wait_s", c.wait_s}, {"algorithm", c.algorithm},
+                     {"algorithms", AlgorithmsJson(c.algorithms)}});
     Group& g = groups[c.desc.empty() ? "comm" + std::to_string(c.id) : c.desc];
     g.comms++;
     g.calls += c.calls;
@@ -276,17 +264,8 @@ ordered_json SimReportJson(const trace::Trace& trace, const SimResult& res) {
   j["comms"] = std::move(comms);
   ordered_json by = ordered_json::array();
   for (const auto& [desc, g] : groups) {
-    ordered_json o;
-    o["desc"] = desc;
-    o["comms"] = g.comms;
-    o["calls"] = g.calls;
-    o["bytes"] = g.bytes;
-    o["time_s"] = g.time_s;
-    o["wait_s"] = g.wait_s;
-    ordered_json a = ordered_json::object();
-    for (const auto& [label, n] : g.algos) a[label] = n;
-    o["algorithms"] = std::move(a);
-    by.push_back(std::move(o));
+    by.push_back({{"desc", desc}, {"comms", g.comms}, {"calls", g.calls}, {"bytes", g.bytes}, {"time_s", g.time_s},
+                  {"wait_s", g.wait_s}, {"algorithms", AlgorithmsJson(g.algos)}});
   }
   j["comm_groups"] = std::move(by);
   return j;
@@ -511,7 +490,7 @@ bool SimulateRun::LoadWhatIfModels() {
 
 // Output directory.
 bool SimulateRun::CreateOutDir() {
-  dir_ = o_.out_dir.empty() ? fs::path("prism-out") / Timestamp() : fs::path(o_.out_dir);
+  dir_ = o_.out_dir.empty() ? fs::path("prism-out") / TimeNow("%Y%m%d-%H%M%S") : fs::path(o_.out_dir);
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec || !fs::is_directory(dir_)) {

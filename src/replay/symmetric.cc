@@ -363,22 +363,16 @@ bool FoldReplicas(const trace::Trace& t, const CostModel& model, const CostModel
 }
 
 SimResult UnfoldResult(const trace::Trace& t, const ReplicaFold& f, const SimResult& rr) {
-  SimResult res;
-  res.status = rr.status;
-  res.error = rr.error;
-  res.wait_chain = rr.wait_chain;
-  res.makespan_s = rr.makespan_s;
-  res.iteration_time_s = rr.iteration_time_s;
-  res.iteration_ids = rr.iteration_ids;
-  res.iteration_times_s = rr.iteration_times_s;
-  res.warnings = rr.warnings;
+  // The replica's outcome, times and warnings hold for the world as they are (the replica ran without the fold, so
+  // it has no symmetric_refused; wall_s is the caller's). Its ranks, communicators and critical path are mapped below.
+  SimResult res = rr;
   res.symmetric = true;
   res.replicas = f.replicas;
   res.simulated_events = rr.events;
   res.events = rr.events * static_cast<uint64_t>(f.replicas);
 
   const int32_t world = t.world_size, P = f.positions;
-  res.ranks.resize(world);
+  res.ranks.assign(world, RankResult{});
   std::vector<std::pair<std::string, std::string>> rename;
   for (int32_t r = 0; r < world; ++r) {
     const int32_t p = f.position_of[r], d = f.replica_of[r], r0 = f.rank_of[p];
@@ -405,7 +399,7 @@ SimResult UnfoldResult(const trace::Trace& t, const ReplicaFold& f, const SimRes
     }
   }
 
-  res.comms.resize(t.comms.size());
+  res.comms.assign(t.comms.size(), CommResult{});
   for (size_t c = 0; c < t.comms.size(); ++c) {
     CommResult& x = res.comms[c];
     if (f.comm_of[c] != kNone) x = rr.comms[f.comm_of[c]];
@@ -415,7 +409,6 @@ SimResult UnfoldResult(const trace::Trace& t, const ReplicaFold& f, const SimRes
     x.nnodes = f.comm_nnodes[c];
   }
 
-  res.critical_path = rr.critical_path;
   for (int32_t& r : res.critical_path.ranks) r = f.rank_of[r];
   for (PathSegment& s : res.critical_path.segments) s.rank = f.rank_of[s.rank];
   return res;

@@ -201,14 +201,7 @@ class Handler {
     switch (f) {
       case Frame::kClass: EndClass(); break;
       case Frame::kStream: EndStream(); break;
-      case Frame::kNode: {
-        trace::Stream& s = Cur().streams.back();
-        s.nodes.emplace_back();
-        const size_t ni = s.nodes.size() - 1;
-        Try(&classes_.error, [&] { ParseNode(nf_, cs_.slots, cs_.next_id, NodeWhere{&ss_.where, ni}, &s.nodes[ni]); });
-        cs_.next_id = s.nodes[ni].id + 1;
-        break;
-      }
+      case Frame::kNode: AddNode(nf_); break;
       default: break;
     }
     return true;
@@ -325,6 +318,16 @@ class Handler {
     Try(&classes_.error, [&] { ParseStream(ss_.fields, si, cs_.where, cs_.slots, &cs_.next_id, &c.streams[si]); });
   }
 
+  // Appends a node to the current stream, read from `j` (the node's fields as read so far, or its whole element).
+  template <typename Obj>
+  void AddNode(const Obj& j) {
+    trace::Stream& s = Cur().streams.back();
+    s.nodes.emplace_back();
+    const size_t ni = s.nodes.size() - 1;
+    Try(&classes_.error, [&] { ParseNode(j, cs_.slots, cs_.next_id, NodeWhere{&ss_.where, ni}, &s.nodes[ni]); });
+    cs_.next_id = s.nodes[ni].id + 1;
+  }
+
   // A collected element is complete.
   void OnDone(Done d) {
     switch (d) {
@@ -352,14 +355,7 @@ class Handler {
         Try(&classes_.error, [&] { ParseStream(elem_, si, cs_.where, cs_.slots, &cs_.next_id, &c.streams[si]); });
         break;
       }
-      case Done::kNode: {
-        trace::Stream& s = Cur().streams.back();
-        s.nodes.emplace_back();
-        const size_t ni = s.nodes.size() - 1;
-        Try(&classes_.error, [&] { ParseNode(elem_, cs_.slots, cs_.next_id, NodeWhere{&ss_.where, ni}, &s.nodes[ni]); });
-        cs_.next_id = s.nodes[ni].id + 1;
-        break;
-      }
+      case Done::kNode: AddNode(elem_); break;
     }
     if (d != Done::kNothing) elem_ = nullptr;
   }

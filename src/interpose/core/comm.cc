@@ -54,17 +54,8 @@ thread_local Scope tls_scope;
 thread_local std::string tls_last_error;
 
 CommEvent EventOf(const Comm& c) {
-  CommEvent e;
-  e.comm_id = c.id;
-  e.key = c.key;
-  e.desc = c.desc;
-  e.name = c.name;
-  e.nranks = c.nranks;
-  e.rank = c.rank;
-  e.members = c.members;
-  e.real_members = c.real_members;
-  e.origin = c.origin;
-  return e;
+  return CommEvent{.comm_id = c.id, .key = c.key, .desc = c.desc, .name = c.name, .nranks = c.nranks,
+                   .rank = c.rank, .members = c.members, .real_members = c.real_members, .origin = c.origin};
 }
 
 int CountReal(const std::vector<int32_t>& members) {

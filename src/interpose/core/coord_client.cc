@@ -1,12 +1,10 @@
 #include "interpose/core/coord_client.h"
 
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <climits>
 #include <cstring>
 #include <tuple>
@@ -558,12 +556,7 @@ bool WriteVec(int fd, struct iovec* iov, int n) {
     m.msg_iovlen = static_cast<size_t>(n);
     ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL);
     if (w < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        pollfd pfd{fd, POLLOUT, 0};
-        ::poll(&pfd, 1, -1);
-        continue;
-      }
+      if (ipc::RetryWrite(fd)) continue;
       return false;
     }
     size_t left = static_cast<size_t>(w);
@@ -584,25 +577,14 @@ bool WriteVec(int fd, struct iovec* iov, int n) {
 bool CoordSendData(const ipc::ExchangeHeader& h_in, const void* bytes, uint64_t len) {
   Conn& c = C();
   if (!c.active.load()) return false;
-  ipc::ExchangeHeader h = h_in;
-  h.total_bytes = len;
-  uint64_t off = 0;
   // Why gather writes: the bytes go from the caller's (page-locked) buffer to the socket, with no frame copy.
-  do {
-    const uint64_t n = std::min<uint64_t>(ipc::kExchangeChunkBytes, len - off);
-    h.offset = off;
-    ipc::FrameHeader fh;
-    fh.type = static_cast<uint16_t>(ipc::MsgType::kOpData);
-    fh.length = static_cast<uint32_t>(sizeof(h) + n);
-    struct iovec iov[3] = {{&fh, sizeof(fh)}, {&h, sizeof(h)},
-                           {const_cast<char*>(static_cast<const char*>(bytes) + off), static_cast<size_t>(n)}};
-    {
-      std::lock_guard<std::mutex> lock(c.write_mu);
-      if (!WriteVec(c.fd, iov, n ? 3 : 2)) return false;
-    }
-    off += n;
-  } while (off < len);
-  return true;
+  return ipc::ForEachExchangeFrame(
+      ipc::MsgType::kOpData, h_in, len, [&](ipc::FrameHeader& fh, ipc::ExchangeHeader& h, uint64_t off, uint64_t n) {
+        struct iovec iov[3] = {{&fh, sizeof(fh)}, {&h, sizeof(h)},
+                               {const_cast<char*>(static_cast<const char*>(bytes) + off), static_cast<size_t>(n)}};
+        std::lock_guard<std::mutex> lock(c.write_mu);
+        return WriteVec(c.fd, iov, n ? 3 : 2);
+      });
 }
 
 void CoordExpectResult(uint32_t comm_id, uint64_t key, int32_t p2p_src, void* dst, uint64_t capacity) {

@@ -196,67 +196,50 @@ CUresult CUDAAPI OvGetProcAddressV1(const char* symbol, void** pfn, int version,
 
 #undef PRISM_REAL_OR_FAIL
 
+// Where a name is looked up: as a base name (cuGetProcAddress / cudaGetDriverEntryPoint spelling), as an exported
+// libcuda symbol name whose ABI matches the replacement, or both.
+enum Lookup : uint8_t { kProcName = 1, kSymbol = 2, kBoth = kProcName | kSymbol };
+
 struct Entry {
   const char* name;
   void* fn;
+  uint8_t lookup;
 };
 
-// Base names (cuGetProcAddress / cudaGetDriverEntryPoint spelling).
-const Entry kByProcName[] = {
-    {"cuDeviceGet", reinterpret_cast<void*>(&OvDeviceGet)},
-    {"cuDeviceGetCount", reinterpret_cast<void*>(&OvDeviceGetCount)},
-    {"cuDeviceGetAttribute", reinterpret_cast<void*>(&OvDeviceGetAttribute)},
-    {"cuDeviceGetName", reinterpret_cast<void*>(&OvDeviceGetName)},
-    {"cuDeviceTotalMem", reinterpret_cast<void*>(&OvDeviceTotalMem)},
-    {"cuDeviceGetUuid", reinterpret_cast<void*>(&OvDeviceGetUuid)},
-    {"cuDeviceGetPCIBusId", reinterpret_cast<void*>(&OvDeviceGetPCIBusId)},
-    {"cuDeviceCanAccessPeer", reinterpret_cast<void*>(&OvDeviceCanAccessPeer)},
-    {"cuDevicePrimaryCtxRetain", reinterpret_cast<void*>(&OvPrimaryCtxRetain)},
-    {"cuDevicePrimaryCtxRelease", reinterpret_cast<void*>(&OvPrimaryCtxRelease)},
-    {"cuDevicePrimaryCtxGetState", reinterpret_cast<void*>(&OvPrimaryCtxGetState)},
-    {"cuDevicePrimaryCtxReset", reinterpret_cast<void*>(&OvPrimaryCtxReset)},
-    {"cuDevicePrimaryCtxSetFlags", reinterpret_cast<void*>(&OvPrimaryCtxSetFlags)},
-    {"cuCtxGetDevice", reinterpret_cast<void*>(&OvCtxGetDevice)},
-    {"cuMemCreate", reinterpret_cast<void*>(&OvMemCreate)},
-    {"cuMemRelease", reinterpret_cast<void*>(&OvMemRelease)},
-    {"cuMemSetAccess", reinterpret_cast<void*>(&OvMemSetAccess)},
-    {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&OvMemGetAllocationGranularity)},
-    {"cuPointerGetAttribute", reinterpret_cast<void*>(&OvPointerGetAttribute)},
-    {"cuGetProcAddress", reinterpret_cast<void*>(&OvGetProcAddressV2)},
+const Entry kOverrides[] = {
+    {"cuDeviceGet", reinterpret_cast<void*>(&OvDeviceGet), kBoth},
+    {"cuDeviceGetCount", reinterpret_cast<void*>(&OvDeviceGetCount), kBoth},
+    {"cuDeviceGetAttribute", reinterpret_cast<void*>(&OvDeviceGetAttribute), kBoth},
+    {"cuDeviceGetName", reinterpret_cast<void*>(&OvDeviceGetName), kBoth},
+    {"cuDeviceTotalMem", reinterpret_cast<void*>(&OvDeviceTotalMem), kProcName},
+    {"cuDeviceTotalMem_v2", reinterpret_cast<void*>(&OvDeviceTotalMem), kSymbol},
+    {"cuDeviceGetUuid", reinterpret_cast<void*>(&OvDeviceGetUuid), kBoth},
+    {"cuDeviceGetUuid_v2", reinterpret_cast<void*>(&OvDeviceGetUuid), kSymbol},
+    {"cuDeviceGetPCIBusId", reinterpret_cast<void*>(&OvDeviceGetPCIBusId), kBoth},
+    {"cuDeviceCanAccessPeer", reinterpret_cast<void*>(&OvDeviceCanAccessPeer), kBoth},
+    {"cuDevicePrimaryCtxRetain", reinterpret_cast<void*>(&OvPrimaryCtxRetain), kBoth},
+    {"cuDevicePrimaryCtxRelease", reinterpret_cast<void*>(&OvPrimaryCtxRelease), kBoth},
+    {"cuDevicePrimaryCtxRelease_v2", reinterpret_cast<void*>(&OvPrimaryCtxRelease), kSymbol},
+    {"cuDevicePrimaryCtxGetState", reinterpret_cast<void*>(&OvPrimaryCtxGetState), kBoth},
+    {"cuDevicePrimaryCtxReset", reinterpret_cast<void*>(&OvPrimaryCtxReset), kBoth},
+    {"cuDevicePrimaryCtxReset_v2", reinterpret_cast<void*>(&OvPrimaryCtxReset), kSymbol},
+    {"cuDevicePrimaryCtxSetFlags", reinterpret_cast<void*>(&OvPrimaryCtxSetFlags), kBoth},
+    {"cuDevicePrimaryCtxSetFlags_v2", reinterpret_cast<void*>(&OvPrimaryCtxSetFlags), kSymbol},
+    {"cuCtxGetDevice", reinterpret_cast<void*>(&OvCtxGetDevice), kBoth},
+    {"cuMemCreate", reinterpret_cast<void*>(&OvMemCreate), kBoth},
+    {"cuMemRelease", reinterpret_cast<void*>(&OvMemRelease), kBoth},
+    {"cuMemSetAccess", reinterpret_cast<void*>(&OvMemSetAccess), kBoth},
+    {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&OvMemGetAllocationGranularity), kBoth},
+    {"cuPointerGetAttribute", reinterpret_cast<void*>(&OvPointerGetAttribute), kBoth},
+    // The exported cuGetProcAddress has the first ABI (no status argument); its base name means the second.
+    {"cuGetProcAddress", reinterpret_cast<void*>(&OvGetProcAddressV2), kProcName},
+    {"cuGetProcAddress", reinterpret_cast<void*>(&OvGetProcAddressV1), kSymbol},
+    {"cuGetProcAddress_v2", reinterpret_cast<void*>(&OvGetProcAddressV2), kSymbol},
 };
 
-// Exported libcuda symbol names whose ABI matches a replacement above.
-const Entry kBySymbol[] = {
-    {"cuDeviceGet", reinterpret_cast<void*>(&OvDeviceGet)},
-    {"cuDeviceGetCount", reinterpret_cast<void*>(&OvDeviceGetCount)},
-    {"cuDeviceGetAttribute", reinterpret_cast<void*>(&OvDeviceGetAttribute)},
-    {"cuDeviceGetName", reinterpret_cast<void*>(&OvDeviceGetName)},
-    {"cuDeviceTotalMem_v2", reinterpret_cast<void*>(&OvDeviceTotalMem)},
-    {"cuDeviceGetUuid", reinterpret_cast<void*>(&OvDeviceGetUuid)},
-    {"cuDeviceGetUuid_v2", reinterpret_cast<void*>(&OvDeviceGetUuid)},
-    {"cuDeviceGetPCIBusId", reinterpret_cast<void*>(&OvDeviceGetPCIBusId)},
-    {"cuDeviceCanAccessPeer", reinterpret_cast<void*>(&OvDeviceCanAccessPeer)},
-    {"cuDevicePrimaryCtxRetain", reinterpret_cast<void*>(&OvPrimaryCtxRetain)},
-    {"cuDevicePrimaryCtxRelease", reinterpret_cast<void*>(&OvPrimaryCtxRelease)},
-    {"cuDevicePrimaryCtxRelease_v2", reinterpret_cast<void*>(&OvPrimaryCtxRelease)},
-    {"cuDevicePrimaryCtxGetState", reinterpret_cast<void*>(&OvPrimaryCtxGetState)},
-    {"cuDevicePrimaryCtxReset", reinterpret_cast<void*>(&OvPrimaryCtxReset)},
-    {"cuDevicePrimaryCtxReset_v2", reinterpret_cast<void*>(&OvPrimaryCtxReset)},
-    {"cuDevicePrimaryCtxSetFlags", reinterpret_cast<void*>(&OvPrimaryCtxSetFlags)},
-    {"cuDevicePrimaryCtxSetFlags_v2", reinterpret_cast<void*>(&OvPrimaryCtxSetFlags)},
-    {"cuCtxGetDevice", reinterpret_cast<void*>(&OvCtxGetDevice)},
-    {"cuMemCreate", reinterpret_cast<void*>(&OvMemCreate)},
-    {"cuMemRelease", reinterpret_cast<void*>(&OvMemRelease)},
-    {"cuMemSetAccess", reinterpret_cast<void*>(&OvMemSetAccess)},
-    {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&OvMemGetAllocationGranularity)},
-    {"cuPointerGetAttribute", reinterpret_cast<void*>(&OvPointerGetAttribute)},
-    {"cuGetProcAddress", reinterpret_cast<void*>(&OvGetProcAddressV1)},
-    {"cuGetProcAddress_v2", reinterpret_cast<void*>(&OvGetProcAddressV2)},
-};
-
-void* Find(const Entry* table, size_t n, const char* name) {
-  for (size_t i = 0; i < n; ++i) {
-    if (std::strcmp(table[i].name, name) == 0) return table[i].fn;
+void* Find(Lookup lookup, const char* name) {
+  for (const Entry& e : kOverrides) {
+    if ((e.lookup & lookup) != 0 && std::strcmp(e.name, name) == 0) return e.fn;
   }
   return nullptr;
 }
@@ -267,12 +250,12 @@ void* DriverOverrideByProcName(const char* name, int cuda_version) {
   if (name == nullptr || name[0] != 'c' || name[1] != 'u') return nullptr;
   // Why >= 12000: below, some of these names resolve to older ABIs (cuGetProcAddress without status).
   if (cuda_version < 12000) return nullptr;
-  return Find(kByProcName, sizeof(kByProcName) / sizeof(kByProcName[0]), name);
+  return Find(kProcName, name);
 }
 
 void* DriverOverrideBySymbol(const char* name) {
   if (name == nullptr || name[0] != 'c' || name[1] != 'u') return nullptr;
-  return Find(kBySymbol, sizeof(kBySymbol) / sizeof(kBySymbol[0]), name);
+  return Find(kSymbol, name);
 }
 
 bool CallerWantsOverrides(const void* caller) {

@@ -61,6 +61,15 @@ int ReadDelimited(pbio::ZeroCopyInputStream* in, google::protobuf::MessageLite* 
   return 1;
 }
 
+// An attribute named `name` whose value `set_value` writes.
+template <typename SetValue>
+et::AttributeProto NamedAttr(std::string name, SetValue set_value) {
+  et::AttributeProto a;
+  a.set_name(std::move(name));
+  set_value(a);
+  return a;
+}
+
 }  // namespace
 
 int OpenEtFile(const std::string& path, bool* gzip, uint64_t* file_size, std::string* error) {
@@ -214,45 +223,22 @@ std::string_view AttrValueKind(const et::AttributeProto& a) {
 }
 
 et::AttributeProto MakeIntAttr(std::string name, int64_t v) {
-  et::AttributeProto a;
-  a.set_name(std::move(name));
-  a.set_int64_val(v);
-  return a;
+  return NamedAttr(std::move(name), [&](et::AttributeProto& a) { a.set_int64_val(v); });
 }
-
 et::AttributeProto MakeInt32Attr(std::string name, int32_t v) {
-  et::AttributeProto a;
-  a.set_name(std::move(name));
-  a.set_int32_val(v);
-  return a;
+  return NamedAttr(std::move(name), [&](et::AttributeProto& a) { a.set_int32_val(v); });
 }
-
 et::AttributeProto MakeUint64Attr(std::string name, uint64_t v) {
-  et::AttributeProto a;
-  a.set_name(std::move(name));
-  a.set_uint64_val(v);
-  return a;
+  return NamedAttr(std::move(name), [&](et::AttributeProto& a) { a.set_uint64_val(v); });
 }
-
 et::AttributeProto MakeBoolAttr(std::string name, bool v) {
-  et::AttributeProto a;
-  a.set_name(std::move(name));
-  a.set_bool_val(v);
-  return a;
+  return NamedAttr(std::move(name), [&](et::AttributeProto& a) { a.set_bool_val(v); });
 }
-
 et::AttributeProto MakeStringAttr(std::string name, std::string v) {
-  et::AttributeProto a;
-  a.set_name(std::move(name));
-  a.set_string_val(std::move(v));
-  return a;
+  return NamedAttr(std::move(name), [&](et::AttributeProto& a) { a.set_string_val(std::move(v)); });
 }
-
 et::AttributeProto MakeDoubleAttr(std::string name, double v) {
-  et::AttributeProto a;
-  a.set_name(std::move(name));
-  a.set_double_val(v);
-  return a;
+  return NamedAttr(std::move(name), [&](et::AttributeProto& a) { a.set_double_val(v); });
 }
 
 std::string NodeTypeName(int type) {

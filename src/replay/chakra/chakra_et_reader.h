@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/non_copyable.h"
 #include "replay/chakra/chakra_et_io.h"
 
 namespace google::protobuf::io {
@@ -52,12 +53,10 @@ std::optional<std::string> AttrString(const EtAttrView& a);
 std::optional<double> AttrDouble(const EtAttrView& a);
 std::string_view AttrValueKind(const EtAttrView& a);
 
-class EtReader {
+class EtReader : NonCopyable {
  public:
   EtReader();
   ~EtReader();
-  EtReader(const EtReader&) = delete;
-  EtReader& operator=(const EtReader&) = delete;
 
   // Opens `path` and reads its GlobalMetadata. False with *error as ReadEtFile words it.
   bool Open(const std::string& path, std::string* error);

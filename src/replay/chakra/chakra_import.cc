@@ -214,26 +214,21 @@ void StreamImporter::Commit(int32_t r, const RankReader& rd) {
   raw->ref_sends.assign(refs, 0);
   raw->ref_recvs.assign(refs, 0);
   raw->ref_max_allgather.assign(refs, 0);
+  // An optional attribute's text, when the node has it.
+  auto text_if = [&](bool has, const auto& span) -> std::optional<std::string> {
+    if (!has) return std::nullopt;
+    return std::string(rd.text(span));
+  };
   for (uint32_t k = 0; k < n; ++k) {
     const RankReader::FileNode& fn = rd.node(mapped[k]);
-    RawNode& x = raw->nodes[k];
-    x.cid = fn.cid;
-    x.kind = fn.kind;
-    x.op = fn.op;
-    x.cpu = fn.cpu;
-    x.dtype = fn.dtype;
-    x.root = fn.root;
-    x.iter = fn.iter;
-    x.ref = ref_of_[k];
-    x.bytes = fn.bytes;
-    if (fn.has_exact) x.exact_bytes = fn.exact;
-    x.dur_us = fn.dur_us;
-    x.name = std::string(rd.text(fn.name));
-    if (fn.has_stream) x.stream_attr = std::string(rd.text(fn.stream));
-    if (fn.has_slot) x.slot_attr = std::string(rd.text(fn.slot));
     uint32_t nd = 0;
     const uint32_t* d = rd.mapped_deps(k, &nd);
-    x.deps.assign(d, d + nd);
+    RawNode& x = raw->nodes[k];
+    x = RawNode{.cid = fn.cid, .kind = fn.kind, .op = fn.op, .cpu = fn.cpu, .dtype = fn.dtype, .root = fn.root,
+                .iter = fn.iter, .ref = ref_of_[k], .bytes = fn.bytes,
+                .exact_bytes = fn.has_exact ? std::optional<uint64_t>(fn.exact) : std::nullopt, .dur_us = fn.dur_us,
+                .name = std::string(rd.text(fn.name)), .stream_attr = text_if(fn.has_stream, fn.stream),
+                .slot_attr = text_if(fn.has_slot, fn.slot), .deps = std::vector<uint32_t>(d, d + nd)};
     if (x.ref == kNone) continue;
     const uint32_t j = x.ref;
     raw->ref_p2p[j] = x.kind != NodeKind::kColl;
