@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -302,8 +303,85 @@ TEST(ShimEvents, ArrivalsAreReadThroughTheGpuNotItsWords) {
     EXPECT_EQ(j.at("gate_open_ns").get<uint64_t>(), arrivals.back() + 1000) << j.dump();
     EXPECT_EQ(j.at("release_ns").get<uint64_t>(), arrivals.back() + 50000) << j.dump();
   }
+  std::sort(arrivals.begin(), arrivals.end());  // lines are in release order; these were all due at once
   EXPECT_EQ(arrivals, (std::vector<uint64_t>{5000000001000ull, 5000000003000ull, 5000000005000ull}));
   std::filesystem::remove_all(dir);
+}
+
+// Of a stream's units waiting for their arrival the progress thread reads the earliest only (and all of them every
+// 64th pass): while 40 units' stamps on one stream have not landed, the first unit's slot is read many times more
+// often than the last one's; once the stamps land every unit is released.
+class CountingGpu : public EventStampGpu {
+ public:
+  CUresult Stamp(CUstream s, uint32_t slot) override {
+    std::lock_guard<std::mutex> l(stamp_mu);
+    held.push_back(slot % kGateSlots);
+    return CUDA_SUCCESS;
+  }
+  uint64_t Arrival(uint32_t slot) override {
+    {
+      std::lock_guard<std::mutex> l(count_mu);
+      ++reads[slot % kGateSlots];
+    }
+    return EventStampGpu::Arrival(slot);
+  }
+  void Land() {
+    std::lock_guard<std::mutex> l(stamp_mu);
+    for (uint32_t slot : held) stamps[slot] = next_stamp += 1000;
+  }
+  uint64_t ReadsOf(uint32_t slot) {
+    std::lock_guard<std::mutex> l(count_mu);
+    return reads[slot];
+  }
+  std::mutex count_mu;
+  std::map<uint32_t, uint64_t> reads;
+  std::vector<uint32_t> held;  // stamped slots, in order
+};
+
+TEST(ShimEvents, OnlyTheEarliestUnitOfAStreamIsReadForItsArrival) {
+  CountingGpu gpu;
+  SetGpuForTest(&gpu);
+  Config c;
+  c.rank = 0;
+  c.world_size = 8;
+  c.real_ranks = {0};
+  c.fixed_dur_us = 10;
+  SetConfigForTest(c);
+  ResetCommsForTest();
+  ncclUniqueId id;
+  ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
+  InitArgs a;
+  a.nranks = 8;
+  a.rank = 0;
+  a.ids = &id;
+  Comm* comm = nullptr;
+  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  std::vector<float> buf(64);
+  OpCall call;
+  call.op = payload::OpKind::kAllReduce;
+  call.comm = comm;
+  call.count = 64;
+  call.dtype = ncclFloat32;
+  call.redop = ncclSum;
+  call.send = buf.data();
+  call.recv = buf.data();
+  constexpr int kUnits = 40;
+  for (int i = 0; i < kUnits; ++i) ASSERT_EQ(Submit(call), ncclSuccess);
+  uint32_t first = 0, last = 0;
+  {
+    std::lock_guard<std::mutex> l(gpu.stamp_mu);
+    ASSERT_EQ(gpu.held.size(), static_cast<size_t>(kUnits));
+    first = gpu.held.front();
+    last = gpu.held.back();
+  }
+  for (int i = 0; i < 400 && gpu.ReadsOf(first) < 640; ++i) usleep(1000);  // a pass every 2 us or more
+  ASSERT_GE(gpu.ReadsOf(first), 640u) << "the progress thread did not poll";
+  EXPECT_LE(gpu.ReadsOf(last) * 8, gpu.ReadsOf(first))
+      << "the last unit's slot was read " << gpu.ReadsOf(last) << " times, the first's " << gpu.ReadsOf(first);
+  EXPECT_GE(gpu.ReadsOf(last), 1u) << "every 64th pass reads every unit";
+  gpu.Land();
+  EXPECT_TRUE(ProgressDrain(5000000000ull)) << "units behind the earliest were never read once it arrived";
+  SetGpuForTest(nullptr);
 }
 
 // A unit released here at its own arrival (world 1: the cost model gives a one-member communicator 0) holds no gate:

@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "interpose/core/coord_client.h"
 #include "interpose/core/gpu.h"
+#include "interpose/core/streams.h"
 
 namespace prism::interpose {
 namespace {
@@ -29,6 +30,16 @@ constexpr int64_t kMaxSleepNs = 200000;
 // spins for a near release it would otherwise query every waiting unit's event in a tight loop. An arrival read
 // later is not later on the GPU clock; the release it decides is, by at most this.
 constexpr uint64_t kArrivalReadNs = 2000;
+// Why only the earliest unit of a stream is read: a stream reaches its units in order, so while its earliest unit
+// waiting for an arrival has none, the ones behind it have none either, and reading each pending unit's event every
+// pass kept the thread inside the driver beside the job's own calls (the shim suite's 200 back-to-back collectives:
+// several microseconds more per collective). Once the earliest arrived the next one is read in the same or the next
+// pass, with no sleep between. Every kReadAllPasses-th pass reads them all: two threads enqueueing on one stream
+// can take stream positions in another order than their stamps'.
+constexpr uint32_t kReadAllPasses = 64;
+
+// A unit whose stream position orders its arrival (emulated, on a counted stream).
+bool StreamOrdered(const GateUnit& u) { return u.end_slot == UINT32_MAX && u.event.stream < kCountedStreams; }
 
 // Vyukov's bounded MPMC queue (used MPSC): one CAS per push, no allocation.
 class UnitQueue {
@@ -161,6 +172,11 @@ void Loop() {
   prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // Why: default 50 us slack would make every sleep late.
   State& s = S();
   uint64_t arrivals_read_ns = 0;  // host time of the last pass that read arrivals
+  uint32_t pass = 0;
+  // Per counted stream, the position of its earliest unit still waiting for an arrival (UINT32_MAX: none); the
+  // streams set in this pass, to reset.
+  std::vector<uint32_t> head(kCountedStreams, UINT32_MAX);
+  std::vector<uint16_t> heads_set;
   for (;;) {
     Gpu& gpu = TheGpu();  // Why per loop: tests swap the GPU backend between cases
     GateUnit u;
@@ -174,12 +190,31 @@ void Loop() {
     int64_t min_dur = INT64_MAX;        // shortest duration among units still waiting for arrival
     uint64_t now_host = HostNowNs();
     const bool read_arrivals = now_host - arrivals_read_ns >= kArrivalReadNs;
-    if (read_arrivals) arrivals_read_ns = now_host;
+    const bool read_all = ++pass % kReadAllPasses == 0;
+    bool head_arrived = false;
+    if (read_arrivals) {
+      arrivals_read_ns = now_host;
+      for (uint16_t st : heads_set) head[st] = UINT32_MAX;
+      heads_set.clear();
+      for (uint32_t i = 0; i < s.npending; ++i) {
+        const Pending& p = s.pending[i];
+        if (p.has_arrival || !StreamOrdered(p.u)) continue;
+        uint32_t& h = head[p.u.event.stream];
+        if (h == UINT32_MAX) heads_set.push_back(p.u.event.stream);
+        h = std::min(h, p.u.event.stream_seq);
+      }
+    }
     for (uint32_t i = 0; i < s.npending;) {
       Pending& p = s.pending[i];
       if (!p.has_arrival) {
-        const uint64_t a = read_arrivals ? gpu.Arrival(p.u.slot) : 0;
+        const bool ordered = StreamOrdered(p.u);
+        const bool read = read_arrivals && (read_all || !ordered || p.u.event.stream_seq == head[p.u.event.stream]);
+        const uint64_t a = read ? gpu.Arrival(p.u.slot) : 0;
         if (a != 0) {
+          if (ordered && p.u.event.stream_seq == head[p.u.event.stream]) {
+            head[p.u.event.stream] = p.u.event.stream_seq + 1;
+            head_arrived = true;
+          }
           p.has_arrival = true;
           p.u.event.arrival_ns = a;
           if (!p.u.via_coordinator && p.u.end_slot == UINT32_MAX) {
@@ -235,6 +270,10 @@ void Loop() {
         min_wait = std::min(min_wait, wait);
       }
       ++i;
+    }
+    if (head_arrived) {  // the units behind an arrived one may have arrived too: read them now, not after a sleep
+      arrivals_read_ns = 0;
+      continue;
     }
     const bool opening = !s.opening.empty() && PollOpening(s);
     if (s.npending == 0 && opening) {
