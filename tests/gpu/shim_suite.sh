@@ -4,8 +4,8 @@
 #   (1) torch as logical rank 5 of 1024 on one GPU: every torch.distributed call Megatron uses, mirror values
 #   (2) gate accuracy: a collective modelled at D = 100 us, 1 ms, 10 ms holds its stream D +- 20 us (median of 50)
 #       (also the spinning gate at 1 ms, reported)
-#   (3) host overhead per intercepted collective (median; target < 5 us), and the same with kernel arrival stamps
-#       (PRISM_ARRIVAL=kernel, reported) for comparison in the same call; (3a) the event stamps' anchor, from the log
+#   (3) host overhead per intercepted collective (median; target < 5 us), and the same with event arrival stamps
+#       (PRISM_ARRIVAL=event, reported) for comparison in the same call; (3a) the event stamps' anchor, from the log
 #   (4) GPU memory of a rank emulating a world of 8 vs 8192 (same within 64 MiB)
 #   (4b) libprism's tracked device bytes against torch's reserved bytes, default allocator and expandable segments
 # usage: tests/gpu/shim_suite.sh OUT_DIR      (exit 0 only when every check passes; SHIM_PARTS="4 4b" runs only those)
@@ -51,11 +51,11 @@ fi
 
 if shim_part 2; then
 # (2)+(3) gate accuracy and host overhead
-overhead="" overhead_kernel=""
-for spec in wait:100 kernel:100 wait:1000 wait:10000 spin:1000; do
+overhead="" overhead_event=""
+for spec in wait:100 event:100 wait:1000 wait:10000 spin:1000; do
   g=${spec%%:*} d=${spec##*:}
-  local arrival=event gk=$g
-  [ "$g" = kernel ] && arrival=kernel gk=wait
+  local arrival=kernel gk=$g
+  [ "$g" = event ] && arrival=event gk=wait
   shim_as_rank $t_bench 8 29612 "$out/gate_${g}_$d" env PRISM_GATE=$gk PRISM_ARRIVAL=$arrival PRISM_FIXED_DUR_US=$d \
     $PY tests/gpu/shim_gpu_bench.py gate > "$out/gate_${g}_$d.log" 2>&1
   l=$(grep '^GATE' "$out/gate_${g}_$d.log" | tail -1)
@@ -64,11 +64,11 @@ for spec in wait:100 kernel:100 wait:1000 wait:10000 spin:1000; do
   err=$(awk -v m="$med" -v d="$d" 'BEGIN{e=m-d; if(e<0)e=-e; printf "%.1f", e}')
   detail="median ${med} us (|err| ${err} us) p10 $(sed -n 's/.*p10_us=\([0-9.]*\).*/\1/p' <<< "$l") p90 $(sed -n 's/.*p90_us=\([0-9.]*\).*/\1/p' <<< "$l"); host wall $(sed -n 's/.*host_wall_median_us=\([0-9.]*\).*/\1/p' <<< "$l")"
   if [ "$g" = spin ]; then shim_row "2 gate spin D=${d}us (reported)" INFO "$detail"
-  elif [ "$g" = kernel ]; then shim_row "2 gate wait D=${d}us, kernel stamps" INFO "$detail"
+  elif [ "$g" = event ]; then shim_row "2 gate wait D=${d}us, event stamps" INFO "$detail"
   elif awk -v e="$err" 'BEGIN{exit !(e<=20)}'; then shim_row "2 gate wait D=${d}us" PASS "$detail"
   else shim_row "2 gate wait D=${d}us" FAIL "$detail"; fi
-  if [ "$g" = kernel ]; then
-    overhead_kernel=$(sed -n 's/.*host_overhead_median_ns=\([0-9]*\).*host_overhead_p90_ns=\([0-9]*\).*/median \1 ns, p90 \2 ns/p' <<< "$l")
+  if [ "$g" = event ]; then
+    overhead_event=$(sed -n 's/.*host_overhead_median_ns=\([0-9]*\).*host_overhead_p90_ns=\([0-9]*\).*/median \1 ns, p90 \2 ns/p' <<< "$l")
   elif [ -z "$overhead" ]; then
     overhead=$(sed -n 's/.*host_overhead_median_ns=\([0-9]*\).*host_overhead_p90_ns=\([0-9]*\).*/\1 \2/p' <<< "$l")
   fi
@@ -115,14 +115,14 @@ if [ -n "$overhead" ]; then
   res=$([ "$1" -lt 5000 ] && echo PASS || echo FAIL)
   shim_row "3 host overhead per collective" "$res" "median $1 ns, p90 $2 ns (target < 5000 ns)"
 else shim_row "3 host overhead per collective" FAIL "no measurement"; fi
-shim_row "3 same, kernel arrival stamps" INFO "${overhead_kernel:-no measurement} (PRISM_ARRIVAL=kernel, D=100us)"
+shim_row "3 same, event arrival stamps" INFO "${overhead_event:-no measurement} (PRISM_ARRIVAL=event, D=100us)"
 # (3a) the event stamps' anchor (gpu.cc SetupEventStamps): its bracket, and how far a stamp kernel launched right
 # after an event reads from that event's time (the launch gap plus the anchor's error: a PASS needs -5 to 20 us; an
 # anchor off by more would shift every arrival by that much)
-line=$(grep -h 'arrival stamps are event records' "$out/gate_wait_100.log" | tail -1)
+line=$(grep -h 'arrival stamps are event records' "$out/gate_event_100.log" | tail -1)
 gap=$(sed -n 's/.* read \(-\{0,1\}[0-9]*\) ns after it.*/\1/p' <<< "$line")
 if [ -n "$gap" ] && [ "$gap" -ge -5000 ] && [ "$gap" -le 20000 ]; then shim_row "3a event stamps' anchor" PASS "${line#*records: }"
-else shim_row "3a event stamps' anchor" FAIL "${line:-no 'arrival stamps are event records' line in gate_wait_100.log}"; fi
+else shim_row "3a event stamps' anchor" FAIL "${line:-no 'arrival stamps are event records' line in gate_event_100.log}"; fi
 fi
 
 if shim_part 4; then

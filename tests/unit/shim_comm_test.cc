@@ -440,20 +440,20 @@ TEST(ShimConfig, ParsesAndReportsBadValues) {
   EXPECT_EQ(c.gpus_per_node, 0);
   ASSERT_EQ(c.errors.size(), 1u);
   EXPECT_NE(c.errors[0].find("PRISM_GPUS_PER_NODE"), std::string::npos);
-  EXPECT_TRUE(c.arrival_by_event);
-  e = {{"PRISM_ARRIVAL", "kernel"}};
+  EXPECT_FALSE(c.arrival_by_event);
+  e = {{"PRISM_ARRIVAL", "event"}};
   LoadConfig([](const char* n) -> const char* {
     auto it = env->find(n);
     return it == env->end() ? nullptr : it->second.c_str();
   }, &c);
-  EXPECT_FALSE(c.arrival_by_event);
+  EXPECT_TRUE(c.arrival_by_event);
   EXPECT_TRUE(c.errors.empty());
   e = {{"PRISM_ARRIVAL", "kernels"}};
   LoadConfig([](const char* n) -> const char* {
     auto it = env->find(n);
     return it == env->end() ? nullptr : it->second.c_str();
   }, &c);
-  EXPECT_TRUE(c.arrival_by_event);
+  EXPECT_FALSE(c.arrival_by_event);
   ASSERT_EQ(c.errors.size(), 1u);
   EXPECT_NE(c.errors[0].find("PRISM_ARRIVAL='kernels'"), std::string::npos) << c.errors[0];
   std::vector<int> r;

@@ -24,10 +24,10 @@ const Setting kSettings[] = {
     {"PRISM_GATE", "wait",
      "How a stream is held: wait (cuStreamWaitValue32 on host memory), spin (a kernel with NCCL's CTA count), "
      "none (no hold: outputs only, for debugging)."},
-    {"PRISM_ARRIVAL", "event",
-     "How a collective's arrival is stamped on its stream: event (cuEventRecord, read against an anchor event of "
-     "known %globaltimer) or kernel (a kernel writes %globaltimer into host-mapped memory). Kernel writes are used "
-     "anyway under --swap and PRISM_KERNELS (docs/libprism.md \"Arrival stamps\")."},
+    {"PRISM_ARRIVAL", "kernel",
+     "How a collective's arrival is stamped on its stream: kernel (a kernel writes %globaltimer into host-mapped "
+     "memory) or event (cuEventRecord, read against an anchor event of known %globaltimer; not under --swap and "
+     "PRISM_KERNELS, which keep kernel stamps). docs/libprism.md \"Arrival stamps\" says which costs less where."},
     {"PRISM_FIXED_DUR_US", "", "Every operation lasts exactly this many microseconds (tests; overrides the model)."},
     {"PRISM_SEED", "1", "Seed of the random payload policy and of p2p fallbacks."},
     {"PRISM_SPIN_CTAS", "0", "CTAs of the spinning gate; 0: the cost model's channel count (16 without one)."},
@@ -156,7 +156,7 @@ void LoadConfig(EnvLookup lookup, Config* c) {
   if (const char* v = lookup("PRISM_ARRIVAL"); v && *v) {
     if (std::strcmp(v, "event") == 0) c->arrival_by_event = true;
     else if (std::strcmp(v, "kernel") == 0) c->arrival_by_event = false;
-    else c->errors.push_back(std::string("PRISM_ARRIVAL='") + v + "' is not event or kernel; using event");
+    else c->errors.push_back(std::string("PRISM_ARRIVAL='") + v + "' is not kernel or event; using kernel");
   }
   if (const char* v = lookup("PRISM_FIXED_DUR_US"); v && *v) {
     char* end = nullptr;

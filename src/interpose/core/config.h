@@ -39,7 +39,7 @@ struct Config {
   bool exchange = true;         // move real data between real members of a communicator (PRISM_EXCHANGE)
   bool send_rendezvous = false;  // an exchanged send waits until its receive is posted (PRISM_SEND_RENDEZVOUS)
   bool passthrough = true;      // real NCCL among all-real members on distinct GPUs (PRISM_PASSTHROUGH)
-  bool arrival_by_event = true;  // PRISM_ARRIVAL: arrival stamps by event record (event) or stamp kernel (kernel)
+  bool arrival_by_event = false;  // PRISM_ARRIVAL: arrival stamps by event record (event) or stamp kernel (kernel)
   bool gate_open_stamps = false;   // PRISM_GATE_OPEN_STAMPS=1: stamp each gate's opening on the GPU (diagnosis)
   bool passthrough_events = true;  // time passthrough operations on the GPU and log them (PRISM_PASSTHROUGH_EVENTS)
   int passthrough_timeout_s = 600;  // how long a member waits for rank 0's real unique id

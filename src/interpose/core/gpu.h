@@ -2,12 +2,12 @@
 // CuptiActivityApi). The real implementation (DriverGpu) uses only the CUDA driver API and the kernels of the
 // embedded fatbin: arrival stamps, gates, payload steps, clock calibration.
 //
-// Arrival stamps are event records (PRISM_ARRIVAL=event, the default): cuEventRecord costs the calling thread a
-// fraction of what a kernel launch does, and the stamp is paid per collective. The progress thread reads an event's
-// time as an anchor event's %globaltimer value plus the elapsed time between the two (docs/libprism.md, "Arrival
-// stamps"). They are kernel writes of %globaltimer into host-mapped words instead where a driver call from the
-// progress thread could block (a process the coordinator may checkpoint) or where CUPTI aligns its clock on the
-// stamp kernels (PRISM_KERNELS), and when PRISM_ARRIVAL=kernel.
+// Arrival stamps are kernel writes of %globaltimer into host-mapped words (PRISM_ARRIVAL=kernel, the default), which
+// the progress thread reads without a CUDA call, or event records (PRISM_ARRIVAL=event): cuEventRecord costs the
+// calling thread less than a launch, but the progress thread must query the event and read its time as an anchor
+// event's %globaltimer value plus the elapsed time between the two (docs/libprism.md, "Arrival stamps", says what
+// each measured). Event stamps are never used where a driver call from the progress thread could block (a process
+// the coordinator may checkpoint) or where CUPTI aligns its clock on the stamp kernels (PRISM_KERNELS).
 #pragma once
 
 #include <cuda.h>
