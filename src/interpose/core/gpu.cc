@@ -318,7 +318,7 @@ class DriverGpu final : public Gpu {
         Log("interpose")->warn("payload kernel {} missing from the fatbin: its steps are skipped", name);
       }
     }
-    // Slot memory: host-mapped, so the host reads arrivals and writes gates without CUDA calls.
+    // Slot memory: host-mapped, so the host reads kernel-stamped arrivals and writes gates without CUDA calls.
     const size_t bytes = sizeof(uint64_t) * kGateSlots + sizeof(uint32_t) * kGateSlots + sizeof(uint64_t) * kIterSlots +
                          4 * sizeof(uint64_t);
     void* host = nullptr;
