@@ -424,13 +424,12 @@ TEST(ShimConfig, ParsesAndReportsBadValues) {
                                           {"PRISM_GATE", "spin"},  {"PRISM_FIXED_DUR_US", "100"},
                                           {"PRISM_REAL_RANKS", "0,7-9"}, {"PRISM_GPUS_PER_NODE", "x"}};
   env = &e;
-  Config c;
-  LoadConfig(
-      [](const char* n) -> const char* {
+  const EnvLookup lookup = [](const char* n) -> const char* {
         auto it = env->find(n);
         return it == env->end() ? nullptr : it->second.c_str();
-      },
-      &c);
+      };
+  Config c;
+  LoadConfig(lookup, &c);
   EXPECT_EQ(c.rank, 7);
   EXPECT_EQ(c.world_size, 1024);
   EXPECT_EQ(c.gate, GateKind::kSpin);
@@ -442,17 +441,11 @@ TEST(ShimConfig, ParsesAndReportsBadValues) {
   EXPECT_NE(c.errors[0].find("PRISM_GPUS_PER_NODE"), std::string::npos);
   EXPECT_FALSE(c.arrival_by_event);
   e = {{"PRISM_ARRIVAL", "event"}};
-  LoadConfig([](const char* n) -> const char* {
-    auto it = env->find(n);
-    return it == env->end() ? nullptr : it->second.c_str();
-  }, &c);
+  LoadConfig(lookup, &c);
   EXPECT_TRUE(c.arrival_by_event);
   EXPECT_TRUE(c.errors.empty());
   e = {{"PRISM_ARRIVAL", "kernels"}};
-  LoadConfig([](const char* n) -> const char* {
-    auto it = env->find(n);
-    return it == env->end() ? nullptr : it->second.c_str();
-  }, &c);
+  LoadConfig(lookup, &c);
   EXPECT_FALSE(c.arrival_by_event);
   ASSERT_EQ(c.errors.size(), 1u);
   EXPECT_NE(c.errors[0].find("PRISM_ARRIVAL='kernels'"), std::string::npos) << c.errors[0];

@@ -172,7 +172,7 @@ void Loop() {
   prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // Why: default 50 us slack would make every sleep late.
   State& s = S();
   uint64_t arrivals_read_ns = 0;  // host time of the last pass that read arrivals
-  uint32_t pass = 0;
+  uint32_t pass = 0;  // passes that read arrivals
   // Per counted stream, the position of its earliest unit still waiting for an arrival (UINT32_MAX: none); the
   // streams set in this pass, to reset.
   std::vector<uint32_t> head(kCountedStreams, UINT32_MAX);
@@ -190,7 +190,7 @@ void Loop() {
     int64_t min_dur = INT64_MAX;        // shortest duration among units still waiting for arrival
     uint64_t now_host = HostNowNs();
     const bool read_arrivals = now_host - arrivals_read_ns >= kArrivalReadNs;
-    const bool read_all = ++pass % kReadAllPasses == 0;
+    const bool read_all = read_arrivals && ++pass % kReadAllPasses == 0;
     bool head_arrived = false;
     if (read_arrivals) {
       arrivals_read_ns = now_host;
