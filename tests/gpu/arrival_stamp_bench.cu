@@ -4,7 +4,9 @@
 //
 //   arrival_stamp_bench [CALLS=20000] [REPS=5]
 // Prints "STAMP case=<name> median_ns=<x> min_ns=<y>" per case (median and minimum over REPS blocks of CALLS calls;
-// the stream is synchronised every 200 calls so the queue never fills, and the gates are open).
+// the stream is synchronised every 200 calls so the queue never fills, and the gates are open), then
+// "STAMP case=futex_wake_of_sleeper median_ns=<x> p90_ns=<y>": what waking a thread asleep on a futex costs the
+// waker (libprism's push of a unit to an idle progress thread), each wake 200 us after the last.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -16,6 +18,10 @@
 #include <cstdlib>
 #include <functional>
 #include <thread>
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <vector>
 
 __global__ void Stamp(uint64_t* out) {
@@ -68,6 +74,40 @@ void ReaderLoop(Shared* s, CUcontext ctx) {
     }
   }
   if (sink == 42) std::printf(" ");
+}
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t val) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, nullptr, nullptr, 0);
+}
+
+// The waker's cost of FUTEX_WAKE when the other thread sleeps in FUTEX_WAIT (as ProgressPush with an idle progress
+// thread): `n` wakes, each after a 200 us pause in which the sleeper went back to sleep.
+void FutexWakeCase(int n) {
+  std::atomic<uint32_t> word{0};
+  std::atomic<int> asleep{0};
+  std::atomic<bool> stop{false};
+  std::thread sleeper([&] {
+    while (!stop.load()) {
+      const uint32_t w = word.load();
+      asleep.store(1);
+      Futex(&word, FUTEX_WAIT_PRIVATE, w);
+      asleep.store(0);
+    }
+  });
+  std::vector<double> ns;
+  for (int i = 0; i < n; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    const auto t0 = std::chrono::steady_clock::now();
+    word.fetch_add(1);
+    if (asleep.load()) Futex(&word, FUTEX_WAKE_PRIVATE, 1);
+    ns.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+  }
+  stop.store(true);
+  word.fetch_add(1);
+  Futex(&word, FUTEX_WAKE_PRIVATE, 1);
+  sleeper.join();
+  std::sort(ns.begin(), ns.end());
+  std::printf("STAMP case=futex_wake_of_sleeper median_ns=%.1f p90_ns=%.1f\n", ns[ns.size() / 2], ns[ns.size() * 9 / 10]);
 }
 
 }  // namespace
@@ -149,6 +189,7 @@ int main(int argc, char** argv) {
   }
   sh.stop.store(true);
   reader.join();
+  FutexWakeCase(2000);
   Check(cuStreamSynchronize(stream), "cuStreamSynchronize");
   return 0;
 }
