@@ -116,6 +116,18 @@ TEST(ShimEvents, FileHasEveryKindOfLine) {
   // libprism's own share (less the driver calls) is part of the whole
   EXPECT_LE(bye.at("host_ns").at("own_p50").get<uint64_t>(), bye.at("host_ns").at("p50").get<uint64_t>());
   EXPECT_GT(bye.at("host_ns").at("own_p50").get<uint64_t>(), 0u);
+  // ... and where it went, by phase of the unit: with one sampled unit the phases add up to its own time (the
+  // histogram's 25 ns bucket, and the last mark's clock read, apart).
+  ASSERT_TRUE(bye.contains("host_phase_mean_ns")) << bye.dump();
+  const nlohmann::json& ph = bye.at("host_phase_mean_ns");
+  ASSERT_EQ(ph.at("sampled").get<uint64_t>(), 1u) << ph.dump();
+  uint64_t phases = 0;
+  for (const char* name : {"enter", "plan", "steps", "time", "gate", "describe", "push", "count"})
+    phases += ph.at(name).get<uint64_t>();
+  const uint64_t own = bye.at("host_ns").at("own_p50").get<uint64_t>();
+  EXPECT_GE(phases + 25, own) << ph.dump();
+  EXPECT_LE(phases, own + 5000) << ph.dump();
+  EXPECT_TRUE(ph.contains("driver"));
   std::filesystem::remove_all(dir);
 }
 

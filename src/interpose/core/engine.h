@@ -60,6 +60,20 @@ int IterationMark(cudaStream_t stream, uint64_t torch_max_allocated);
 uint64_t HostOverheadQuantileNs(double q);
 // The same less the time spent in driver calls (launches, stream waits, copies) within the unit.
 uint64_t HostOwnQuantileNs(double q);
+// Where a unit's own time goes, by phase of RunUnit (means over the sampled units; driver calls taken out):
+// enter (validation, set-up checks, and the return), plan, steps (slot, exchange, recordings, payload launches),
+// time (duration), gate (stamp and gate enqueue), describe (the unit's event), push (to the progress thread,
+// its wake-up included), count (clock recalibration every 64 units).
+enum UnitPhase { kPhaseEnter, kPhasePlan, kPhaseSteps, kPhaseTime, kPhaseGate, kPhaseDescribe, kPhasePush,
+                 kPhaseCount, kUnitPhases };
+inline constexpr const char* kUnitPhaseNames[kUnitPhases] = {"enter", "plan", "steps", "time",
+                                                             "gate", "describe", "push", "count"};
+struct UnitPhaseMeans {
+  uint64_t sampled = 0;
+  uint64_t own_ns[kUnitPhases] = {};
+  uint64_t driver_ns = 0;
+};
+UnitPhaseMeans HostPhaseMeansNs();
 uint64_t UnitsExecuted();
 void ResetStatsForTest();
 

@@ -383,9 +383,17 @@ void EventLogStop() {
                   static_cast<unsigned long long>(HostOverheadQuantileNs(0.9)),
                   static_cast<unsigned long long>(HostOwnQuantileNs(0.5)),
                   static_cast<unsigned long long>(HostOwnQuantileNs(0.9)));
-  std::fprintf(w.file, "{\"type\":\"bye\",\"t_ns\":%llu,\"peak_bytes\":%llu%s%s}\n",
+  // The same units' mean own time by phase of the unit, and in driver calls (engine.h UnitPhase).
+  std::string phases;
+  if (const UnitPhaseMeans m = HostPhaseMeansNs(); m.sampled > 0) {
+    phases = ",\"host_phase_mean_ns\":{";
+    for (int i = 0; i < kUnitPhases; ++i)
+      phases += std::string("\"") + kUnitPhaseNames[i] + "\":" + std::to_string(m.own_ns[i]) + ",";
+    phases += "\"driver\":" + std::to_string(m.driver_ns) + ",\"sampled\":" + std::to_string(m.sampled) + "}";
+  }
+  std::fprintf(w.file, "{\"type\":\"bye\",\"t_ns\":%llu,\"peak_bytes\":%llu%s%s%s}\n",
                static_cast<unsigned long long>(HostNowNs()), static_cast<unsigned long long>(memory::PeakBytes()),
-               recorded, host);
+               recorded, host, phases.c_str());
   std::fclose(w.file);
   w.file = nullptr;
 }
