@@ -3,7 +3,8 @@
 // planning, cost model, slot/ticket, progress queue). The GPU suite measures the whole (driver calls included);
 // the difference between the two is what the two driver calls per collective cost.
 //   build/bin/shim_host_bench [calls] [gap_us]   prints median and p90 ns per call over 5 runs, for fixed and model
-//   durations; gap_us > 0 spaces the calls (each after the progress thread went idle)
+//   durations, and how many calls woke the progress thread; gap_us > 0 spaces the calls (each after the progress
+//   thread went idle)
 #include <nccl.h>
 
 #include <algorithm>
@@ -59,11 +60,18 @@ int main(int argc, char** argv) {
   testing::FakeGpu gpu;
   gpu.stamp_arrivals = true;
   SetGpuForTest(&gpu);
-  for (int fixed = 1; fixed >= 0; --fixed) {
+  // Durations: fixed 1 us (due within the progress thread's nap: a push wakes it), fixed 200 us (due after the nap
+  // ends: no wake while the thread naps), and the cost model's for this all-reduce.
+  struct Durations {
+    const char* name;
+    double fixed_us;
+  };
+  for (const Durations& d : {Durations{"fixed 1 us", 1.0}, Durations{"fixed 200 us", 200.0},
+                             Durations{"cost-model", -1.0}}) {
     Config c;
     c.rank = 5;
     c.world_size = 1024;
-    c.fixed_dur_us = fixed ? 1.0 : -1.0;
+    c.fixed_dur_us = d.fixed_us;
     SetConfigForTest(c);
     ResetCommsForTest();
     ncclUniqueId id;
@@ -75,6 +83,7 @@ int main(int argc, char** argv) {
     Comm* comm = nullptr;
     if (CommInit(a, &comm) != ncclSuccess) return 1;
     std::vector<double> meds, p90s, v;
+    const uint64_t wakes0 = ProgressWakes();
     for (int run = 0; run < 5; ++run) {
       meds.push_back(RunOnce(comm, calls, gap_us, &v));
       p90s.push_back(v[v.size() * 9 / 10]);
@@ -86,8 +95,9 @@ int main(int argc, char** argv) {
     std::sort(meds.begin(), meds.end());
     std::sort(p90s.begin(), p90s.end());
     std::printf("libprism host path without driver calls (%s durations): median %.0f ns, p90 %.0f ns per "
-                "all-reduce (median of 5 runs x %d calls, %s)\n",
-                fixed ? "fixed" : "cost-model", meds[2], p90s[2], calls, gap_us > 0 ? "spaced" : "back to back");
+                "all-reduce (median of 5 runs x %d calls, %s); %.2f progress-thread wake-ups per call\n",
+                d.name, meds[2], p90s[2], calls, gap_us > 0 ? "spaced" : "back to back",
+                static_cast<double>(ProgressWakes() - wakes0) / (5.0 * calls));
   }
   SetGpuForTest(nullptr);
   return 0;

@@ -1,6 +1,7 @@
 #include "interpose/core/cost.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <mutex>
 #include <string>
@@ -18,6 +19,7 @@ struct CommCostState {
   int local_ranks = 1;
   replay::CommTuning tuning;
   bool tuned = false;
+  uint64_t id = 0;  // unique for the process's life (OperationCost's memo keys on it, not on the address)
 };
 
 namespace {
@@ -104,7 +106,9 @@ double FallbackUs(const replay::Topology& t, const CommCostState& s, OpKind op, 
 }  // namespace
 
 std::shared_ptr<CommCostState> MakeCommCost(const std::vector<int32_t>& members, int nranks) {
+  static std::atomic<uint64_t> next_id{0};
   auto s = std::make_shared<CommCostState>();
+  s->id = next_id.fetch_add(1, std::memory_order_relaxed) + 1;
   Model& m = TheModel();
   s->nranks = std::max(1, nranks);
   const int gpn = std::max(1, m.topo.gpus_per_node);
@@ -159,6 +163,34 @@ uint64_t OperationBytes(OpKind op, uint64_t count, payload::DataType dtype, int 
   }
 }
 
+namespace {
+
+// The last costs a thread computed, direct-mapped by their arguments: a training step repeats the same operations
+// (communicator, kind, size) every iteration, and the model's evaluation (NCCL's tuning tables over algorithms and
+// protocols) cost a unit about a microsecond of its host time. The model and a communicator's tables never change
+// after they are built, so an entry stays right for the life of the process.
+struct CostMemo {
+  uint64_t state_id = 0;  // 0: empty
+  uint64_t bytes = 0;
+  int32_t self = 0, peer = 0;
+  uint8_t op = 0, dtype = 0;
+  OpCost cost;
+};
+constexpr uint32_t kCostMemoSize = 256;  // power of two
+thread_local CostMemo t_cost_memo[kCostMemoSize];
+
+CostMemo& MemoSlot(uint64_t id, OpKind op, uint64_t bytes, payload::DataType dtype, int32_t self, int32_t peer) {
+  uint64_t h = id * 0x9E3779B97F4A7C15ull ^ bytes * 0xC2B2AE3D27D4EB4Full;
+  h ^= (static_cast<uint64_t>(op) << 8 | static_cast<uint64_t>(dtype)) * 0x165667B19E3779F9ull;
+  h ^= (static_cast<uint64_t>(static_cast<uint32_t>(self)) << 32 | static_cast<uint32_t>(peer)) * 0x27D4EB2F165667C5ull;
+  return t_cost_memo[(h >> 40) & (kCostMemoSize - 1)];
+}
+
+OpCost ModelCost(const CommCostState* state, OpKind op, uint64_t bytes, payload::DataType dtype, int32_t self,
+                 int32_t peer);
+
+}  // namespace
+
 OpCost OperationCost(const CommCostState* state, OpKind op, uint64_t bytes, payload::DataType dtype, int32_t self,
                      int32_t peer) {
   OpCost c;
@@ -168,6 +200,21 @@ OpCost OperationCost(const CommCostState* state, OpKind op, uint64_t bytes, payl
     c.source = CostSource::kFixed;
     return c;
   }
+  if (state == nullptr) return ModelCost(state, op, bytes, dtype, self, peer);
+  CostMemo& m = MemoSlot(state->id, op, bytes, dtype, self, peer);
+  if (m.state_id == state->id && m.bytes == bytes && m.op == static_cast<uint8_t>(op) &&
+      m.dtype == static_cast<uint8_t>(dtype) && m.self == self && m.peer == peer)
+    return m.cost;
+  c = ModelCost(state, op, bytes, dtype, self, peer);
+  m = CostMemo{state->id, bytes, self, peer, static_cast<uint8_t>(op), static_cast<uint8_t>(dtype), c};
+  return c;
+}
+
+namespace {
+
+OpCost ModelCost(const CommCostState* state, OpKind op, uint64_t bytes, payload::DataType dtype, int32_t self,
+                 int32_t peer) {
+  OpCost c;
   Model& m = TheModel();
   CommCostState fallback_state;
   const CommCostState& s = state != nullptr ? *state : fallback_state;
@@ -195,6 +242,8 @@ fallback:
   c.source = CostSource::kFallback;
   return c;
 }
+
+}  // namespace
 
 const char* CostModelDescription() { return TheModel().description.c_str(); }
 

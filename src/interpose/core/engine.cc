@@ -64,10 +64,10 @@ thread_local bool t_sampling = false;
 thread_local uint64_t t_driver_ns = 0;
 
 template <typename F>
-CUresult Driver(F&& call) {
+auto Driver(F&& call) {
   if (!t_sampling) return call();
   const uint64_t t0 = MonoNs();
-  const CUresult r = call();
+  const auto r = call();
   t_driver_ns += MonoNs() - t0;
   return r;
 }
@@ -598,7 +598,7 @@ class UnitRun {
  public:
   UnitRun(Gpu& gpu, const OpCall* ops, size_t n)
       : gpu_(gpu), cfg_(Cfg()), ops_(ops), n_(n), stream_(reinterpret_cast<CUstream>(ops[0].stream)),
-        capturing_(gpu.Capturing(stream_)) {
+        capturing_(Driver([&] { return gpu.Capturing(stream_); })) {
     static std::atomic<bool> warned_capture{false};
     if (capturing_)
       LogOnce(&warned_capture, "a collective is captured into a CUDA graph: it writes its payload but is not gated");
@@ -651,6 +651,7 @@ class UnitRun {
       // Why stamp first: the arrival is when the GPU reached the operation, before the host-side exchange.
       r_ = Driver([&] { return gpu_.Stamp(stream_, slot_); });
       stamped_ = true;
+      exchanged_ = true;
       if (r_ == CUDA_SUCCESS) r_ = RunExchange(gpu_, stream_, prep_);
     }
     for (const Prepared& p : prep_) {
@@ -854,6 +855,7 @@ class UnitRun {
                        : cfg_.gate == GateKind::kSpin ? gpu_.SpinReleaseNs(c0->spin_ctas)
                                                       : gpu_.WaitReleaseNs();
     u->via_coordinator = via_coordinator_;
+    u->may_have_arrived = exchanged_;  // RunExchange synchronised the stream after the arrival stamp
     u->coord_comm_id = c0->coord_comm_id;
     u->comm_ops = 0;
     for (const Prepared& p : prep_) u->comm_ops += p.call.comm == c0 && p.seq != kNoSeq ? 1 : 0;
@@ -882,6 +884,7 @@ class UnitRun {
     if (xsends && tls.defer_send_done && cfg_.send_rendezvous && !u.via_coordinator) {
       try {
         tls.held_units.push_back(u);
+        tls.held_units.back().may_have_arrived = true;
         held = true;
       } catch (...) {
       }
@@ -912,6 +915,7 @@ class UnitRun {
   size_t lead_ = 0;  // the operation the unit is named by (LeadOf)
   bool via_coordinator_ = false;
   bool stamped_ = false;  // the unit's arrival stamp is on the stream
+  bool exchanged_ = false;  // RunExchange ran (it waits for the stream)
   bool p2p_only_exchange_ = false;  // real data and only p2p operations: the unit is released locally
   CUresult r_ = CUDA_SUCCESS;
 };
@@ -924,7 +928,10 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
     SetLastError("libprism could not set up its GPU work");
     return ncclUnhandledCudaError;
   }
-  gpu.EnsureContext();
+  Driver([&] {
+    gpu.EnsureContext();
+    return true;
+  });
   UnitRun run(gpu, ops, n);
   PhaseMark(kPhaseEnter);
   if (const ncclResult_t planned = run.Plan(); planned != ncclSuccess) return planned;

@@ -18,6 +18,7 @@
 #include "interpose/core/engine.h"
 #include "interpose/core/gpu.h"
 #include "interpose/core/memory.h"
+#include "interpose/core/progress.h"
 #include "interpose/core/recorded.h"
 #include "nccl_patch/semantics.h"
 #include "prism/events.h"
@@ -375,14 +376,16 @@ void EventLogStop() {
                   static_cast<unsigned long long>(rs.over_limit));
   // libprism's own host time per executed unit (what a real rank pays per collective on its thread; sampled, see
   // engine.cc), so that a run's cost can be read from its event file (tests/gpu/libprism_cost.sh).
-  char host[192] = "";
+  char host[256] = "";
   if (const uint64_t p50 = HostOverheadQuantileNs(0.5); p50 > 0)  // 0 while no unit was sampled
     std::snprintf(host, sizeof host,
-                  ",\"host_ns\":{\"units\":%llu,\"p50\":%llu,\"p90\":%llu,\"own_p50\":%llu,\"own_p90\":%llu}",
+                  ",\"host_ns\":{\"units\":%llu,\"p50\":%llu,\"p90\":%llu,\"own_p50\":%llu,\"own_p90\":%llu,"
+                  "\"wakes\":%llu}",
                   static_cast<unsigned long long>(UnitsExecuted()), static_cast<unsigned long long>(p50),
                   static_cast<unsigned long long>(HostOverheadQuantileNs(0.9)),
                   static_cast<unsigned long long>(HostOwnQuantileNs(0.5)),
-                  static_cast<unsigned long long>(HostOwnQuantileNs(0.9)));
+                  static_cast<unsigned long long>(HostOwnQuantileNs(0.9)),
+                  static_cast<unsigned long long>(ProgressWakes()));
   // The same units' mean own time by phase of the unit, and in driver calls (engine.h UnitPhase).
   std::string phases;
   if (const UnitPhaseMeans m = HostPhaseMeansNs(); m.sampled > 0) {
