@@ -106,18 +106,22 @@ struct Pending {
   bool arrive_sent = false;
 };
 
+// Why the counters are grouped by writer, a cache line each: the job threads' pushes and slot/ticket draws, and the
+// progress thread's releases and sleep state, would otherwise share lines that every unit moves between cores.
 struct State {
   UnitQueue queue;
   std::once_flag started;
-  std::atomic<uint32_t> wake{0};
-  std::atomic<int> sleeping{0};         // 0 awake, 1 blocked until woken, 2 napping until nap_until
-  std::atomic<uint64_t> nap_until{0};   // host ns (HostNowNs) the current nap ends; stored before sleeping = 2
-  std::atomic<uint64_t> pushed{0};
-  std::atomic<uint64_t> wakes{0};       // pushes that woke the thread (a futex call on the pushing thread)
-  std::atomic<uint64_t> released{0};
+  // Written by the job threads (pushes, slots and tickets; wake only when they wake the thread).
+  alignas(64) std::atomic<uint64_t> pushed{0};
   std::atomic<uint32_t> ticket{0};
   std::atomic<uint32_t> slot{0};
-  Pending pending[kQueueSize];
+  std::atomic<uint32_t> wake{0};
+  // Written by the progress thread.
+  alignas(64) std::atomic<uint64_t> released{0};
+  std::atomic<int> sleeping{0};         // 0 awake, 1 blocked until woken, 2 napping until nap_until
+  std::atomic<uint64_t> nap_until{0};   // host ns (HostNowNs) the current nap ends; stored before sleeping = 2
+  alignas(64) std::atomic<uint64_t> wakes{0};  // pushes that woke the thread (a futex call on the pushing thread)
+  alignas(64) Pending pending[kQueueSize];
   uint32_t npending = 0;
   // Released units waiting for their gate-open stamp before they are logged (PRISM_GATE_OPEN_STAMPS).
   std::vector<GateUnit> opening;
@@ -349,9 +353,12 @@ bool ProgressPush(const GateUnit& unit) {
   State& s = S();
   if (!s.queue.Push(unit)) return false;
   s.pushed.fetch_add(1, std::memory_order_seq_cst);
-  s.wake.fetch_add(1, std::memory_order_seq_cst);
+  // Why wake counts only the wakes: a thread that read sleeping as 0 here checks `pushed` after it marks itself
+  // asleep and so sees this unit; one that marked itself first is woken, and the changed word makes a futex wait
+  // that has not started yet return at once.
   const int sleeping = s.sleeping.load(std::memory_order_seq_cst);
   if (sleeping == 1 || (sleeping == 2 && !NapEndsInTime(unit, s.nap_until.load(std::memory_order_seq_cst)))) {
+    s.wake.fetch_add(1, std::memory_order_seq_cst);
     Futex(&s.wake, FUTEX_WAKE_PRIVATE, 1, nullptr);
     s.wakes.fetch_add(1, std::memory_order_relaxed);
   }
