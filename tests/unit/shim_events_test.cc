@@ -186,13 +186,20 @@ TEST(ShimEvents, GateOpenStampsAreLoggedWithTheirUnit) {
   std::filesystem::remove_all(dir);
 }
 
-// One real rank (`rank` of `nranks`) on the fake GPU, writing its event file into a fresh directory, with one
-// communicator of the whole world.
-struct EventsRun {
-  testing::FakeGpu gpu;
+// One real rank (`rank` of `nranks`) on a fake GPU (G: testing::FakeGpu or one derived from it), writing its event
+// file into a fresh directory, with one communicator of the whole world.
+struct RunOptions {
+  int gate_toggle = 0;
+  double fixed_dur_us = 10;
+  bool gate_open_stamps = false;
+};
+
+template <typename G>
+struct EventsRunOn {
+  G gpu;
   std::filesystem::path dir;
   Comm* comm = nullptr;
-  EventsRun(const std::string& tag, int rank, int nranks, int gate_toggle = 0, double fixed_dur_us = 10) {
+  EventsRunOn(const std::string& tag, int rank, int nranks, RunOptions o = {}) {
     SetGpuForTest(&gpu);
     dir = std::filesystem::temp_directory_path() / ("prism_events_" + tag + "_" + std::to_string(getpid()));
     std::filesystem::create_directories(dir);
@@ -200,9 +207,10 @@ struct EventsRun {
     c.rank = rank;
     c.world_size = nranks;
     c.real_ranks = {rank};
-    c.fixed_dur_us = fixed_dur_us;
+    c.fixed_dur_us = o.fixed_dur_us;
     c.out_dir = dir.string();
-    c.gate_toggle = gate_toggle;
+    c.gate_toggle = o.gate_toggle;
+    c.gate_open_stamps = o.gate_open_stamps;
     SetConfigForTest(c);
     ResetCommsForTest();
     ncclUniqueId id;
@@ -212,7 +220,7 @@ struct EventsRun {
     a.ids = &id;
     if (GetUniqueId(&id) != ncclSuccess || CommInit(a, &comm) != ncclSuccess) comm = nullptr;
   }
-  ~EventsRun() {
+  ~EventsRunOn() {
     SetGpuForTest(nullptr);
     std::filesystem::remove_all(dir);
   }
@@ -223,7 +231,7 @@ struct EventsRun {
     EventLogStop();
     return drained;
   }
-  // An all-reduce of `buf` on `stream`.
+  // An fp32 sum all-reduce of `buf` on `stream`.
   ncclResult_t AllReduce(std::vector<float>* buf, cudaStream_t stream) {
     OpCall call;
     call.op = payload::OpKind::kAllReduce;
@@ -235,6 +243,7 @@ struct EventsRun {
     return Submit(call);
   }
 };
+using EventsRun = EventsRunOn<testing::FakeGpu>;
 
 // The event file's lines of `type`, in file order.
 std::vector<nlohmann::json> LinesOf(const std::string& type) {
@@ -272,41 +281,12 @@ class EventStampGpu : public testing::FakeGpu {
 };
 
 TEST(ShimEvents, ArrivalsAreReadThroughTheGpuNotItsWords) {
-  EventStampGpu gpu;
-  SetGpuForTest(&gpu);
-  auto dir = std::filesystem::temp_directory_path() / ("prism_events_arrival_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  Config c;
-  c.rank = 0;
-  c.world_size = 8;
-  c.real_ranks = {0};
-  c.fixed_dur_us = 50;
-  c.out_dir = dir.string();
-  c.gate_open_stamps = true;
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  ncclUniqueId id;
-  ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
-  InitArgs a;
-  a.nranks = 8;
-  a.rank = 0;
-  a.ids = &id;
-  Comm* comm = nullptr;
-  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  EventsRunOn<EventStampGpu> run("arrival", 0, 8, {.fixed_dur_us = 50, .gate_open_stamps = true});
+  ASSERT_NE(run.comm, nullptr);
   std::vector<float> buf(64);
-  OpCall call;
-  call.op = payload::OpKind::kAllReduce;
-  call.comm = comm;
-  call.count = 64;
-  call.dtype = ncclFloat32;
-  call.redop = ncclSum;
-  call.send = buf.data();
-  call.recv = buf.data();
-  for (int i = 0; i < 3; ++i) ASSERT_EQ(Submit(call), ncclSuccess);
-  ASSERT_TRUE(ProgressDrain(5000000000ull)) << "a unit waited for an arrival it could only see through Arrival()";
-  usleep(300000);
-  EventLogStop();
-  SetGpuForTest(nullptr);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(run.AllReduce(&buf, nullptr), ncclSuccess);
+  ASSERT_TRUE(run.Finish()) << "a unit waited for an arrival it could only see through Arrival()";
+  EventStampGpu& gpu = run.gpu;
   for (uint64_t w : gpu.arrival) EXPECT_EQ(w, 0u);
   std::vector<uint64_t> arrivals;
   for (const nlohmann::json& j : LinesOf("op")) {
@@ -317,7 +297,6 @@ TEST(ShimEvents, ArrivalsAreReadThroughTheGpuNotItsWords) {
   }
   std::sort(arrivals.begin(), arrivals.end());  // lines are in release order; these were all due at once
   EXPECT_EQ(arrivals, (std::vector<uint64_t>{5000000001000ull, 5000000003000ull, 5000000005000ull}));
-  std::filesystem::remove_all(dir);
 }
 
 // Of a stream's units waiting for their arrival the progress thread reads the earliest only (and all of them every
@@ -351,34 +330,12 @@ class CountingGpu : public EventStampGpu {
 };
 
 TEST(ShimEvents, OnlyTheEarliestUnitOfAStreamIsReadForItsArrival) {
-  CountingGpu gpu;
-  SetGpuForTest(&gpu);
-  Config c;
-  c.rank = 0;
-  c.world_size = 8;
-  c.real_ranks = {0};
-  c.fixed_dur_us = 10;
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  ncclUniqueId id;
-  ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
-  InitArgs a;
-  a.nranks = 8;
-  a.rank = 0;
-  a.ids = &id;
-  Comm* comm = nullptr;
-  ASSERT_EQ(CommInit(a, &comm), ncclSuccess);
+  EventsRunOn<CountingGpu> run("earliest", 0, 8);
+  ASSERT_NE(run.comm, nullptr);
+  CountingGpu& gpu = run.gpu;
   std::vector<float> buf(64);
-  OpCall call;
-  call.op = payload::OpKind::kAllReduce;
-  call.comm = comm;
-  call.count = 64;
-  call.dtype = ncclFloat32;
-  call.redop = ncclSum;
-  call.send = buf.data();
-  call.recv = buf.data();
   constexpr int kUnits = 40;
-  for (int i = 0; i < kUnits; ++i) ASSERT_EQ(Submit(call), ncclSuccess);
+  for (int i = 0; i < kUnits; ++i) ASSERT_EQ(run.AllReduce(&buf, nullptr), ncclSuccess);
   uint32_t first = 0, last = 0;
   {
     std::lock_guard<std::mutex> l(gpu.stamp_mu);
@@ -393,14 +350,13 @@ TEST(ShimEvents, OnlyTheEarliestUnitOfAStreamIsReadForItsArrival) {
   EXPECT_GE(gpu.ReadsOf(last), 1u) << "every 64th pass reads every unit";
   gpu.Land();
   EXPECT_TRUE(ProgressDrain(5000000000ull)) << "units behind the earliest were never read once it arrived";
-  SetGpuForTest(nullptr);
 }
 
 // A unit released here at its own arrival (world 1: the cost model gives a one-member communicator 0) holds no gate:
 // its op line still has the arrival, and its release is that arrival. One of a larger communicator is gated.
 TEST(ShimEvents, AUnitOfDurationZeroReleasedHereHoldsNoGate) {
   {
-    EventsRun run("nogate", 0, 1, 0, -1);
+    EventsRun run("nogate", 0, 1, {.fixed_dur_us = -1});
     ASSERT_NE(run.comm, nullptr);
     std::vector<float> buf(16);
     ASSERT_EQ(run.AllReduce(&buf, nullptr), ncclSuccess);
@@ -412,7 +368,7 @@ TEST(ShimEvents, AUnitOfDurationZeroReleasedHereHoldsNoGate) {
     EXPECT_EQ(ops[0].at("release_ns"), ops[0].at("arrival_ns"));
     EXPECT_FALSE(ops[0].contains("opened_ns")) << "no gate was opened";
   }
-  EventsRun run("gate", 0, 4, 0, -1);
+  EventsRun run("gate", 0, 4, {.fixed_dur_us = -1});
   ASSERT_NE(run.comm, nullptr);
   std::vector<float> buf(16);
   ASSERT_EQ(run.AllReduce(&buf, nullptr), ncclSuccess);
@@ -423,7 +379,7 @@ TEST(ShimEvents, AUnitOfDurationZeroReleasedHereHoldsNoGate) {
 // PRISM_GATE_TOGGLE=2: after iteration mark m the units are gated when (m / 2) is even, and before the first mark;
 // the ungated ones still get their arrival stamp and their op line.
 TEST(ShimEvents, GateToggleSwitchesGatesAtIterationMarks) {
-  EventsRun run("gate_toggle", 0, 1, 2);
+  EventsRun run("gate_toggle", 0, 1, {.gate_toggle = 2});
   ASSERT_NE(run.comm, nullptr);
   std::vector<float> buf(16);
   std::vector<size_t> gates_after;

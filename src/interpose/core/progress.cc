@@ -106,8 +106,9 @@ struct Pending {
   bool arrive_sent = false;
 };
 
-// Why the counters are grouped by writer, a cache line each: the job threads' pushes and slot/ticket draws, and the
-// progress thread's releases and sleep state, would otherwise share lines that every unit moves between cores.
+// Why the counters are grouped by writer and rate, a cache line each: the job threads' pushes and slot/ticket draws,
+// the progress thread's releases and its sleep state would otherwise share lines that every unit moves between
+// cores.
 struct State {
   UnitQueue queue;
   std::once_flag started;
@@ -116,10 +117,10 @@ struct State {
   std::atomic<uint32_t> ticket{0};
   std::atomic<uint32_t> slot{0};
   std::atomic<uint32_t> wake{0};
-  // Written by the progress thread.
+  // Written by the progress thread: per release, and only when it goes to sleep or wakes (read by every push).
   alignas(64) std::atomic<uint64_t> released{0};
-  std::atomic<int> sleeping{0};         // 0 awake, 1 blocked until woken, 2 napping until nap_until
-  std::atomic<uint64_t> nap_until{0};   // host ns (HostNowNs) the current nap ends; stored before sleeping = 2
+  alignas(64) std::atomic<int> sleeping{0};  // 0 awake, 1 blocked until woken, 2 napping until nap_until
+  std::atomic<uint64_t> nap_until{0};        // host ns (HostNowNs) the current nap ends; stored before sleeping = 2
   alignas(64) std::atomic<uint64_t> wakes{0};  // pushes that woke the thread (a futex call on the pushing thread)
   alignas(64) Pending pending[kQueueSize];
   uint32_t npending = 0;
