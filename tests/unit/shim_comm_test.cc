@@ -239,45 +239,6 @@ TEST_F(ShimComm, AllReduceSumPlansTheMirrorAndGatesUntilArrivalPlusDuration) {
   EXPECT_GE(HostNowNs(), arrival + 30000000ull) << "opened before arrival + duration";
 }
 
-// A unit pushed while the progress thread naps between units wakes it (a system call on the job's thread) only when
-// the unit could be due before the nap ends; a long unit waits for the nap's end and still opens at arrival + duration.
-TEST_F(ShimComm, APushWakesANappingProgressThreadOnlyForAUnitDueBeforeItsNapEnds) {
-  Comm* c = Init(8, 1, Id());
-  std::vector<float> buf(1024);
-  OpCall call;
-  call.op = OpKind::kAllReduce;
-  call.comm = c;
-  call.count = buf.size();
-  call.send = buf.data();
-  call.recv = buf.data();
-  auto spaced_units = [&](double dur_us) {
-    SetFixedDur(dur_us);
-    const uint64_t before = ProgressWakes();
-    for (int i = 0; i < 20; ++i) {
-      std::this_thread::sleep_for(std::chrono::microseconds(500));  // the thread is idle: napping
-      EXPECT_EQ(Submit(call), ncclSuccess);
-      uint32_t slot, ticket;
-      {
-        std::lock_guard<std::mutex> l(gpu_.mu);
-        slot = gpu_.gates.back().slot;
-        ticket = gpu_.gates.back().ticket;
-      }
-      const uint64_t arrival = *gpu_.ArrivalWord(slot);
-      EXPECT_TRUE(ProgressDrain(5000000000ull));
-      EXPECT_EQ(*gpu_.GateWord(slot), ticket);
-      EXPECT_GE(HostNowNs(), arrival + static_cast<uint64_t>(dur_us * 1000)) << "opened before arrival + duration";
-    }
-    return ProgressWakes() - before;
-  };
-  SetFixedDur(1000);
-  ASSERT_EQ(Submit(call), ncclSuccess);  // a first unit: the thread is now within its active window
-  ASSERT_TRUE(ProgressDrain(5000000000ull));
-  // 1 ms units cannot be due within a 50 us nap: no wake-up (one or two allowed for a nap that overran the active
-  // window on a loaded machine); 1 us units are, and a push that finds the thread napping wakes it.
-  EXPECT_LE(spaced_units(1000), 2u);
-  EXPECT_GE(spaced_units(1), 1u);
-}
-
 TEST_F(ShimComm, HostOverheadIsSampled) {
   ResetStatsForTest();
   Comm* c = Init(8, 1, Id());

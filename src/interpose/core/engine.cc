@@ -651,7 +651,6 @@ class UnitRun {
       // Why stamp first: the arrival is when the GPU reached the operation, before the host-side exchange.
       r_ = Driver([&] { return gpu_.Stamp(stream_, slot_); });
       stamped_ = true;
-      exchanged_ = true;
       if (r_ == CUDA_SUCCESS) r_ = RunExchange(gpu_, stream_, prep_);
     }
     for (const Prepared& p : prep_) {
@@ -855,7 +854,6 @@ class UnitRun {
                        : cfg_.gate == GateKind::kSpin ? gpu_.SpinReleaseNs(c0->spin_ctas)
                                                       : gpu_.WaitReleaseNs();
     u->via_coordinator = via_coordinator_;
-    u->may_have_arrived = exchanged_;  // RunExchange synchronised the stream after the arrival stamp
     u->coord_comm_id = c0->coord_comm_id;
     u->comm_ops = 0;
     for (const Prepared& p : prep_) u->comm_ops += p.call.comm == c0 && p.seq != kNoSeq ? 1 : 0;
@@ -884,7 +882,6 @@ class UnitRun {
     if (xsends && tls.defer_send_done && cfg_.send_rendezvous && !u.via_coordinator) {
       try {
         tls.held_units.push_back(u);
-        tls.held_units.back().may_have_arrived = true;
         held = true;
       } catch (...) {
       }
@@ -915,7 +912,6 @@ class UnitRun {
   size_t lead_ = 0;  // the operation the unit is named by (LeadOf)
   bool via_coordinator_ = false;
   bool stamped_ = false;  // the unit's arrival stamp is on the stream
-  bool exchanged_ = false;  // RunExchange ran (it waits for the stream)
   bool p2p_only_exchange_ = false;  // real data and only p2p operations: the unit is released locally
   CUresult r_ = CUDA_SUCCESS;
 };

@@ -38,18 +38,6 @@ constexpr uint64_t kArrivalReadNs = 2000;
 // can take stream positions in another order than their stamps'.
 constexpr uint32_t kReadAllPasses = 64;
 
-// Why the thread naps instead of blocking while units keep coming: waking a thread blocked on a futex cost the
-// pushing job thread 1.7 us on the GPU machine (a VM: an interrupt to the idle CPU), 3.9 us per unit inside a
-// Megatron rank, on every unit of a GPU-bound job whose units are far apart. Within kActiveNs of its last unit the
-// idle thread sleeps kNapNs at a time and looks at the queue after each nap; a pushed unit that cannot be due before
-// that nap ends needs no wake-up. The margin: kNapLateNs for the timer (sleeps on the GPU machine overshot by up to
-// ~60 us), kCoordRoundTripNs for a coordinator's answer. Past kActiveNs the thread blocks until a push wakes it (a
-// job between phases: nothing to look at).
-constexpr uint64_t kNapNs = 50000;
-constexpr uint64_t kActiveNs = 20000000;
-constexpr uint64_t kNapLateNs = 80000;
-constexpr uint64_t kCoordRoundTripNs = 100000;
-
 // A unit whose stream position orders its arrival (emulated, on a counted stream).
 bool StreamOrdered(const GateUnit& u) { return u.end_slot == UINT32_MAX && u.event.stream < kCountedStreams; }
 
@@ -119,8 +107,7 @@ struct State {
   std::atomic<uint32_t> wake{0};
   // Written by the progress thread: per release, and only when it goes to sleep or wakes (read by every push).
   alignas(64) std::atomic<uint64_t> released{0};
-  alignas(64) std::atomic<int> sleeping{0};  // 0 awake, 1 blocked until woken, 2 napping until nap_until
-  std::atomic<uint64_t> nap_until{0};        // host ns (HostNowNs) the current nap ends; stored before sleeping = 2
+  alignas(64) std::atomic<int> sleeping{0};  // 1 while blocked (or about to block) until woken
   alignas(64) std::atomic<uint64_t> wakes{0};  // pushes that woke the thread (a futex call on the pushing thread)
   alignas(64) Pending pending[kQueueSize];
   uint32_t npending = 0;
@@ -196,22 +183,18 @@ void Loop() {
   // streams set in this pass, to reset.
   std::vector<uint32_t> head(kCountedStreams, UINT32_MAX);
   std::vector<uint16_t> heads_set;
-  uint64_t last_unit_ns = 0;  // host time the thread last took a unit off the queue
   for (;;) {
     Gpu& gpu = TheGpu();  // Why per loop: tests swap the GPU backend between cases
     GateUnit u;
-    bool took = false;
     while (s.npending < kQueueSize && s.queue.Pop(&u)) {
       Pending& p = s.pending[s.npending++];
       p = Pending();
       p.u = u;
-      took = true;
     }
     const ClockCalibration cal = gpu.Calibration();
     int64_t min_wait = INT64_MAX;       // ns until the nearest known release
     int64_t min_dur = INT64_MAX;        // shortest duration among units still waiting for arrival
     uint64_t now_host = HostNowNs();
-    if (took) last_unit_ns = now_host;
     const bool read_arrivals = now_host - arrivals_read_ns >= kArrivalReadNs;
     const bool read_all = read_arrivals && ++pass % kReadAllPasses == 0;
     bool head_arrived = false;
@@ -305,11 +288,9 @@ void Loop() {
     }
     if (s.npending == 0) {
       uint32_t w = s.wake.load(std::memory_order_acquire);
-      const bool nap = now_host - last_unit_ns < kActiveNs;
-      if (nap) s.nap_until.store(now_host + kNapNs, std::memory_order_seq_cst);
-      s.sleeping.store(nap ? 2 : 1, std::memory_order_seq_cst);
+      s.sleeping.store(1, std::memory_order_seq_cst);
       if (s.pushed.load(std::memory_order_seq_cst) == s.released.load(std::memory_order_seq_cst)) {
-        timespec ts{0, nap ? static_cast<long>(kNapNs) : 100000000};  // 100 ms: also bounds a lost wake-up
+        timespec ts{0, 100000000};  // 100 ms: also bounds a lost wake-up
         Futex(&s.wake, FUTEX_WAIT_PRIVATE, w, &ts);
       }
       s.sleeping.store(0, std::memory_order_relaxed);
@@ -340,25 +321,14 @@ void ProgressStart() {
   });
 }
 
-bool NapEndsInTime(const GateUnit& u, uint64_t nap_until) {
-  // A unit without a gate only waits to be logged. Otherwise its release is no earlier than now + its duration
-  // (the stream reaches it after now), and its gate word is written its release latency before that.
-  if (u.no_gate) return true;
-  if (u.may_have_arrived) return false;
-  const uint64_t lead = kNapLateNs + (u.via_coordinator ? kCoordRoundTripNs : 0) + static_cast<uint64_t>(
-      std::max<int64_t>(u.release_lat_ns, 0));
-  return nap_until + lead <= HostNowNs() + u.dur_ns;
-}
-
 bool ProgressPush(const GateUnit& unit) {
   State& s = S();
   if (!s.queue.Push(unit)) return false;
   s.pushed.fetch_add(1, std::memory_order_seq_cst);
-  // Why wake counts only the wakes: a thread that read sleeping as 0 here checks `pushed` after it marks itself
-  // asleep and so sees this unit; one that marked itself first is woken, and the changed word makes a futex wait
-  // that has not started yet return at once.
-  const int sleeping = s.sleeping.load(std::memory_order_seq_cst);
-  if (sleeping == 1 || (sleeping == 2 && !NapEndsInTime(unit, s.nap_until.load(std::memory_order_seq_cst)))) {
+  // Why the wake word changes only when a push wakes the thread: a push that reads `sleeping` as 0 comes before the
+  // thread marks itself asleep, and the thread checks `pushed` after that mark, so it sees the unit; a push that
+  // reads 1 wakes it, and the changed word makes a futex wait that has not started yet return at once.
+  if (s.sleeping.load(std::memory_order_seq_cst)) {
     s.wake.fetch_add(1, std::memory_order_seq_cst);
     Futex(&s.wake, FUTEX_WAKE_PRIVATE, 1, nullptr);
     s.wakes.fetch_add(1, std::memory_order_relaxed);

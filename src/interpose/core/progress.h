@@ -5,8 +5,7 @@
 //
 // Producers (the threads calling NCCL) hand units over through a bounded lock-free queue: no allocation and no
 // lock on the hot path. The thread spins only while a release is near; otherwise it sleeps (timer slack 1 ns)
-// or, with nothing pending, naps 50 us at a time for 20 ms after its last unit (so that a push into a busy job
-// makes no system call), then blocks on a futex until a push wakes it.
+// or, with nothing pending, blocks on a futex until a push wakes it.
 #pragma once
 
 #include <cstdint>
@@ -22,9 +21,6 @@ struct GateUnit {
   int64_t release_lat_ns = 0;   // measured latency of this gate kind: the word is written that much early
   bool no_gate = false;         // PRISM_GATE=none or capture: only record, release at arrival
   bool via_coordinator = false;
-  // The stream may have reached the unit before it was handed over (its exchange synchronised the stream, or it
-  // was held for GroupEnd): its release can be due at once, so a push always wakes the thread.
-  bool may_have_arrived = false;
   uint32_t coord_comm_id = 0;
   uint32_t comm_ops = 1;        // operations of the unit on its first communicator (ipc.h OpArrive::nops)
   // A passthrough unit (real NCCL, comm.h): its release is the GPU stamp Arrival(end_slot), made on the
@@ -40,8 +36,8 @@ struct GateUnit {
 void ProgressStart();
 // Hands a unit over. False when the queue is full (the caller then opens the gate itself after logging).
 bool ProgressPush(const GateUnit& unit);
-// Pushes that had to wake the thread (a system call on the pushing thread); the others found it awake or napping
-// with a nap that ends before the unit can be due.
+// Pushes that woke the thread (a system call on the pushing thread, 1.7 us on an H100 VM); the others found it
+// awake.
 uint64_t ProgressWakes();
 // Units handed over and not yet released.
 uint64_t ProgressPending();
