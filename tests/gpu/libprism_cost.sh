@@ -102,20 +102,20 @@ elif it:
     summary.append(f"world 1: native iteration {it:.2f} ms (median of iterations 4-{2*iters}); runtime calls add {total_ns/1e6:.4f} ms per iteration = {100*total_ns/1e6/it:.3f} % (collectives at world 1: one-member, duration 0, no gate; host cost in the pairs' bye lines)")
 else:
     summary.append("world 1: no Megatron iteration times (see megatron.*.log)")
-def w64_run(n):  # (units, gated units, bye host_ns, iteration s, bye host_phase_mean_ns) of rank 0's run of n iterations
+def w64_run(n):  # (units, gated units, bye host_ns, iteration s, bye host_phase_mean_ns, host_phase_driver_mean_ns)
     import json
-    units = gated = 0; host = None; phases = None
+    units = gated = 0; host = None; phases = None; driver = None
     try:
         for l in open(f"{out}/w64.{n}/rank0.events.jsonl"):
             e = json.loads(l)
             if e.get("type") == "op":
                 units += 1; gated += "opened_ns" in e
             elif e.get("type") == "bye":
-                host = e.get("host_ns"); phases = e.get("host_phase_mean_ns")
+                host = e.get("host_ns"); phases = e.get("host_phase_mean_ns"); driver = e.get("host_phase_driver_mean_ns")
         it_s = json.load(open(f"{out}/w64.{n}/report.json")).get("iteration_time_s")
     except (OSError, ValueError):
         return None
-    return units, gated, host, it_s, phases
+    return units, gated, host, it_s, phases, driver
 r1, r2 = w64_run(iters), w64_run(2 * iters)
 if r1 and r2 and r2[2] and r2[3]:
     w1, w2 = calls(iters, "w64calls"), calls(2 * iters, "w64calls")
@@ -134,6 +134,8 @@ if r1 and r2 and r2[2] and r2[3]:
         print(f"  per unit: host time median {host['p50']} ns, p90 {host['p90']}; less its driver calls median {own} ns, p90 {host.get('own_p90')}: {units:.1f} units x {own} ns = {units*own/1e6:.4f} ms per iteration = {100*units*own/1e6/it64:.3f} %")
     if r2[4]:
         print("  per unit, mean ns by phase (own time; engine.h UnitPhase): " + ", ".join(f"{k} {v}" for k, v in r2[4].items()))
+    if r2[5]:
+        print("  per unit, mean ns in driver calls by phase: " + ", ".join(f"{k} {v}" for k, v in r2[5].items() if v))
     if "wakes" in host:
         print(f"  units whose push woke the progress thread: {host['wakes']} of {host['units']}")
     summary.append(f"world 64: rank 0 iteration {it64:.2f} ms (prism's report); {units:.1f} units per iteration ({gated:.1f} gated), libprism's host time per unit median {host['p50']} ns (p90 {host['p90']}); runtime calls {calls_ns/1e6:.4f} ms + units {unit_ns/1e6:.4f} ms = {tot/1e6:.4f} ms per iteration = {100*tot/1e6/it64:.3f} % (upper bound)")

@@ -127,7 +127,10 @@ TEST(ShimEvents, FileHasEveryKindOfLine) {
   const uint64_t own = bye.at("host_ns").at("own_p50").get<uint64_t>();
   EXPECT_GE(phases + 25, own) << ph.dump();
   EXPECT_LE(phases, own + 5000) << ph.dump();
-  EXPECT_TRUE(ph.contains("driver"));
+  ASSERT_TRUE(bye.contains("host_phase_driver_mean_ns")) << bye.dump();
+  uint64_t driver = 0;
+  for (const auto& [name, ns] : bye.at("host_phase_driver_mean_ns").items()) driver += ns.get<uint64_t>();
+  EXPECT_EQ(driver, ph.at("driver").get<uint64_t>()) << "the driver time by phase adds up to the unit's";
   std::filesystem::remove_all(dir);
 }
 

@@ -43,6 +43,7 @@ struct Stats {
   std::atomic<uint64_t> units{0};
   // Sums over the sampled units of each phase's own time (driver calls taken out) and of the driver calls' time.
   std::atomic<uint64_t> phase_ns[kUnitPhases] = {};
+  std::atomic<uint64_t> phase_driver_ns[kUnitPhases] = {};  // the driver calls' time, by the phase that made them
   std::atomic<uint64_t> driver_ns{0};
   std::atomic<uint64_t> sampled{0};
 };
@@ -75,13 +76,14 @@ auto Driver(F&& call) {
 // A sampled unit's own time by phase (UnitPhase): each PhaseMark charges the time since the last mark, less the
 // driver calls made meanwhile, to its phase. Costs one clock read per mark, on sampled units only.
 thread_local uint64_t t_phase_at = 0, t_phase_driver = 0;
-thread_local uint64_t t_phase_ns[kUnitPhases];
+thread_local uint64_t t_phase_ns[kUnitPhases], t_phase_driver_ns[kUnitPhases];
 
 void PhaseMark(UnitPhase phase) {
   if (!t_sampling) return;
   const uint64_t now = MonoNs();
   const uint64_t spent = now - t_phase_at, driver = t_driver_ns - t_phase_driver;
   t_phase_ns[phase] += spent > driver ? spent - driver : 0;
+  t_phase_driver_ns[phase] += driver;
   t_phase_at = now;
   t_phase_driver = t_driver_ns;
 }
@@ -92,6 +94,7 @@ uint64_t StartSample() {
   t_driver_ns = 0;
   t_phase_driver = 0;
   for (uint64_t& v : t_phase_ns) v = 0;
+  for (uint64_t& v : t_phase_driver_ns) v = 0;
   t_phase_at = MonoNs();
   return t_phase_at;
 }
@@ -103,7 +106,10 @@ void RecordOverhead(uint64_t ns) {
   Stats& st = St();
   st.hist[std::min<uint64_t>(ns / kHistBucketNs, kHistBuckets - 1)].fetch_add(1, std::memory_order_relaxed);
   st.own_hist[std::min<uint64_t>(own / kHistBucketNs, kHistBuckets - 1)].fetch_add(1, std::memory_order_relaxed);
-  for (int i = 0; i < kUnitPhases; ++i) st.phase_ns[i].fetch_add(t_phase_ns[i], std::memory_order_relaxed);
+  for (int i = 0; i < kUnitPhases; ++i) {
+    st.phase_ns[i].fetch_add(t_phase_ns[i], std::memory_order_relaxed);
+    st.phase_driver_ns[i].fetch_add(t_phase_driver_ns[i], std::memory_order_relaxed);
+  }
   st.driver_ns.fetch_add(t_driver_ns, std::memory_order_relaxed);
   st.sampled.fetch_add(1, std::memory_order_relaxed);
 }
@@ -1288,7 +1294,10 @@ UnitPhaseMeans HostPhaseMeansNs() {
   const Stats& st = St();
   m.sampled = st.sampled.load(std::memory_order_relaxed);
   if (m.sampled == 0) return m;
-  for (int i = 0; i < kUnitPhases; ++i) m.own_ns[i] = st.phase_ns[i].load(std::memory_order_relaxed) / m.sampled;
+  for (int i = 0; i < kUnitPhases; ++i) {
+    m.own_ns[i] = st.phase_ns[i].load(std::memory_order_relaxed) / m.sampled;
+    m.driver_by_phase_ns[i] = st.phase_driver_ns[i].load(std::memory_order_relaxed) / m.sampled;
+  }
   m.driver_ns = st.driver_ns.load(std::memory_order_relaxed) / m.sampled;
   return m;
 }
@@ -1299,6 +1308,7 @@ void ResetStatsForTest() {
   for (auto& h : St().hist) h.store(0);
   for (auto& h : St().own_hist) h.store(0);
   for (auto& h : St().phase_ns) h.store(0);
+  for (auto& h : St().phase_driver_ns) h.store(0);
   St().driver_ns.store(0);
   St().sampled.store(0);
   St().units.store(0);

@@ -71,6 +71,7 @@ inline constexpr const char* kUnitPhaseNames[kUnitPhases] = {"enter", "plan", "s
 struct UnitPhaseMeans {
   uint64_t sampled = 0;
   uint64_t own_ns[kUnitPhases] = {};
+  uint64_t driver_by_phase_ns[kUnitPhases] = {};  // the driver calls' time by phase (steps: payload launches, ...)
   uint64_t driver_ns = 0;
 };
 UnitPhaseMeans HostPhaseMeansNs();

@@ -393,6 +393,10 @@ void EventLogStop() {
     for (int i = 0; i < kUnitPhases; ++i)
       phases += std::string("\"") + kUnitPhaseNames[i] + "\":" + std::to_string(m.own_ns[i]) + ",";
     phases += "\"driver\":" + std::to_string(m.driver_ns) + ",\"sampled\":" + std::to_string(m.sampled) + "}";
+    phases += ",\"host_phase_driver_mean_ns\":{";
+    for (int i = 0; i < kUnitPhases; ++i)
+      phases += std::string(i ? "," : "") + "\"" + kUnitPhaseNames[i] + "\":" + std::to_string(m.driver_by_phase_ns[i]);
+    phases += "}";
   }
   std::fprintf(w.file, "{\"type\":\"bye\",\"t_ns\":%llu,\"peak_bytes\":%llu%s%s%s}\n",
                static_cast<unsigned long long>(HostNowNs()), static_cast<unsigned long long>(memory::PeakBytes()),
