@@ -22,12 +22,15 @@
 //   iter   {type, iteration, t_ns, dur_ns, peak_bytes, torch_max_allocated}
 //   mem    {type, t_ns, current_bytes, peak_bytes}
 //   error  {type, what}
-//   bye    {type, t_ns, peak_bytes, recorded?, host_ns?, host_phase_mean_ns?, host_phase_driver_mean_ns?}: host_ns {units, p50, p90, own_p50,
-//           own_p90, wakes}: libprism's host time per executed unit (ns; own_*: less the driver calls; wakes: units
-//           whose push woke the progress thread), present when a unit was sampled; host_phase_mean_ns {enter, plan, steps, time, gate, describe, push, count, driver, sampled}:
-//           the sampled units' mean own time by phase of the unit and in driver calls (ns);
+//   bye    {type, t_ns, peak_bytes, recorded?, host_ns?, host_phase_mean_ns?, host_phase_driver_mean_ns?}
+//           host_ns {units, p50, p90, own_p50, own_p90, wakes}: libprism's host time per executed unit (ns; one
+//           unit in 8 sampled, its timing's clock reads included; own_*: less its CUDA driver calls; wakes: futex
+//           wakes of the progress thread that pushes issued), present when a unit was sampled;
+//           host_phase_mean_ns {enter, plan, steps, time, gate, describe, push, count, driver, sampled}: the
+//           sampled units' mean own time by phase of the unit, and in driver calls (ns);
 //           host_phase_driver_mean_ns {enter, plan, steps, time, gate, describe, push, count}: the driver calls'
-//           mean time by the phase that made them (steps: payload launches; gate: the stream wait)
+//           mean time by the phase that made them (enter: context and capture checks; steps: payload launches and
+//           exchange copies; gate: the stream wait)
 // Times are Unix-epoch nanoseconds (GPU %globaltimer where the event comes from the GPU).
 #pragma once
 

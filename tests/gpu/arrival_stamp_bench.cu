@@ -18,11 +18,11 @@
 #include <cstdlib>
 #include <functional>
 #include <thread>
+#include <vector>
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include <vector>
 
 __global__ void Stamp(uint64_t* out) {
   uint64_t t;
@@ -87,8 +87,9 @@ void FutexWakeCase(int n) {
   std::atomic<int> asleep{0};
   std::atomic<bool> stop{false};
   std::thread sleeper([&] {
-    while (!stop.load()) {
-      const uint32_t w = word.load();
+    for (;;) {
+      const uint32_t w = word.load();  // Why before `stop`: a stop and wake after this read make the wait return
+      if (stop.load()) break;
       asleep.store(1);
       Futex(&word, FUTEX_WAIT_PRIVATE, w);
       asleep.store(0);
@@ -107,7 +108,8 @@ void FutexWakeCase(int n) {
   Futex(&word, FUTEX_WAKE_PRIVATE, 1);
   sleeper.join();
   std::sort(ns.begin(), ns.end());
-  std::printf("STAMP case=futex_wake_of_sleeper median_ns=%.1f p90_ns=%.1f\n", ns[ns.size() / 2], ns[ns.size() * 9 / 10]);
+  std::printf("STAMP case=futex_wake_of_sleeper median_ns=%.1f p90_ns=%.1f\n", ns[ns.size() / 2],
+              ns[ns.size() * 9 / 10]);
 }
 
 }  // namespace

@@ -111,7 +111,8 @@ def w64_run(n):  # (units, gated units, bye host_ns, iteration s, bye host_phase
             if e.get("type") == "op":
                 units += 1; gated += "opened_ns" in e
             elif e.get("type") == "bye":
-                host = e.get("host_ns"); phases = e.get("host_phase_mean_ns"); driver = e.get("host_phase_driver_mean_ns")
+                host = e.get("host_ns"); phases = e.get("host_phase_mean_ns")
+                driver = e.get("host_phase_driver_mean_ns")
         it_s = json.load(open(f"{out}/w64.{n}/report.json")).get("iteration_time_s")
     except (OSError, ValueError):
         return None
@@ -133,11 +134,12 @@ if r1 and r2 and r2[2] and r2[3]:
     if own is not None:
         print(f"  per unit: host time median {host['p50']} ns, p90 {host['p90']}; less its driver calls median {own} ns, p90 {host.get('own_p90')}: {units:.1f} units x {own} ns = {units*own/1e6:.4f} ms per iteration = {100*units*own/1e6/it64:.3f} %")
     if r2[4]:
-        print("  per unit, mean ns by phase (own time; engine.h UnitPhase): " + ", ".join(f"{k} {v}" for k, v in r2[4].items()))
+        print("  per unit, mean ns by phase (own time; engine.h UnitPhase): " +
+              ", ".join(f"{k} {v}" for k, v in r2[4].items()))
     if r2[5]:
         print("  per unit, mean ns in driver calls by phase: " + ", ".join(f"{k} {v}" for k, v in r2[5].items() if v))
     if "wakes" in host:
-        print(f"  units whose push woke the progress thread: {host['wakes']} of {host['units']}")
+        print(f"  futex wakes of the progress thread by pushes: {host['wakes']} for {host['units']} units")
     summary.append(f"world 64: rank 0 iteration {it64:.2f} ms (prism's report); {units:.1f} units per iteration ({gated:.1f} gated), libprism's host time per unit median {host['p50']} ns (p90 {host['p90']}); runtime calls {calls_ns/1e6:.4f} ms + units {unit_ns/1e6:.4f} ms = {tot/1e6:.4f} ms per iteration = {100*tot/1e6/it64:.3f} % (upper bound)")
 elif os.environ.get("COST_W64", "1") == "1":
     summary.append("world 64: no result (see w64.*.log)")

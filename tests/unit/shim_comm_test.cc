@@ -239,6 +239,33 @@ TEST_F(ShimComm, AllReduceSumPlansTheMirrorAndGatesUntilArrivalPlusDuration) {
   EXPECT_GE(HostNowNs(), arrival + 30000000ull) << "opened before arrival + duration";
 }
 
+// A unit pushed while the progress thread is blocked wakes it: the unit is released at once, not at the thread's
+// 100 ms timeout (which would hide a lost wake-up).
+TEST_F(ShimComm, APushWakesABlockedProgressThread) {
+  Comm* c = Init(8, 1, Id());
+  std::vector<float> buf(64);
+  OpCall call;
+  call.op = OpKind::kAllReduce;
+  call.comm = c;
+  call.count = buf.size();
+  call.send = buf.data();
+  call.recv = buf.data();
+  ASSERT_EQ(Submit(call), ncclSuccess);
+  ASSERT_TRUE(ProgressDrain(5000000000ull));
+  std::vector<uint64_t> drain_us;
+  const uint64_t wakes = ProgressWakes();
+  for (int i = 0; i < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the thread has nothing to do: it blocks
+    const uint64_t t0 = HostNowNs();
+    ASSERT_EQ(Submit(call), ncclSuccess);
+    ASSERT_TRUE(ProgressDrain(5000000000ull));
+    drain_us.push_back((HostNowNs() - t0) / 1000);
+  }
+  EXPECT_GE(ProgressWakes(), wakes + 1);
+  std::sort(drain_us.begin(), drain_us.end());
+  EXPECT_LT(drain_us[2], 20000u) << "a pushed unit waited for the thread's timeout";
+}
+
 TEST_F(ShimComm, HostOverheadIsSampled) {
   ResetStatsForTest();
   Comm* c = Init(8, 1, Id());

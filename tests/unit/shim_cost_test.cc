@@ -44,7 +44,7 @@ TEST_F(ShimCost, RepeatedOperationsCostWhatTheModelSaysPerCommunicator) {
                 first_large[i]);
     }
   }
-  // The same size under another operation kind or data type is another entry.
+  // The same size under another operation kind is another entry.
   const uint64_t ag = OperationCost(large.get(), OpKind::kAllGather, sizes.back(), DataType::kBfloat16, -1, -1).dur_ns;
   auto fresh = MakeCommCost({}, 1024);
   EXPECT_EQ(OperationCost(large.get(), OpKind::kAllGather, sizes.back(), DataType::kBfloat16, -1, -1).dur_ns, ag);
@@ -65,6 +65,22 @@ TEST_F(ShimCost, ACommunicatorBuiltWhereAnotherLivedIsNotAnsweredWithItsCosts) {
     auto next = MakeCommCost({}, 1024);
     EXPECT_EQ(OperationCost(next.get(), OpKind::kAllReduce, bytes, DataType::kFloat32, -1, -1).dur_ns, want);
   }
+}
+
+// The memo answers a repeated operation without the model, and keeps kinds and data types apart.
+TEST_F(ShimCost, ARepeatedOperationIsEvaluatedOnce) {
+  auto comm = MakeCommCost({}, 64);
+  const uint64_t bytes = 8 << 20;
+  const uint64_t bf16 = OperationCost(comm.get(), OpKind::kAllReduce, bytes, DataType::kBfloat16, -1, -1).dur_ns;
+  const uint64_t before = CostModelEvaluations();
+  for (int i = 0; i < 100; ++i)
+    EXPECT_EQ(OperationCost(comm.get(), OpKind::kAllReduce, bytes, DataType::kBfloat16, -1, -1).dur_ns, bf16);
+  EXPECT_EQ(CostModelEvaluations(), before) << "a repeated operation was evaluated again";
+  // Another data type or kind of the same size is an entry of its own, evaluated once.
+  OperationCost(comm.get(), OpKind::kAllReduce, bytes, DataType::kFloat32, -1, -1);
+  OperationCost(comm.get(), OpKind::kReduceScatter, bytes, DataType::kBfloat16, -1, -1);
+  EXPECT_EQ(CostModelEvaluations(), before + 2);
+  EXPECT_EQ(OperationCost(comm.get(), OpKind::kAllReduce, bytes, DataType::kBfloat16, -1, -1).dur_ns, bf16);
 }
 
 TEST_F(ShimCost, SendCostsDependOnThePeer) {

@@ -176,8 +176,9 @@ struct CostMemo {
   uint8_t op = 0, dtype = 0;
   OpCost cost;
 };
-constexpr uint32_t kCostMemoSize = 256;  // power of two
+constexpr uint32_t kCostMemoSize = 64;  // power of two; 3 KiB of every thread's static TLS
 thread_local CostMemo t_cost_memo[kCostMemoSize];
+std::atomic<uint64_t> g_model_evaluations{0};
 
 CostMemo& MemoSlot(uint64_t id, OpKind op, uint64_t bytes, payload::DataType dtype, int32_t self, int32_t peer) {
   uint64_t h = id * 0x9E3779B97F4A7C15ull ^ bytes * 0xC2B2AE3D27D4EB4Full;
@@ -214,6 +215,7 @@ namespace {
 
 OpCost ModelCost(const CommCostState* state, OpKind op, uint64_t bytes, payload::DataType dtype, int32_t self,
                  int32_t peer) {
+  g_model_evaluations.fetch_add(1, std::memory_order_relaxed);
   OpCost c;
   Model& m = TheModel();
   CommCostState fallback_state;
@@ -246,6 +248,8 @@ fallback:
 }  // namespace
 
 const char* CostModelDescription() { return TheModel().description.c_str(); }
+
+uint64_t CostModelEvaluations() { return g_model_evaluations.load(std::memory_order_relaxed); }
 
 trace::DType TraceDTypeOf(payload::DataType t) {
   using payload::DataType;

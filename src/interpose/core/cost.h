@@ -45,4 +45,7 @@ trace::DType TraceDTypeOf(payload::DataType t);
 // Human-readable description of the model in use (logged once).
 const char* CostModelDescription();
 
+// How many times OperationCost evaluated the model (not answered from its per-thread memo), all threads.
+uint64_t CostModelEvaluations();
+
 }  // namespace prism::interpose

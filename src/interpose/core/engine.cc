@@ -58,9 +58,10 @@ uint64_t MonoNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-// The driver calls' share of a sampled unit (stamp and payload launches, the gate's stream wait, copies): kept apart
-// because a launch blocks while the stream's queue is full, time the job's next launch would have spent anyway, so
-// the unit's host time of a GPU-bound job is not all libprism's (docs/libprism.md "Cost on a real rank").
+// The driver calls' share of a sampled unit (every CUDA driver call it makes: stamp and payload launches, the gate's
+// stream wait, copies and synchronisations, the context and capture checks): kept apart because a launch blocks
+// while the stream's queue is full, time the job's next launch would have spent anyway, so the unit's host time of
+// a GPU-bound job is not all libprism's (docs/libprism.md "Cost on a real rank"); the phase split says which calls.
 thread_local bool t_sampling = false;
 thread_local uint64_t t_driver_ns = 0;
 
@@ -88,7 +89,7 @@ void PhaseMark(UnitPhase phase) {
   t_phase_driver = t_driver_ns;
 }
 
-// Starts timing a sampled unit; returns its start (RecordOverhead takes the elapsed time).
+// Starts timing a sampled unit; returns its start (RecordOverhead's argument).
 uint64_t StartSample() {
   t_sampling = true;
   t_driver_ns = 0;
@@ -99,8 +100,10 @@ uint64_t StartSample() {
   return t_phase_at;
 }
 
-void RecordOverhead(uint64_t ns) {
+// Ends a sampled unit that started at `t0` (StartSample): one clock read ends both its last phase and the whole.
+void RecordOverhead(uint64_t t0) {
   PhaseMark(kPhaseEnter);  // what is left after the last mark: the caller's return path
+  const uint64_t ns = t_phase_at - t0;
   t_sampling = false;
   const uint64_t own = ns > t_driver_ns ? ns - t_driver_ns : 0;
   Stats& st = St();
@@ -427,18 +430,24 @@ CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
     off += in_bytes[i];
     host_out[i] = stage + off;
     off += out_bytes[i];
-    if (in_bytes[i]) r = gpu.CopyAsync(stream, reinterpret_cast<uint64_t>(host[i]), p.desc.send_addr, in_bytes[i]);
+    if (in_bytes[i]) {
+      r = Driver([&] {
+        return gpu.CopyAsync(stream, reinterpret_cast<uint64_t>(host[i]), p.desc.send_addr, in_bytes[i]);
+      });
+    }
     if (r == CUDA_SUCCESS && p.desc.redop == payload::RedOp::kPreMulSum && p.desc.premul_scalar_addr != 0) {
       uint8_t* sc = stage + off;
       off += 8;
       std::memset(sc, 0, 8);
-      r = gpu.CopyAsync(stream, reinterpret_cast<uint64_t>(sc), p.desc.premul_scalar_addr,
-                        payload::DataTypeSize(p.desc.dtype));
-      if (r == CUDA_SUCCESS) r = gpu.Synchronize(stream);
+      r = Driver([&] {
+        return gpu.CopyAsync(stream, reinterpret_cast<uint64_t>(sc), p.desc.premul_scalar_addr,
+                             payload::DataTypeSize(p.desc.dtype));
+      });
+      if (r == CUDA_SUCCESS) r = Driver([&] { return gpu.Synchronize(stream); });
       if (r == CUDA_SUCCESS) std::memcpy(&p.desc.premul_scalar_bits, sc, 8);
     }
   }
-  if (r == CUDA_SUCCESS) r = gpu.Synchronize(stream);
+  if (r == CUDA_SUCCESS) r = Driver([&] { return gpu.Synchronize(stream); });
   if (r != CUDA_SUCCESS) return r;
   // Post every input and send first, then wait: a group's send/recv pairs must not wait on each other. A send
   // completes when the coordinator acknowledges it (its receive was posted, as NCCL's rendezvous), so two real
@@ -515,7 +524,9 @@ CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
       p.local = true;
       continue;
     }
-    r = gpu.CopyAsync(stream, p.desc.recv_addr, reinterpret_cast<uint64_t>(data), want);
+    r = Driver([&] {
+      return gpu.CopyAsync(stream, p.desc.recv_addr, reinterpret_cast<uint64_t>(data), want);
+    });
     if (r != CUDA_SUCCESS) return r;
     RecordPayload(p.call.comm->id, p.seq, static_cast<uint16_t>(p.call.op), static_cast<uint8_t>(p.desc.dtype),
                   data, want);
@@ -527,7 +538,7 @@ CUresult RunExchange(Gpu& gpu, CUstream stream, std::vector<Prepared>& prep) {
   }
   if (!tls.defer_send_done) WaitSendsDone();
   // Why wait: the results live in host staging reused by the next unit (or host strings freed on return).
-  return gpu.Synchronize(stream);
+  return Driver([&] { return gpu.Synchronize(stream); });
 }
 
 // Hands a unit to the progress thread (its gate opens and it is logged when it is released).
@@ -955,9 +966,11 @@ ncclResult_t RunUnit(const OpCall* ops, size_t n) {
 }  // namespace
 
 // Why sampled: the clock reads are themselves host overhead; one unit in 8 gives the same distribution.
+// Why a hash of the count rather than every 8th: a fixed stride would fall in step with other per-unit strides (the
+// clock re-measure every 64 units) and never sample, or always sample, the units they land on.
 bool SampleThisUnit() {
   thread_local uint32_t n = 0;
-  return (n++ & 7u) == 0;
+  return ((n++ * 2654435761u) >> 29) == 0;  // the first unit is sampled
 }
 
 // A passthrough communicator's operation: the real NCCL, on its real communicator (comm.h).
@@ -1073,7 +1086,7 @@ ncclResult_t Submit(const OpCall& call) {
     return ncclSuccess;
   }
   ncclResult_t r = RunUnit(&call, 1);
-  if (sample) RecordOverhead(MonoNs() - t0);
+  if (sample) RecordOverhead(t0);
   return r;
 }
 
@@ -1164,12 +1177,15 @@ ncclResult_t GroupEnd() {
     if (r != ncclSuccess && result == ncclSuccess) result = r;
   }
   tls.defer_send_done = false;
+  PhaseMark(kPhaseEnter);
   WaitSendsDone();
+  PhaseMark(kPhaseSteps);  // the exchanged sends' acknowledgement, as RunExchange's own wait
   // The units with sends complete now, as NCCL's group does once every receive of its sends was posted.
   for (const GateUnit& u : tls.held_units) PushUnit(u);
+  PhaseMark(kPhasePush);
   tls.held_units.clear();
   ops.clear();
-  if (sample) RecordOverhead(MonoNs() - t0);
+  if (sample) RecordOverhead(t0);
   return result != ncclSuccess ? result : real_result;
 }
 

@@ -63,7 +63,7 @@ uint64_t HostOwnQuantileNs(double q);
 // Where a unit's own time goes, by phase of RunUnit (means over the sampled units; driver calls taken out):
 // enter (validation, set-up checks, and the return), plan, steps (slot, exchange, recordings, payload launches),
 // time (duration), gate (stamp and gate enqueue), describe (the unit's event), push (to the progress thread,
-// its wake-up included), count (clock recalibration every 64 units).
+// its wake-up included), count (every 64 units, the clock re-measure: a probe at most once a second).
 enum UnitPhase { kPhaseEnter, kPhasePlan, kPhaseSteps, kPhaseTime, kPhaseGate, kPhaseDescribe, kPhasePush,
                  kPhaseCount, kUnitPhases };
 inline constexpr const char* kUnitPhaseNames[kUnitPhases] = {"enter", "plan", "steps", "time",

@@ -100,15 +100,15 @@ struct Pending {
 struct State {
   UnitQueue queue;
   std::once_flag started;
-  // Written by the job threads (pushes, slots and tickets; wake only when they wake the thread).
+  // Written by the job threads (pushes, slots and tickets; wake and wakes only when they wake the thread).
   alignas(64) std::atomic<uint64_t> pushed{0};
   std::atomic<uint32_t> ticket{0};
   std::atomic<uint32_t> slot{0};
   std::atomic<uint32_t> wake{0};
+  std::atomic<uint64_t> wakes{0};  // futex wakes the pushes issued (a system call on the pushing thread each)
   // Written by the progress thread: per release, and only when it goes to sleep or wakes (read by every push).
   alignas(64) std::atomic<uint64_t> released{0};
   alignas(64) std::atomic<int> sleeping{0};  // 1 while blocked (or about to block) until woken
-  alignas(64) std::atomic<uint64_t> wakes{0};  // pushes that woke the thread (a futex call on the pushing thread)
   alignas(64) Pending pending[kQueueSize];
   uint32_t npending = 0;
   // Released units waiting for their gate-open stamp before they are logged (PRISM_GATE_OPEN_STAMPS).
@@ -287,6 +287,7 @@ void Loop() {
       continue;
     }
     if (s.npending == 0) {
+      // Why `w` is read before sleeping = 1: a push that reads 1 changes the word after this read (ProgressPush).
       uint32_t w = s.wake.load(std::memory_order_acquire);
       s.sleeping.store(1, std::memory_order_seq_cst);
       if (s.pushed.load(std::memory_order_seq_cst) == s.released.load(std::memory_order_seq_cst)) {

@@ -36,8 +36,8 @@ struct GateUnit {
 void ProgressStart();
 // Hands a unit over. False when the queue is full (the caller then opens the gate itself after logging).
 bool ProgressPush(const GateUnit& unit);
-// Pushes that woke the thread (a system call on the pushing thread, 1.7 us on an H100 VM); the others found it
-// awake.
+// Futex wakes the pushes issued (a system call on the pushing thread each): pushes that found the thread blocked, or
+// about to block.
 uint64_t ProgressWakes();
 // Units handed over and not yet released.
 uint64_t ProgressPending();
