@@ -48,6 +48,17 @@ class ShimComm : public ::testing::Test {
     SetConfigForTest(c);
   }
 
+  // An fp32 sum all-reduce of `buf` in place on communicator `c`.
+  static OpCall AllReduceOf(Comm* c, std::vector<float>* buf) {
+    OpCall call;
+    call.op = OpKind::kAllReduce;
+    call.comm = c;
+    call.count = buf->size();
+    call.send = buf->data();
+    call.recv = buf->data();
+    return call;
+  }
+
   Comm* Init(int nranks, int rank, const ncclUniqueId& id, const ncclConfig_t* cfg = nullptr,
              ncclResult_t expect = ncclSuccess) {
     InitArgs a;
@@ -212,12 +223,7 @@ TEST_F(ShimComm, AllReduceSumPlansTheMirrorAndGatesUntilArrivalPlusDuration) {
   SetFixedDur(30000);  // 30 ms
   Comm* c = Init(8, 1, Id());
   std::vector<float> buf(1024);
-  OpCall call;
-  call.op = OpKind::kAllReduce;
-  call.comm = c;
-  call.count = buf.size();
-  call.send = buf.data();
-  call.recv = buf.data();
+  OpCall call = AllReduceOf(c, &buf);
   const uint64_t before = UnitsExecuted();
   ASSERT_EQ(Submit(call), ncclSuccess);
   EXPECT_EQ(UnitsExecuted(), before + 1);
@@ -244,12 +250,7 @@ TEST_F(ShimComm, AllReduceSumPlansTheMirrorAndGatesUntilArrivalPlusDuration) {
 TEST_F(ShimComm, APushWakesABlockedProgressThread) {
   Comm* c = Init(8, 1, Id());
   std::vector<float> buf(64);
-  OpCall call;
-  call.op = OpKind::kAllReduce;
-  call.comm = c;
-  call.count = buf.size();
-  call.send = buf.data();
-  call.recv = buf.data();
+  OpCall call = AllReduceOf(c, &buf);
   ASSERT_EQ(Submit(call), ncclSuccess);
   ASSERT_TRUE(ProgressDrain(5000000000ull));
   std::vector<uint64_t> drain_us;
@@ -270,12 +271,7 @@ TEST_F(ShimComm, HostOverheadIsSampled) {
   ResetStatsForTest();
   Comm* c = Init(8, 1, Id());
   std::vector<float> buf(16);
-  OpCall call;
-  call.op = OpKind::kAllReduce;
-  call.comm = c;
-  call.count = buf.size();
-  call.send = buf.data();
-  call.recv = buf.data();
+  OpCall call = AllReduceOf(c, &buf);
   for (int i = 0; i < 16; ++i) ASSERT_EQ(Submit(call), ncclSuccess);
   EXPECT_EQ(UnitsExecuted(), 16u);
   EXPECT_GT(HostOverheadQuantileNs(0.5), 0u);
@@ -410,12 +406,7 @@ TEST_F(ShimComm, PreMulSumOperatorsAreTracked) {
   ASSERT_EQ(RedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, c), ncclSuccess);
   EXPECT_GE(static_cast<int>(op), static_cast<int>(ncclNumOps));
   std::vector<float> buf(64);
-  OpCall call;
-  call.op = OpKind::kAllReduce;
-  call.comm = c;
-  call.count = buf.size();
-  call.send = buf.data();
-  call.recv = buf.data();
+  OpCall call = AllReduceOf(c, &buf);
   call.redop = op;
   ASSERT_EQ(Submit(call), ncclSuccess);
   call.dtype = ncclBfloat16;
