@@ -91,274 +91,363 @@ std::vector<int32_t> NodePattern(const Topology& topo, const std::vector<int32_t
   return pat;
 }
 
+// FoldReplicas's checks and its build, in order, over their shared state: each check returns false with the
+// reason in *why; Build runs only when every check passed.
+class Folder {
+ public:
+  Folder(const trace::Trace& t, const CostModel& model, const CostModel* baseline, std::string* why)
+      : t_(t), model_(model), baseline_(baseline), why_(why), world_(t.world_size), ncomms_(t.comms.size()) {}
+
+  // Which rank is which replica's member at which position (the layout's data-parallel stride).
+  bool Map() {
+    if (world_ <= 0 || t_.ranks.size() != static_cast<size_t>(world_)) {
+      return Refuse("rank_class does not cover the world");
+    }
+    const trace::Layout& l = t_.layout;
+    if (l.dp < 2) return Refuse("the layout has one data-parallel replica (dp = " + std::to_string(l.dp) + ")");
+    int64_t stride = 0;
+    if (!ReplicaStride(l, world_, &stride, why_)) return false;
+    R_ = l.dp;
+    P_ = world_ / R_;
+    const auto S = static_cast<int32_t>(stride);
+    f_.replicas = R_;
+    f_.positions = P_;
+    f_.rank_of.resize(world_);
+    f_.position_of.resize(world_);
+    f_.replica_of.resize(world_);
+    for (int32_t d = 0; d < R_; ++d) {
+      for (int32_t p = 0; p < P_; ++p) {
+        int32_t r = p % S + S * d + S * R_ * (p / S);
+        f_.rank_of[d * P_ + p] = r;
+        f_.position_of[r] = p;
+        f_.replica_of[r] = d;
+      }
+    }
+    return true;
+  }
+
+  // Classes: every replica runs the same class at every position.
+  bool Classes() {
+    f_.slot_off.resize(world_ + 1);
+    for (int32_t r = 0; r < world_; ++r) {
+      const trace::RankBinding& b = t_.ranks[r];
+      if (b.cls >= t_.classes.size()) {
+        return Refuse("rank " + std::to_string(r) + " names class " + std::to_string(b.cls) + ", which does not exist");
+      }
+      if (b.comms.size() != t_.classes[b.cls].comm_slots.size()) {
+        return Refuse("rank " + std::to_string(r) + " binds " + std::to_string(b.comms.size()) + " comms for " +
+                      std::to_string(t_.classes[b.cls].comm_slots.size()) + " slots");
+      }
+      f_.slot_off[r] = slots_;
+      slots_ += static_cast<uint32_t>(b.comms.size());
+    }
+    f_.slot_off[world_] = slots_;
+    for (int32_t r = 0; r < world_; ++r) {
+      int32_t r0 = f_.rank_of[f_.position_of[r]];
+      if (t_.ranks[r].cls != t_.ranks[r0].cls) {
+        return Refuse(RankName(r) + " runs class '" + t_.classes[t_.ranks[r].cls].name + "' but rank " +
+                      std::to_string(r0) +
+                      ", its counterpart in replica 0, runs '" + t_.classes[t_.ranks[r0].cls].name + "'");
+      }
+    }
+    return true;
+  }
+
+  // Slots that carry communication, and which carry send/receive.
+  bool SlotUsage() {
+    f_.slot_used.resize(t_.classes.size());
+    slot_p2p_.resize(t_.classes.size());
+    for (size_t ci = 0; ci < t_.classes.size(); ++ci) {
+      const trace::RoleClass& c = t_.classes[ci];
+      f_.slot_used[ci].assign(c.comm_slots.size(), 0);
+      slot_p2p_[ci].assign(c.comm_slots.size(), 0);
+      for (const trace::Stream& s : c.streams) {
+        for (const trace::Node& n : s.nodes) {
+          const bool comm = n.kind == trace::NodeKind::kColl || n.kind == trace::NodeKind::kSend ||
+                            n.kind == trace::NodeKind::kRecv;
+          if (!comm) continue;
+          if (n.comm_slot >= c.comm_slots.size()) {
+            return Refuse("class '" + c.name + "' has a node on a slot it does not declare");
+          }
+          f_.slot_used[ci][n.comm_slot] = 1;
+          if (n.kind != trace::NodeKind::kColl) slot_p2p_[ci][n.comm_slot] = 1;
+        }
+      }
+    }
+    return true;
+  }
+
+  // Communicators and bindings.
+  bool Bindings() {
+    comm_index_.reserve(ncomms_);
+    for (uint32_t c = 0; c < ncomms_; ++c) {
+      if (!comm_index_.emplace(t_.comms[c].id, c).second) {
+        return Refuse("comm id " + std::to_string(t_.comms[c].id) + " appears twice");
+      }
+    }
+    std::vector<uint32_t> stamp(world_, kNone);
+    for (uint32_t c = 0; c < ncomms_; ++c) {
+      for (int32_t m : t_.comms[c].ranks) {
+        if (m < 0 || m >= world_) {
+          return Refuse(CommName(t_.comms[c]) + " has member " + std::to_string(m) + ", outside the world");
+        }
+        if (stamp[m] == c) return Refuse(CommName(t_.comms[c]) + " lists rank " + std::to_string(m) + " twice");
+        stamp[m] = c;
+      }
+    }
+    f_.binding.assign(slots_, kNone);
+    for (int32_t r = 0; r < world_; ++r) {
+      const trace::RankBinding& b = t_.ranks[r];
+      for (uint32_t s = 0; s < b.comms.size(); ++s) {
+        auto it = comm_index_.find(b.comms[s]);
+        if (it == comm_index_.end()) {
+          if (f_.slot_used[b.cls][s]) {
+            return Refuse("rank " + std::to_string(r) + " binds unknown comm " + std::to_string(b.comms[s]));
+          }
+          continue;
+        }
+        for (uint32_t s2 = 0; s2 < s; ++s2) {
+          if (f_.binding[f_.slot_off[r] + s2] == it->second) {
+            return Refuse("rank " + std::to_string(r) + " binds one comm to two slots");
+          }
+        }
+        f_.binding[f_.slot_off[r] + s] = it->second;
+      }
+    }
+    // member_slot_[c][k]: the used slot at which member k binds c (kNone: it does not).
+    member_slot_.resize(ncomms_);
+    active_.assign(ncomms_, 0);
+    std::vector<uint8_t> matched(slots_, 0);
+    for (uint32_t c = 0; c < ncomms_; ++c) {
+      const auto& members = t_.comms[c].ranks;
+      member_slot_[c].assign(members.size(), kNone);
+      for (size_t k = 0; k < members.size(); ++k) {
+        int32_t m = members[k];
+        for (uint32_t s = 0; s < t_.ranks[m].comms.size(); ++s) {
+          if (UsedBinding(m, s) == c) {
+            member_slot_[c][k] = s;
+            matched[f_.slot_off[m] + s] = 1;
+            active_[c] = 1;
+          }
+        }
+      }
+    }
+    for (int32_t r = 0; r < world_; ++r) {
+      for (uint32_t s = 0; s < t_.ranks[r].comms.size(); ++s) {
+        uint32_t c = UsedBinding(r, s);
+        if (c != kNone && !matched[f_.slot_off[r] + s]) {
+          return Refuse("rank " + std::to_string(r) + " uses " + CommName(t_.comms[c]) +
+                        " but is not one of its members");
+        }
+      }
+    }
+    return true;
+  }
+
+  // Inside one replica, or across replicas at one position (then collectives only, every member on one slot).
+  bool Spans() {
+    crosses_.assign(ncomms_, 0);
+    for (uint32_t c = 0; c < ncomms_; ++c) {
+      if (!active_[c]) continue;
+      const trace::Comm& cm = t_.comms[c];
+      const int32_t first = cm.ranks.front();
+      bool one_replica = true, one_position = true;
+      for (int32_t m : cm.ranks) {
+        one_replica = one_replica && f_.replica_of[m] == f_.replica_of[first];
+        one_position = one_position && f_.position_of[m] == f_.position_of[first];
+      }
+      if (one_replica) continue;
+      if (!one_position) {
+        return Refuse(CommName(cm) + " spans replicas and joins ranks of different positions (only groups such as "
+                      "DATA_PARALLEL, whose members all hold one position, may span replicas)");
+      }
+      crosses_[c] = 1;
+      for (size_t k = 0; k < cm.ranks.size(); ++k) {
+        uint32_t s = member_slot_[c][k];
+        if (s == kNone || s != member_slot_[c][0]) {
+          return Refuse(CommName(cm) + " spans replicas but rank " + std::to_string(cm.ranks[k]) +
+                        (s == kNone ? " does not use it"
+                                    : " binds it to another slot than rank " + std::to_string(first)));
+        }
+        if (slot_p2p_[t_.ranks[cm.ranks[k]].cls][s]) {
+          return Refuse(CommName(cm) + " spans replicas and carries send/receive");
+        }
+      }
+    }
+    return true;
+  }
+
+  // Counterparts: the communicator a rank uses on a slot stands in for the one its replica-0 counterpart uses.
+  bool Counterparts() {
+    std::vector<const Topology*> topos{&model_.topology()};
+    if (baseline_) topos.push_back(&baseline_->topology());
+    rep_.assign(ncomms_, kNone);
+    for (int32_t d = 0; d < R_; ++d) {  // Why replica 0 first: its communicators stand for themselves
+      for (int32_t p = 0; p < P_; ++p) {
+        const int32_t r = f_.rank_of[d * P_ + p], r0 = f_.rank_of[p];
+        for (uint32_t s = 0; s < t_.ranks[r].comms.size(); ++s) {
+          const uint32_t c = UsedBinding(r, s);
+          if (c == kNone) continue;
+          const uint32_t c0 = UsedBinding(r0, s);
+          if (rep_[c] != kNone) {
+            if (rep_[c] != c0) return Refuse(CommName(t_.comms[c]) + " stands for two communicators of replica 0");
+            continue;
+          }
+          const trace::Comm& a = t_.comms[c];
+          const trace::Comm& b = t_.comms[c0];
+          auto differ = [&](const std::string& what) {
+            return Refuse(CommName(a) + " of " + RankName(r) + " and " + CommName(b) + " of rank " +
+                          std::to_string(r0) +
+                          " (replica 0) differ: " + what);
+          };
+          if (a.desc != b.desc) return differ("descriptions");
+          if (crosses_[c] != crosses_[c0]) return differ("one spans replicas, the other does not");
+          if (a.ranks.size() != b.ranks.size()) {
+            return differ("sizes " + std::to_string(a.ranks.size()) + " and " + std::to_string(b.ranks.size()));
+          }
+          if (!crosses_[c]) {
+            for (size_t k = 0; k < a.ranks.size(); ++k) {
+              const bool counterparts =
+                  f_.position_of[a.ranks[k]] == f_.position_of[b.ranks[k]] && member_slot_[c][k] == member_slot_[c0][k];
+              if (!counterparts) {
+                return differ("member " + std::to_string(k) + " is rank " + std::to_string(a.ranks[k]) + " vs rank " +
+                              std::to_string(b.ranks[k]) + ", not counterparts on the same slot");
+              }
+            }
+            for (const Topology* topo : topos) {
+              if (NodePattern(*topo, a.ranks) != NodePattern(*topo, b.ranks)) {
+                return differ("placement on nodes (topology " + topo->name + ")");
+              }
+            }
+          } else {
+            auto same_shape = [&](const CostModel& m) {
+              return m.Shape(a.ranks.data(), a.ranks.size()) == m.Shape(b.ranks.data(), b.ranks.size());
+            };
+            if (!same_shape(model_) || (baseline_ && !same_shape(*baseline_))) {
+              return differ("placement on nodes");
+            }
+          }
+          rep_[c] = c0;
+        }
+      }
+    }
+    return true;
+  }
+
+  // What-if compute factors: equal for every replica at each position.
+  bool Scales(const std::vector<std::pair<int32_t, double>>& compute_scale) {
+    std::vector<double> scale(world_, 1.0);
+    for (auto [r, x] : compute_scale) {
+      if (r < 0 || r >= world_) return Refuse("straggler rank " + std::to_string(r) + " is outside the world");
+      scale[r] = x;
+    }
+    for (int32_t r = 0; r < world_; ++r) {
+      int32_t r0 = f_.rank_of[f_.position_of[r]];
+      if (scale[r] != scale[r0]) {
+        int32_t who = scale[r] != 1.0 ? r : r0;
+        const int32_t other = who == r ? r0 : r;
+        return Refuse("a what-if singles out rank " + std::to_string(who) + " (compute " + Factor(scale[who]) +
+                      ", rank " + std::to_string(other) + " in another replica " + Factor(scale[other]) + ")");
+      }
+    }
+    for (int32_t p = 0; p < P_; ++p) {
+      if (scale[f_.rank_of[p]] != 1.0) f_.compute_scale.emplace_back(p, scale[f_.rank_of[p]]);
+    }
+    return true;
+  }
+
+  // Replica 0 as a graph.
+  void Build() {
+    const trace::Layout& l = t_.layout;
+    trace::Trace& g = f_.replica;
+    g.world_size = P_;
+    g.layout = l;
+    g.layout.dp = 1;
+    g.topology = t_.topology;
+    std::vector<uint32_t> replica_comm(ncomms_, kNone);
+    uint32_t max_id = 0;
+    for (uint32_t c = 0; c < ncomms_; ++c) {
+      max_id = std::max(max_id, t_.comms[c].id);
+      if (rep_[c] != c) continue;
+      trace::Comm rc;
+      rc.id = t_.comms[c].id;
+      rc.desc = t_.comms[c].desc;
+      if (crosses_[c]) {
+        rc.ranks.push_back(f_.position_of[t_.comms[c].ranks.front()]);
+      } else {
+        for (int32_t m : t_.comms[c].ranks) rc.ranks.push_back(f_.position_of[m]);
+      }
+      replica_comm[c] = static_cast<uint32_t>(g.comms.size());
+      g.comms.push_back(std::move(rc));
+      f_.placement_comm.push_back(t_.comms[c].ranks);
+    }
+    // Why a fresh id for unused slots_: the engine ignores an unknown comm on a slot without communication.
+    const uint32_t unbound = max_id + 1;
+    g.ranks.resize(P_);
+    f_.placement_rank.resize(P_);
+    for (int32_t p = 0; p < P_; ++p) {
+      const int32_t r = f_.rank_of[p];
+      trace::RankBinding& b = g.ranks[p];
+      b.cls = t_.ranks[r].cls;
+      b.comms.resize(t_.ranks[r].comms.size());
+      for (uint32_t s = 0; s < b.comms.size(); ++s) {
+        uint32_t c = UsedBinding(r, s);
+        b.comms[s] = c == kNone ? unbound : t_.comms[c].id;
+      }
+      f_.placement_rank[p] = r;
+    }
+    f_.comm_of.assign(ncomms_, kNone);
+    f_.comm_nnodes.resize(ncomms_);
+    for (uint32_t c = 0; c < ncomms_; ++c) {
+      if (rep_[c] != kNone) f_.comm_of[c] = replica_comm[rep_[c]];
+      f_.comm_nnodes[c] = model_.Shape(t_.comms[c].ranks.data(), t_.comms[c].ranks.size()).nnodes;
+    }
+  }
+
+  ReplicaFold Take() { return std::move(f_); }
+
+ private:
+  bool Refuse(std::string s) {
+    *why_ = std::move(s);
+    return false;
+  }
+  std::string RankName(int32_t r) const {
+    return "rank " + std::to_string(r) + " (replica " + std::to_string(f_.replica_of[r]) + ")";
+  }
+  // The communicator rank r binds at slot s when the slot carries communication (kNone otherwise).
+  uint32_t UsedBinding(int32_t r, uint32_t s) const {
+    return f_.slot_used[t_.ranks[r].cls][s] ? f_.binding[f_.slot_off[r] + s] : kNone;
+  }
+
+  const trace::Trace& t_;
+  const CostModel& model_;
+  const CostModel* baseline_;
+  std::string* why_;
+  const int32_t world_;
+  const size_t ncomms_;
+  int32_t R_ = 0, P_ = 0;  // replicas, positions per replica
+  uint32_t slots_ = 0;     // communicator slots over all ranks
+  ReplicaFold f_;
+  std::vector<std::vector<uint8_t>> slot_p2p_;         // [class][slot]: carries send/receive
+  std::unordered_map<uint32_t, uint32_t> comm_index_;  // comm id -> index in t_.comms
+  std::vector<std::vector<uint32_t>> member_slot_;     // [comm][member]: the used slot it binds it at (kNone: none)
+  std::vector<uint8_t> active_;                        // [comm]: some member uses it
+  std::vector<uint8_t> crosses_;                       // [comm]: spans replicas (at one position)
+  std::vector<uint32_t> rep_;                          // [comm]: the replica-0 communicator it stands for
+};
+
 }  // namespace
 
 std::string CommKey(const trace::Comm& c) { return c.desc.empty() ? "comm" + std::to_string(c.id) : c.desc; }
 
 bool FoldReplicas(const trace::Trace& t, const CostModel& model, const CostModel* baseline,
                   const std::vector<std::pair<int32_t, double>>& compute_scale, ReplicaFold* out, std::string* why) {
-  auto refuse = [why](std::string s) {
-    *why = std::move(s);
+  Folder folder(t, model, baseline, why);
+  if (!folder.Map() || !folder.Classes() || !folder.SlotUsage() || !folder.Bindings() || !folder.Spans() ||
+      !folder.Counterparts() || !folder.Scales(compute_scale))
     return false;
-  };
-  ReplicaFold f;
-  const int32_t world = t.world_size;
-  if (world <= 0 || t.ranks.size() != static_cast<size_t>(world)) return refuse("rank_class does not cover the world");
-  const trace::Layout& l = t.layout;
-  if (l.dp < 2) return refuse("the layout has one data-parallel replica (dp = " + std::to_string(l.dp) + ")");
-  int64_t stride = 0;
-  if (!ReplicaStride(l, world, &stride, why)) return false;
-  const int32_t R = l.dp, P = world / R;
-  const auto S = static_cast<int32_t>(stride);
-  f.replicas = R;
-  f.positions = P;
-  f.rank_of.resize(world);
-  f.position_of.resize(world);
-  f.replica_of.resize(world);
-  for (int32_t d = 0; d < R; ++d) {
-    for (int32_t p = 0; p < P; ++p) {
-      int32_t r = p % S + S * d + S * R * (p / S);
-      f.rank_of[d * P + p] = r;
-      f.position_of[r] = p;
-      f.replica_of[r] = d;
-    }
-  }
-  auto rank_name = [&](int32_t r) {
-    return "rank " + std::to_string(r) + " (replica " + std::to_string(f.replica_of[r]) + ")";
-  };
-
-  // Classes: every replica runs the same class at every position.
-  f.slot_off.resize(world + 1);
-  uint32_t slots = 0;
-  for (int32_t r = 0; r < world; ++r) {
-    const trace::RankBinding& b = t.ranks[r];
-    if (b.cls >= t.classes.size()) return refuse("rank " + std::to_string(r) + " names class " + std::to_string(b.cls) + ", which does not exist");
-    if (b.comms.size() != t.classes[b.cls].comm_slots.size()) {
-      return refuse("rank " + std::to_string(r) + " binds " + std::to_string(b.comms.size()) + " comms for " +
-                    std::to_string(t.classes[b.cls].comm_slots.size()) + " slots");
-    }
-    f.slot_off[r] = slots;
-    slots += static_cast<uint32_t>(b.comms.size());
-  }
-  f.slot_off[world] = slots;
-  for (int32_t r = 0; r < world; ++r) {
-    int32_t r0 = f.rank_of[f.position_of[r]];
-    if (t.ranks[r].cls != t.ranks[r0].cls) {
-      return refuse(rank_name(r) + " runs class '" + t.classes[t.ranks[r].cls].name + "' but rank " + std::to_string(r0) +
-                    ", its counterpart in replica 0, runs '" + t.classes[t.ranks[r0].cls].name + "'");
-    }
-  }
-  // Slots that carry communication, and which carry send/receive.
-  f.slot_used.resize(t.classes.size());
-  std::vector<std::vector<uint8_t>> slot_p2p(t.classes.size());
-  for (size_t ci = 0; ci < t.classes.size(); ++ci) {
-    const trace::RoleClass& c = t.classes[ci];
-    f.slot_used[ci].assign(c.comm_slots.size(), 0);
-    slot_p2p[ci].assign(c.comm_slots.size(), 0);
-    for (const trace::Stream& s : c.streams) {
-      for (const trace::Node& n : s.nodes) {
-        if (n.kind != trace::NodeKind::kColl && n.kind != trace::NodeKind::kSend && n.kind != trace::NodeKind::kRecv) continue;
-        if (n.comm_slot >= c.comm_slots.size()) return refuse("class '" + c.name + "' has a node on a slot it does not declare");
-        f.slot_used[ci][n.comm_slot] = 1;
-        if (n.kind != trace::NodeKind::kColl) slot_p2p[ci][n.comm_slot] = 1;
-      }
-    }
-  }
-
-  // Communicators and bindings.
-  const size_t ncomms = t.comms.size();
-  std::unordered_map<uint32_t, uint32_t> comm_index;
-  comm_index.reserve(ncomms);
-  for (uint32_t c = 0; c < ncomms; ++c) {
-    if (!comm_index.emplace(t.comms[c].id, c).second) return refuse("comm id " + std::to_string(t.comms[c].id) + " appears twice");
-  }
-  std::vector<uint32_t> stamp(world, kNone);
-  for (uint32_t c = 0; c < ncomms; ++c) {
-    for (int32_t m : t.comms[c].ranks) {
-      if (m < 0 || m >= world) return refuse(CommName(t.comms[c]) + " has member " + std::to_string(m) + ", outside the world");
-      if (stamp[m] == c) return refuse(CommName(t.comms[c]) + " lists rank " + std::to_string(m) + " twice");
-      stamp[m] = c;
-    }
-  }
-  f.binding.assign(slots, kNone);
-  for (int32_t r = 0; r < world; ++r) {
-    const trace::RankBinding& b = t.ranks[r];
-    for (uint32_t s = 0; s < b.comms.size(); ++s) {
-      auto it = comm_index.find(b.comms[s]);
-      if (it == comm_index.end()) {
-        if (f.slot_used[b.cls][s]) return refuse("rank " + std::to_string(r) + " binds unknown comm " + std::to_string(b.comms[s]));
-        continue;
-      }
-      for (uint32_t s2 = 0; s2 < s; ++s2) {
-        if (f.binding[f.slot_off[r] + s2] == it->second) return refuse("rank " + std::to_string(r) + " binds one comm to two slots");
-      }
-      f.binding[f.slot_off[r] + s] = it->second;
-    }
-  }
-  auto used_binding = [&](int32_t r, uint32_t s) {
-    return f.slot_used[t.ranks[r].cls][s] ? f.binding[f.slot_off[r] + s] : kNone;
-  };
-  // member_slot[c][k]: the used slot at which member k binds c (kNone: it does not).
-  std::vector<std::vector<uint32_t>> member_slot(ncomms);
-  std::vector<uint8_t> active(ncomms, 0);
-  std::vector<uint8_t> matched(slots, 0);
-  for (uint32_t c = 0; c < ncomms; ++c) {
-    const auto& members = t.comms[c].ranks;
-    member_slot[c].assign(members.size(), kNone);
-    for (size_t k = 0; k < members.size(); ++k) {
-      int32_t m = members[k];
-      for (uint32_t s = 0; s < t.ranks[m].comms.size(); ++s) {
-        if (used_binding(m, s) == c) {
-          member_slot[c][k] = s;
-          matched[f.slot_off[m] + s] = 1;
-          active[c] = 1;
-        }
-      }
-    }
-  }
-  for (int32_t r = 0; r < world; ++r) {
-    for (uint32_t s = 0; s < t.ranks[r].comms.size(); ++s) {
-      uint32_t c = used_binding(r, s);
-      if (c != kNone && !matched[f.slot_off[r] + s]) {
-        return refuse("rank " + std::to_string(r) + " uses " + CommName(t.comms[c]) + " but is not one of its members");
-      }
-    }
-  }
-  // Inside one replica, or across replicas at one position (then collectives only, every member on one slot).
-  std::vector<uint8_t> crosses(ncomms, 0);
-  for (uint32_t c = 0; c < ncomms; ++c) {
-    if (!active[c]) continue;
-    const trace::Comm& cm = t.comms[c];
-    const int32_t first = cm.ranks.front();
-    bool one_replica = true, one_position = true;
-    for (int32_t m : cm.ranks) {
-      one_replica = one_replica && f.replica_of[m] == f.replica_of[first];
-      one_position = one_position && f.position_of[m] == f.position_of[first];
-    }
-    if (one_replica) continue;
-    if (!one_position) {
-      return refuse(CommName(cm) + " spans replicas and joins ranks of different positions (only groups such as "
-                    "DATA_PARALLEL, whose members all hold one position, may span replicas)");
-    }
-    crosses[c] = 1;
-    for (size_t k = 0; k < cm.ranks.size(); ++k) {
-      uint32_t s = member_slot[c][k];
-      if (s == kNone || s != member_slot[c][0]) {
-        return refuse(CommName(cm) + " spans replicas but rank " + std::to_string(cm.ranks[k]) +
-                      (s == kNone ? " does not use it" : " binds it to another slot than rank " + std::to_string(first)));
-      }
-      if (slot_p2p[t.ranks[cm.ranks[k]].cls][s]) return refuse(CommName(cm) + " spans replicas and carries send/receive");
-    }
-  }
-
-  // Counterparts: the communicator a rank uses on a slot stands in for the one its replica-0 counterpart uses.
-  std::vector<const Topology*> topos{&model.topology()};
-  if (baseline) topos.push_back(&baseline->topology());
-  std::vector<uint32_t> rep(ncomms, kNone);
-  for (int32_t d = 0; d < R; ++d) {  // Why replica 0 first: its communicators stand for themselves
-    for (int32_t p = 0; p < P; ++p) {
-      const int32_t r = f.rank_of[d * P + p], r0 = f.rank_of[p];
-      for (uint32_t s = 0; s < t.ranks[r].comms.size(); ++s) {
-        const uint32_t c = used_binding(r, s);
-        if (c == kNone) continue;
-        const uint32_t c0 = used_binding(r0, s);
-        if (rep[c] != kNone) {
-          if (rep[c] != c0) return refuse(CommName(t.comms[c]) + " stands for two communicators of replica 0");
-          continue;
-        }
-        const trace::Comm& a = t.comms[c];
-        const trace::Comm& b = t.comms[c0];
-        auto differ = [&](const std::string& what) {
-          return refuse(CommName(a) + " of " + rank_name(r) + " and " + CommName(b) + " of rank " + std::to_string(r0) +
-                        " (replica 0) differ: " + what);
-        };
-        if (a.desc != b.desc) return differ("descriptions");
-        if (crosses[c] != crosses[c0]) return differ("one spans replicas, the other does not");
-        if (a.ranks.size() != b.ranks.size()) return differ("sizes " + std::to_string(a.ranks.size()) + " and " + std::to_string(b.ranks.size()));
-        if (!crosses[c]) {
-          for (size_t k = 0; k < a.ranks.size(); ++k) {
-            if (f.position_of[a.ranks[k]] != f.position_of[b.ranks[k]] || member_slot[c][k] != member_slot[c0][k]) {
-              return differ("member " + std::to_string(k) + " is rank " + std::to_string(a.ranks[k]) + " vs rank " +
-                            std::to_string(b.ranks[k]) + ", not counterparts on the same slot");
-            }
-          }
-          for (const Topology* topo : topos) {
-            if (NodePattern(*topo, a.ranks) != NodePattern(*topo, b.ranks)) return differ("placement on nodes (topology " + topo->name + ")");
-          }
-        } else {
-          if (!(model.Shape(a.ranks.data(), a.ranks.size()) == model.Shape(b.ranks.data(), b.ranks.size())) ||
-              (baseline && !(baseline->Shape(a.ranks.data(), a.ranks.size()) == baseline->Shape(b.ranks.data(), b.ranks.size())))) {
-            return differ("placement on nodes");
-          }
-        }
-        rep[c] = c0;
-      }
-    }
-  }
-
-  // What-if compute factors: equal for every replica at each position.
-  std::vector<double> scale(world, 1.0);
-  for (auto [r, x] : compute_scale) {
-    if (r < 0 || r >= world) return refuse("straggler rank " + std::to_string(r) + " is outside the world");
-    scale[r] = x;
-  }
-  for (int32_t r = 0; r < world; ++r) {
-    int32_t r0 = f.rank_of[f.position_of[r]];
-    if (scale[r] != scale[r0]) {
-      int32_t who = scale[r] != 1.0 ? r : r0;
-      return refuse("a what-if singles out rank " + std::to_string(who) + " (compute " + Factor(scale[who]) + ", rank " +
-                    std::to_string(who == r ? r0 : r) + " in another replica " + Factor(scale[who == r ? r0 : r]) + ")");
-    }
-  }
-  for (int32_t p = 0; p < P; ++p) {
-    if (scale[f.rank_of[p]] != 1.0) f.compute_scale.emplace_back(p, scale[f.rank_of[p]]);
-  }
-
-  // Replica 0 as a graph.
-  trace::Trace& g = f.replica;
-  g.world_size = P;
-  g.layout = l;
-  g.layout.dp = 1;
-  g.topology = t.topology;
-  std::vector<uint32_t> replica_comm(ncomms, kNone);
-  uint32_t max_id = 0;
-  for (uint32_t c = 0; c < ncomms; ++c) {
-    max_id = std::max(max_id, t.comms[c].id);
-    if (rep[c] != c) continue;
-    trace::Comm rc;
-    rc.id = t.comms[c].id;
-    rc.desc = t.comms[c].desc;
-    if (crosses[c]) {
-      rc.ranks.push_back(f.position_of[t.comms[c].ranks.front()]);
-    } else {
-      for (int32_t m : t.comms[c].ranks) rc.ranks.push_back(f.position_of[m]);
-    }
-    replica_comm[c] = static_cast<uint32_t>(g.comms.size());
-    g.comms.push_back(std::move(rc));
-    f.placement_comm.push_back(t.comms[c].ranks);
-  }
-  // Why a fresh id for unused slots: the engine ignores an unknown comm on a slot without communication.
-  const uint32_t unbound = max_id + 1;
-  g.ranks.resize(P);
-  f.placement_rank.resize(P);
-  for (int32_t p = 0; p < P; ++p) {
-    const int32_t r = f.rank_of[p];
-    trace::RankBinding& b = g.ranks[p];
-    b.cls = t.ranks[r].cls;
-    b.comms.resize(t.ranks[r].comms.size());
-    for (uint32_t s = 0; s < b.comms.size(); ++s) {
-      uint32_t c = used_binding(r, s);
-      b.comms[s] = c == kNone ? unbound : t.comms[c].id;
-    }
-    f.placement_rank[p] = r;
-  }
-  f.comm_of.assign(ncomms, kNone);
-  f.comm_nnodes.resize(ncomms);
-  for (uint32_t c = 0; c < ncomms; ++c) {
-    if (rep[c] != kNone) f.comm_of[c] = replica_comm[rep[c]];
-    f.comm_nnodes[c] = model.Shape(t.comms[c].ranks.data(), t.comms[c].ranks.size()).nnodes;
-  }
-  *out = std::move(f);
+  folder.Build();
+  *out = folder.Take();
   return true;
 }
 
