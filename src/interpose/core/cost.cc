@@ -188,32 +188,6 @@ CostMemo& MemoSlot(uint64_t id, OpKind op, uint64_t bytes, payload::DataType dty
 }
 
 OpCost ModelCost(const CommCostState* state, OpKind op, uint64_t bytes, payload::DataType dtype, int32_t self,
-                 int32_t peer);
-
-}  // namespace
-
-OpCost OperationCost(const CommCostState* state, OpKind op, uint64_t bytes, payload::DataType dtype, int32_t self,
-                     int32_t peer) {
-  OpCost c;
-  const Config& cfg = Cfg();
-  if (cfg.fixed_dur_us >= 0) {
-    c.dur_ns = static_cast<uint64_t>(std::llround(cfg.fixed_dur_us * 1000.0));
-    c.source = CostSource::kFixed;
-    return c;
-  }
-  if (state == nullptr) return ModelCost(state, op, bytes, dtype, self, peer);
-  CostMemo& m = MemoSlot(state->id, op, bytes, dtype, self, peer);
-  if (m.state_id == state->id && m.bytes == bytes && m.op == static_cast<uint8_t>(op) &&
-      m.dtype == static_cast<uint8_t>(dtype) && m.self == self && m.peer == peer)
-    return m.cost;
-  c = ModelCost(state, op, bytes, dtype, self, peer);
-  m = CostMemo{state->id, bytes, self, peer, static_cast<uint8_t>(op), static_cast<uint8_t>(dtype), c};
-  return c;
-}
-
-namespace {
-
-OpCost ModelCost(const CommCostState* state, OpKind op, uint64_t bytes, payload::DataType dtype, int32_t self,
                  int32_t peer) {
   g_model_evaluations.fetch_add(1, std::memory_order_relaxed);
   OpCost c;
@@ -246,6 +220,25 @@ fallback:
 }
 
 }  // namespace
+
+OpCost OperationCost(const CommCostState* state, OpKind op, uint64_t bytes, payload::DataType dtype, int32_t self,
+                     int32_t peer) {
+  OpCost c;
+  const Config& cfg = Cfg();
+  if (cfg.fixed_dur_us >= 0) {
+    c.dur_ns = static_cast<uint64_t>(std::llround(cfg.fixed_dur_us * 1000.0));
+    c.source = CostSource::kFixed;
+    return c;
+  }
+  if (state == nullptr) return ModelCost(state, op, bytes, dtype, self, peer);
+  CostMemo& m = MemoSlot(state->id, op, bytes, dtype, self, peer);
+  if (m.state_id == state->id && m.bytes == bytes && m.op == static_cast<uint8_t>(op) &&
+      m.dtype == static_cast<uint8_t>(dtype) && m.self == self && m.peer == peer)
+    return m.cost;
+  c = ModelCost(state, op, bytes, dtype, self, peer);
+  m = CostMemo{state->id, bytes, self, peer, static_cast<uint8_t>(op), static_cast<uint8_t>(dtype), c};
+  return c;
+}
 
 const char* CostModelDescription() { return TheModel().description.c_str(); }
 

@@ -41,10 +41,9 @@ struct Stats {
   std::atomic<uint64_t> hist[kHistBuckets] = {};      // host time per sampled unit
   std::atomic<uint64_t> own_hist[kHistBuckets] = {};  // the same less the time spent in driver calls
   std::atomic<uint64_t> units{0};
-  // Sums over the sampled units of each phase's own time (driver calls taken out) and of the driver calls' time.
+  // Sums over the sampled units of each phase's own time (driver calls taken out) and of its driver calls' time.
   std::atomic<uint64_t> phase_ns[kUnitPhases] = {};
   std::atomic<uint64_t> phase_driver_ns[kUnitPhases] = {};  // the driver calls' time, by the phase that made them
-  std::atomic<uint64_t> driver_ns{0};
   std::atomic<uint64_t> sampled{0};
 };
 Stats& St() {
@@ -113,7 +112,6 @@ void RecordOverhead(uint64_t t0) {
     st.phase_ns[i].fetch_add(t_phase_ns[i], std::memory_order_relaxed);
     st.phase_driver_ns[i].fetch_add(t_phase_driver_ns[i], std::memory_order_relaxed);
   }
-  st.driver_ns.fetch_add(t_driver_ns, std::memory_order_relaxed);
   st.sampled.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -1313,8 +1311,8 @@ UnitPhaseMeans HostPhaseMeansNs() {
   for (int i = 0; i < kUnitPhases; ++i) {
     m.own_ns[i] = st.phase_ns[i].load(std::memory_order_relaxed) / m.sampled;
     m.driver_by_phase_ns[i] = st.phase_driver_ns[i].load(std::memory_order_relaxed) / m.sampled;
+    m.driver_ns += m.driver_by_phase_ns[i];
   }
-  m.driver_ns = st.driver_ns.load(std::memory_order_relaxed) / m.sampled;
   return m;
 }
 
@@ -1325,7 +1323,6 @@ void ResetStatsForTest() {
   for (auto& h : St().own_hist) h.store(0);
   for (auto& h : St().phase_ns) h.store(0);
   for (auto& h : St().phase_driver_ns) h.store(0);
-  St().driver_ns.store(0);
   St().sampled.store(0);
   St().units.store(0);
 }

@@ -72,7 +72,7 @@ struct UnitPhaseMeans {
   uint64_t sampled = 0;
   uint64_t own_ns[kUnitPhases] = {};
   uint64_t driver_by_phase_ns[kUnitPhases] = {};  // the driver calls' time by phase (steps: payload launches, ...)
-  uint64_t driver_ns = 0;
+  uint64_t driver_ns = 0;  // the sum of driver_by_phase_ns
 };
 UnitPhaseMeans HostPhaseMeansNs();
 uint64_t UnitsExecuted();
