@@ -11,7 +11,17 @@
 // every operator; every kernel goes through cudaLaunchKernel; the caching allocator records and waits on events
 // per cross-stream use; cudaMalloc/cudaFree only on a cache miss. Launches are synchronised every 256 calls so the
 // queue never fills (that would time the GPU, not the host).
+//
+// Collectives (COST_NCCL_RANKS set): ncclAllReduce of 1024 floats, out of place, on a communicator of that many
+// ranks, this process its rank 0; natively COST_NCCL_LIB names the real libnccl (1 rank: the only communicator one
+// GPU can hold natively, and NCCL's cheapest path, so the difference to libprism's is an upper bound), under
+// libprism the preloaded symbols answer (8 ranks: the other 7 virtual, the unit planned, timed and gated). Two
+// cases: "ncclAllReduce" back to back (synchronised every 64 calls, the wait outside the timing) and
+// "ncclAllReduce,idle", each call timed alone after the stream has drained, as a training step's collectives come
+// (milliseconds apart, libprism's progress thread asleep).
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -30,6 +40,50 @@ double NsPerCall(long calls, const std::function<void(long)>& body) {
   for (long i = 0; i < calls; ++i) body(i);
   const auto t1 = std::chrono::steady_clock::now();
   return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(calls);
+}
+
+// The NCCL entry points the collective cases call: the real library's (COST_NCCL_LIB, natively) or whatever the
+// process resolves first (libprism's under LD_PRELOAD).
+// Why nccl.h's declarations: ncclCommInitRank takes the 128-byte id by value (on the stack, not a pointer).
+struct Nccl {
+  using GetUniqueId = decltype(&ncclGetUniqueId);
+  using CommInitRank = decltype(&ncclCommInitRank);
+  using AllReduce = decltype(&ncclAllReduce);
+  GetUniqueId get_unique_id = nullptr;
+  CommInitRank comm_init_rank = nullptr;
+  AllReduce all_reduce = nullptr;
+  ncclComm_t comm = nullptr;
+};
+
+// Why a string rather than exiting: a machine without the library still gets the runtime rows.
+std::string OpenNccl(int nranks, Nccl* n) {
+  void* h = RTLD_DEFAULT;
+  if (const char* lib = std::getenv("COST_NCCL_LIB"); lib != nullptr && *lib != '\0') {
+    h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+    if (h == nullptr) return std::string("cannot load ") + lib + ": " + dlerror();
+  }
+  n->get_unique_id = reinterpret_cast<Nccl::GetUniqueId>(dlsym(h, "ncclGetUniqueId"));
+  n->comm_init_rank = reinterpret_cast<Nccl::CommInitRank>(dlsym(h, "ncclCommInitRank"));
+  n->all_reduce = reinterpret_cast<Nccl::AllReduce>(dlsym(h, "ncclAllReduce"));
+  if (n->get_unique_id == nullptr || n->comm_init_rank == nullptr || n->all_reduce == nullptr)
+    return "no ncclGetUniqueId/ncclCommInitRank/ncclAllReduce (set COST_NCCL_LIB or preload libprism)";
+  ncclUniqueId id{};
+  if (const int r = n->get_unique_id(&id); r != 0) return "ncclGetUniqueId returned " + std::to_string(r);
+  if (const int r = n->comm_init_rank(&n->comm, nranks, id, 0); r != 0)
+    return "ncclCommInitRank(" + std::to_string(nranks) + " ranks) returned " + std::to_string(r);
+  return "";
+}
+
+// The mean of each call timed alone, `untimed` run between calls outside the timing.
+double NsEachCall(long calls, const std::function<void(long)>& body, const std::function<void(long)>& untimed) {
+  double sum = 0;
+  for (long i = 0; i < calls; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    body(i);
+    sum += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    untimed(i);
+  }
+  return sum / static_cast<double>(calls);
 }
 
 void Check(cudaError_t e, const char* what) {
@@ -61,6 +115,7 @@ int main(int argc, char** argv) {
     std::string name;
     long calls;
     std::function<void(long)> body;
+    std::function<void(long)> untimed;  // when set: each call timed alone, this run after it outside the timing
   };
   int dev = 0;
   const std::vector<Op> ops = {
@@ -81,10 +136,30 @@ int main(int argc, char** argv) {
          if (cudaMalloc(&p, 1 << 20) == cudaSuccess) cudaFree(p);
        }},
   };
-  for (const Op& op : ops) {
+  std::vector<Op> all = ops;
+  Nccl nccl;
+  float* buf = nullptr;
+  if (const char* ranks = std::getenv("COST_NCCL_RANKS"); ranks != nullptr && *ranks != '\0') {
+    std::string why = OpenNccl(std::atoi(ranks), &nccl);
+    if (why.empty() && cudaMalloc(&buf, 2 * 1024 * sizeof(float)) != cudaSuccess) why = "cudaMalloc of the buffers";
+    if (!why.empty()) {
+      std::printf("COST op=ncclAllReduce skipped: %s\n", why.c_str());
+    } else {
+      auto call = [&](long) { nccl.all_reduce(buf, buf + 1024, 1024, ncclFloat, ncclSum, nccl.comm, s1); };
+      all.push_back({"ncclAllReduce", std::max(1L, calls / 10), call,
+                     [&](long i) {
+                       if ((i & 63) == 63) cudaStreamSynchronize(s1);
+                     }});
+      all.push_back({"ncclAllReduce,idle", std::max(1L, calls / 50), call,
+                     [&](long) { cudaStreamSynchronize(s1); }});
+    }
+  }
+  for (const Op& op : all) {
     std::vector<double> v;
     op.body(0);  // the first call of each may initialise something (libprism's lazy set-up, the driver's)
-    for (int r = 0; r < reps; ++r) v.push_back(NsPerCall(op.calls, op.body));
+    if (op.untimed) op.untimed(-1);
+    for (int r = 0; r < reps; ++r)
+      v.push_back(op.untimed ? NsEachCall(op.calls, op.body, op.untimed) : NsPerCall(op.calls, op.body));
     cudaDeviceSynchronize();
     std::sort(v.begin(), v.end());
     std::printf("COST op=%s calls=%ld median_ns=%.1f min_ns=%.1f\n", op.name.c_str(), op.calls, v[v.size() / 2],
