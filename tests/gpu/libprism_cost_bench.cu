@@ -12,13 +12,13 @@
 // per cross-stream use; cudaMalloc/cudaFree only on a cache miss. Launches are synchronised every 256 calls so the
 // queue never fills (that would time the GPU, not the host).
 //
-// Collectives (COST_NCCL_RANKS set): ncclAllReduce of 1024 floats, out of place, on a communicator of that many
-// ranks, this process its rank 0; natively COST_NCCL_LIB names the real libnccl (1 rank: the only communicator one
-// GPU can hold natively, and NCCL's cheapest path, so the difference to libprism's is an upper bound), under
-// libprism the preloaded symbols answer (8 ranks: the other 7 virtual, the unit planned, timed and gated). Two
-// cases: "ncclAllReduce" back to back (synchronised every 64 calls, the wait outside the timing) and
-// "ncclAllReduce,idle", each call timed alone after the stream has drained, as a training step's collectives come
-// (milliseconds apart, libprism's progress thread asleep).
+// Collectives (COST_NCCL_RANKS set): ncclAllReduce of 1024 floats, out of place, on a communicator of that many ranks,
+// this process its rank 0; natively COST_NCCL_LIB names the real libnccl (1 rank: the only communicator one GPU can
+// hold natively, and NCCL's cheapest path: no group, plan or kernel of its own, an out-of-place all-reduce is one
+// device copy; so the difference to libprism's is an upper bound), under libprism the preloaded symbols answer (8
+// ranks: the other 7 virtual, the unit planned, timed and gated). Two cases: "ncclAllReduce" back to back (synchronised
+// every 64 calls, the wait outside the timing) and "ncclAllReduce,idle", each call timed alone after the stream has
+// drained, as a training step's collectives come (milliseconds apart, libprism's progress thread asleep).
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
