@@ -139,34 +139,23 @@ void StoreState::CancelWaits(ClientId client) {
 
 void StoreState::DropClient(ClientId client) { CancelWaits(client); }
 
+bool StoreState::Call::Fits(uint64_t n) const {
+  if (reply->size() + n <= max_reply) return true;
+  *error = fmt::format("its reply would pass {} bytes", max_reply);  // StoreServer matches this text
+  return false;
+}
+
+bool StoreState::Call::PutBytes(std::string_view bytes) const {
+  if (!Fits(8 + bytes.size())) return false;
+  store::PutBytes(reply, bytes);
+  return true;
+}
+
 bool StoreState::Handle(ClientId client, const Request& req, std::string* reply, std::string* error,
                         uint64_t max_reply) {
   ++requests_;
-  // True when `n` more reply bytes fit under max_reply; otherwise says so in *error (StoreServer matches the text).
-  auto fits = [&](uint64_t n) {
-    if (reply->size() + n <= max_reply) return true;
-    *error = fmt::format("its reply would pass {} bytes", max_reply);
-    return false;
-  };
-  // Appends `bytes` (length first) when they fit.
-  auto put_bytes = [&](std::string_view bytes) {
-    if (!fits(8 + bytes.size())) return false;
-    PutBytes(reply, bytes);
-    return true;
-  };
-  const auto& keys = req.keys;
-  std::span<const std::string_view> batch(keys.data(), keys.size());
-  // GET's and MULTI_GET's answer for one key: its value (a stand-in materialized as for a read), empty when absent.
-  auto put_value = [&](std::string_view key) {
-    if (!Exists(key)) TryMaterialize(key, StandIn::Access::kRead, batch);
-    auto it = kv_.find(key);
-    return put_bytes(it == kv_.end() ? std::string_view() : std::string_view(it->second));
-  };
-  // ADD's and BARRIER's counter: the first key's value as a number (a stand-in materialized as for ADD).
-  auto counter = [&](int64_t* v) {
-    if (!Exists(keys[0])) TryMaterialize(keys[0], StandIn::Access::kAdd, batch);
-    return ParseCounter(keys[0], v, error);
-  };
+  const Call c{client, req, reply, error, max_reply, std::span<const std::string_view>(req.keys)};
+  const std::string_view key = req.keys.empty() ? std::string_view() : req.keys[0];
   switch (req.type) {
     case QueryType::kValidate:
       return true;
@@ -174,167 +163,202 @@ bool StoreState::Handle(ClientId client, const Request& req, std::string* reply,
       PutU32(reply, req.u32);
       return true;
     case QueryType::kSet:
-      if (stand_in_ && stand_in_->OnSet(keys[0], req.values[0])) {
-        RetryWaits();  // the stand-in consumed a registration: it may answer keys waited on before
-        return true;
-      }
-      return Store(keys[0], std::string(req.values[0]), error);
-    case QueryType::kCompareSet: {
-      std::string_view key = keys[0], expected = req.values[0], desired = req.values[1];
-      auto it = kv_.find(key);
-      if (it == kv_.end()) {
-        if (expected.empty()) {
-          if (stand_in_ && stand_in_->OnSet(key, desired)) {
-            PutBytes(reply, desired);
-            return true;
-          }
-          if (!Store(key, std::string(desired), error)) return false;
-          PutBytes(reply, desired);
-        } else {
-          // Same answer as torch's server: the expected value back, nothing stored. (Torch also wakes the key's
-          // waiters here although nothing was stored; we do not: they would only read an empty value.)
-          PutBytes(reply, expected);
-        }
-        return true;
-      }
-      if (it->second == expected && !Store(key, std::string(desired), error)) return false;
-      return put_bytes(kv_.find(key)->second);
-    }
+      return SetKey(key, req.values[0], error);
+    case QueryType::kCompareSet:
+      return CompareSet(c);
     case QueryType::kGet:
-      return put_value(keys[0]);
-    case QueryType::kAdd: {
-      int64_t v = 0;
-      if (!counter(&v)) return false;
-      int64_t sum = 0;
-      if (__builtin_add_overflow(v, req.i64, &sum)) {
-        *error = fmt::format("ADD {} to {} on key '{}' overflows", req.i64, v, PrintableKey(keys[0]));
-        return false;
-      }
-      if (!Store(keys[0], std::to_string(sum), error)) return false;
-      PutI64(reply, sum);
-      return true;
-    }
-    case QueryType::kCheck: {
-      bool all = true;
-      for (std::string_view k : keys) {
-        if (!Exists(k) && !TryMaterialize(k, StandIn::Access::kRead, batch)) all = false;
-      }
-      PutU8(reply, all ? kCheckReady : kCheckNotReady);
-      return true;
-    }
-    case QueryType::kWait: {
-      std::vector<std::string> missing;
-      for (std::string_view k : keys) {
-        if (Exists(k) || TryMaterialize(k, StandIn::Access::kRead, batch)) continue;
-        if (std::find(missing.begin(), missing.end(), k) == missing.end()) missing.emplace_back(k);
-      }
-      if (missing.empty()) {
-        PutU8(reply, kStopWaiting);
-        return true;
-      }
-      uint64_t id = next_wait_++;
-      for (const std::string& k : missing) waiters_[k].push_back(id);
-      Wait w{client, missing.size(), {}};
-      w.keys.assign(keys.begin(), keys.end());
-      waits_.emplace(id, std::move(w));
-      client_waits_[client].push_back(id);
-      return true;
-    }
+      return PutValue(c, key);
+    case QueryType::kAdd:
+      return Add(c);
+    case QueryType::kCheck:
+      return Check(c);
+    case QueryType::kWait:
+      return WaitFor(c);
     case QueryType::kGetNumKeys:
       PutI64(reply, static_cast<int64_t>(kv_.size()));
       return true;
-    case QueryType::kDeleteKey: {
-      auto it = kv_.find(keys[0]);
-      int64_t n = 0;
-      if (it != kv_.end()) {
-        bytes_ -= it->first.size() + it->second.size();
-        kv_.erase(it);
-        n = 1;
-      }
-      PutI64(reply, n);
+    case QueryType::kDeleteKey:
+      PutI64(reply, Delete(key) ? 1 : 0);
       return true;
-    }
     case QueryType::kAppend: {
-      auto it = kv_.find(keys[0]);
+      auto it = kv_.find(key);
       std::string v = it == kv_.end() ? std::string() : it->second;
       v.append(req.values[0]);
-      return Store(keys[0], std::move(v), error);
+      return Store(key, std::move(v), error);
     }
     case QueryType::kMultiGet:
-      for (std::string_view k : keys) {
-        if (!put_value(k)) return false;
+      for (std::string_view k : req.keys) {
+        if (!PutValue(c, k)) return false;
       }
       return true;
     case QueryType::kMultiSet:
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (stand_in_ && stand_in_->OnSet(keys[i], req.values[i])) {
-          RetryWaits();
-          continue;
-        }
-        if (!Store(keys[i], std::string(req.values[i]), error)) return false;
+      for (size_t i = 0; i < req.keys.size(); ++i) {
+        if (!SetKey(req.keys[i], req.values[i], error)) return false;
       }
       return true;
     case QueryType::kCancelWait:
       CancelWaits(client);
       PutU8(reply, kWaitCanceled);
       return true;
-    case QueryType::kQueuePush: {
-      uint64_t next = bytes_ + keys[0].size() + req.values[0].size();
-      if (next > max_total_bytes_) {
-        *error = fmt::format("store is full ({} bytes, limit {})", bytes_, max_total_bytes_);
-        return false;
-      }
-      bytes_ = next;
-      queues_[std::string(keys[0])].emplace_back(req.values[0]);
-      WakeOne(keys[0]);
-      return true;
-    }
-    case QueryType::kQueuePop: {
-      auto it = queues_.find(keys[0]);
-      if (it == queues_.end() || it->second.empty()) {
-        PutI64(reply, 0);
-        return true;
-      }
-      // Why before the pop: a client dropped for its reply must not take the item with it.
-      if (!fits(16 + it->second.front().size())) return false;
-      PutI64(reply, static_cast<int64_t>(it->second.size()));
-      PutBytes(reply, it->second.front());
-      bytes_ -= keys[0].size() + it->second.front().size();
-      it->second.pop_front();
-      if (it->second.empty()) queues_.erase(it);
-      return true;
-    }
+    case QueryType::kQueuePush:
+      return QueuePush(c);
+    case QueryType::kQueuePop:
+      return QueuePop(c);
     case QueryType::kQueueLen: {
-      auto it = queues_.find(keys[0]);
+      auto it = queues_.find(key);
       PutI64(reply, it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
       return true;
     }
     case QueryType::kListKeys:
       PutI64(reply, static_cast<int64_t>(kv_.size()));
       for (const auto& [k, v] : kv_) {
-        if (!put_bytes(k)) return false;
+        if (!c.PutBytes(k)) return false;
       }
       return true;
-    case QueryType::kBarrier: {
-      int64_t v = 0;
-      if (!counter(&v)) return false;
-      int64_t count = v + 1;
-      if (!Store(keys[0], std::to_string(count), error)) return false;
-      if (count >= req.i64) {
-        WakeAll(BarrierWaitKey(keys[0]));
-        PutU8(reply, kStopWaiting);
-        return true;
-      }
-      uint64_t id = next_wait_++;
-      std::string wk = BarrierWaitKey(keys[0]);
-      waiters_[wk].push_back(id);
-      waits_.emplace(id, Wait{client, 1, {wk}});
-      client_waits_[client].push_back(id);
-      return true;
-    }
+    case QueryType::kBarrier:
+      return Barrier(c);
   }
   *error = "unhandled command";
   return false;
+}
+
+bool StoreState::SetKey(std::string_view key, std::string_view value, std::string* error) {
+  if (stand_in_ && stand_in_->OnSet(key, value)) {
+    RetryWaits();  // the stand-in consumed a registration: it may answer keys waited on before
+    return true;
+  }
+  return Store(key, std::string(value), error);
+}
+
+bool StoreState::PutValue(const Call& c, std::string_view key) {
+  if (!Exists(key)) TryMaterialize(key, StandIn::Access::kRead, c.batch);
+  auto it = kv_.find(key);
+  return c.PutBytes(it == kv_.end() ? std::string_view() : std::string_view(it->second));
+}
+
+bool StoreState::Counter(const Call& c, int64_t* value) {
+  const std::string_view key = c.req.keys[0];
+  if (!Exists(key)) TryMaterialize(key, StandIn::Access::kAdd, c.batch);
+  return ParseCounter(key, value, c.error);
+}
+
+bool StoreState::CompareSet(const Call& c) {
+  std::string_view key = c.req.keys[0], expected = c.req.values[0], desired = c.req.values[1];
+  auto it = kv_.find(key);
+  if (it == kv_.end()) {
+    if (expected.empty()) {
+      if (stand_in_ && stand_in_->OnSet(key, desired)) {
+        store::PutBytes(c.reply, desired);
+        return true;
+      }
+      if (!Store(key, std::string(desired), c.error)) return false;
+      store::PutBytes(c.reply, desired);
+    } else {
+      // Same answer as torch's server: the expected value back, nothing stored. (Torch also wakes the key's
+      // waiters here although nothing was stored; we do not: they would only read an empty value.)
+      store::PutBytes(c.reply, expected);
+    }
+    return true;
+  }
+  if (it->second == expected && !Store(key, std::string(desired), c.error)) return false;
+  return c.PutBytes(kv_.find(key)->second);
+}
+
+bool StoreState::Add(const Call& c) {
+  int64_t v = 0;
+  if (!Counter(c, &v)) return false;
+  int64_t sum = 0;
+  if (__builtin_add_overflow(v, c.req.i64, &sum)) {
+    *c.error = fmt::format("ADD {} to {} on key '{}' overflows", c.req.i64, v, PrintableKey(c.req.keys[0]));
+    return false;
+  }
+  if (!Store(c.req.keys[0], std::to_string(sum), c.error)) return false;
+  PutI64(c.reply, sum);
+  return true;
+}
+
+bool StoreState::Check(const Call& c) {
+  bool all = true;
+  for (std::string_view k : c.req.keys) {
+    if (!Exists(k) && !TryMaterialize(k, StandIn::Access::kRead, c.batch)) all = false;
+  }
+  PutU8(c.reply, all ? kCheckReady : kCheckNotReady);
+  return true;
+}
+
+bool StoreState::WaitFor(const Call& c) {
+  std::vector<std::string> missing;
+  for (std::string_view k : c.req.keys) {
+    if (Exists(k) || TryMaterialize(k, StandIn::Access::kRead, c.batch)) continue;
+    if (std::find(missing.begin(), missing.end(), k) == missing.end()) missing.emplace_back(k);
+  }
+  if (missing.empty()) {
+    PutU8(c.reply, kStopWaiting);
+    return true;
+  }
+  // Why every key of the request in the wait: RetryWaits offers them to the stand-in as the batch.
+  Park(c.client, missing, std::vector<std::string>(c.req.keys.begin(), c.req.keys.end()));
+  return true;
+}
+
+void StoreState::Park(ClientId client, const std::vector<std::string>& wait_on, std::vector<std::string> keys) {
+  const uint64_t id = next_wait_++;
+  for (const std::string& k : wait_on) waiters_[k].push_back(id);
+  waits_.emplace(id, Wait{client, wait_on.size(), std::move(keys)});
+  client_waits_[client].push_back(id);
+}
+
+bool StoreState::Delete(std::string_view key) {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return false;
+  bytes_ -= it->first.size() + it->second.size();
+  kv_.erase(it);
+  return true;
+}
+
+bool StoreState::QueuePush(const Call& c) {
+  const std::string_view key = c.req.keys[0], value = c.req.values[0];
+  const uint64_t next = bytes_ + key.size() + value.size();
+  if (next > max_total_bytes_) {
+    *c.error = fmt::format("store is full ({} bytes, limit {})", bytes_, max_total_bytes_);
+    return false;
+  }
+  bytes_ = next;
+  queues_[std::string(key)].emplace_back(value);
+  WakeOne(key);
+  return true;
+}
+
+bool StoreState::QueuePop(const Call& c) {
+  const std::string_view key = c.req.keys[0];
+  auto it = queues_.find(key);
+  if (it == queues_.end() || it->second.empty()) {
+    PutI64(c.reply, 0);
+    return true;
+  }
+  // Why before the pop: a client dropped for its reply must not take the item with it.
+  if (!c.Fits(16 + it->second.front().size())) return false;
+  PutI64(c.reply, static_cast<int64_t>(it->second.size()));
+  store::PutBytes(c.reply, it->second.front());
+  bytes_ -= key.size() + it->second.front().size();
+  it->second.pop_front();
+  if (it->second.empty()) queues_.erase(it);
+  return true;
+}
+
+bool StoreState::Barrier(const Call& c) {
+  int64_t v = 0;
+  if (!Counter(c, &v)) return false;
+  const int64_t count = v + 1;
+  if (!Store(c.req.keys[0], std::to_string(count), c.error)) return false;
+  std::string wk = BarrierWaitKey(c.req.keys[0]);
+  if (count >= c.req.i64) {
+    WakeAll(wk);
+    PutU8(c.reply, kStopWaiting);
+    return true;
+  }
+  Park(c.client, {wk}, {wk});
+  return true;
 }
 
 void StoreState::RetryWaits() {

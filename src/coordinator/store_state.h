@@ -90,7 +90,7 @@ class StoreState {
   struct Wait {
     ClientId client;
     size_t remaining;               // distinct missing keys not yet set
-    std::vector<std::string> keys;  // the missing keys, to unlink on cancel
+    std::vector<std::string> keys;  // unlinked on cancel; a WAIT's are all its keys, the stand-in's batch on retry
   };
 
   bool Exists(std::string_view key) const;
@@ -103,6 +103,34 @@ class StoreState {
   void Finish(uint64_t wait_id);
   void CancelWaits(ClientId client);
   bool ParseCounter(std::string_view key, int64_t* value, std::string* error) const;
+
+  // One request being answered (Handle): who asked, what, and where the reply or the error goes.
+  struct Call {
+    ClientId client;
+    const Request& req;
+    std::string* reply;
+    std::string* error;
+    uint64_t max_reply;
+    std::span<const std::string_view> batch;  // the request's keys, offered to the stand-in
+    // True when `n` more reply bytes fit under max_reply; otherwise says so in *error.
+    bool Fits(uint64_t n) const;
+    // Appends `bytes` (length first) when they fit.
+    bool PutBytes(std::string_view bytes) const;
+  };
+  // The commands of Handle with more than a line or two; each returns false with *error set to refuse.
+  bool SetKey(std::string_view key, std::string_view value, std::string* error);  // the stand-in's first
+  bool PutValue(const Call& c, std::string_view key);  // GET's answer: the value, empty when absent
+  bool Counter(const Call& c, int64_t* value);         // the first key as a number (ADD, BARRIER)
+  bool CompareSet(const Call& c);
+  bool Add(const Call& c);
+  bool Check(const Call& c);
+  bool WaitFor(const Call& c);
+  bool Delete(std::string_view key);  // true when the key was there
+  bool QueuePush(const Call& c);
+  bool QueuePop(const Call& c);
+  bool Barrier(const Call& c);
+  // Blocks `client` until every key of `wait_on` is set; `keys` are kept for cancelling and retrying.
+  void Park(ClientId client, const std::vector<std::string>& wait_on, std::vector<std::string> keys);
 
   Notify notify_;
   StandIn* stand_in_;
