@@ -92,11 +92,12 @@ it = iter_ms(2 * iters)
 print(f"{'op':26s} {'native ns':>10s} {'preload ns':>10s} {'virtual ns':>10s} {'added ns':>9s} {'calls/iter':>10s} {'added us/iter':>13s}")
 runtime = [op for op in nat if not op.startswith("nccl")]
 def runtime_ns(ca, cb):  # (added ns per iteration: the calls libprism makes slower, and all calls with savings)
+    if not (runtime and ca and cb): return None  # no bench rows or no counts: no figure rather than 0
     slower = net = 0.0
     for op in runtime:
         n = per_iter(op, ca, cb); added = vir.get(op, float("nan")) - nat[op]
-        if n == n and added == added:
-            net += added * n; slower += max(0.0, added) * n
+        if n != n or added != added: return None
+        net += added * n; slower += max(0.0, added) * n
     return slower, net
 for op in runtime:
     n = per_iter(op, c1, c2)
@@ -114,6 +115,8 @@ per_coll = coll.get("ncclAllReduce,idle")
 summary = []
 if not c1:
     pass  # COST_W1=0
+elif it and runtime_ns(c1, c2) is None:
+    summary.append("world 1: no result (a runtime call missing from bench.*.log or calls.*.txt)")
 elif it:
     slower, net = runtime_ns(c1, c2)
     summary.append(f"world 1: native iteration {it:.2f} ms (median of iterations 4-{2*iters}); the runtime calls libprism makes slower add {slower/1e6:.4f} ms per iteration = {100*slower/1e6/it:.3f} % (with the calls it makes faster: {net/1e6:+.4f} ms; collectives at world 1: one-member, duration 0, no gate)")
@@ -137,7 +140,7 @@ def w64_run(n):  # (units, gated units, bye host_ns, iteration s, bye host_phase
 r1, r2 = w64_run(iters), w64_run(2 * iters)
 if r1 and r2 and r2[2] and r2[3]:
     w1, w2 = calls(iters, "w64calls"), calls(2 * iters, "w64calls")
-    slower64, calls_ns = runtime_ns(w1, w2)
+    slower64, calls_ns = runtime_ns(w1, w2) or (float("nan"), float("nan"))
     print("At world 64, rank 0 (tp 2, pp 2):")
     for op in runtime:
         n = per_iter(op, w1, w2); added = vir.get(op, float("nan")) - nat[op]
@@ -164,10 +167,12 @@ if r1 and r2 and r2[2] and r2[3]:
         other_driver = sum(v for k, v in r2[5].items() if k != "steps")
         est = calls_ns + units * (own_mean + other_driver)
         print(f"  estimate, the payload launch counted as NCCL's own: {units:.1f} units x ({own_mean} ns own + "
-              f"{other_driver} ns of other driver calls) + runtime calls = {est/1e6:.4f} ms per iteration = "
+              f"{other_driver} ns of other driver calls) + runtime calls net of their savings = {est/1e6:.4f} ms per iteration = "
               f"{100*est/1e6/it64:.3f} %")
-    print(f"  upper bound, each unit's whole host time in the job counted as added: {units:.1f} units x {host['p50']} ns (median, p90 {host['p90']}) + runtime calls {calls_ns/1e6:.4f} ms = {tot/1e6:.4f} ms per iteration = {100*tot/1e6/it64:.3f} %")
-    if per_coll is None:
+    print(f"  upper bound, each unit's whole host time in the job counted as added: {units:.1f} units x {host['p50']} ns (median, p90 {host['p90']}) + runtime calls net of their savings {calls_ns/1e6:.4f} ms = {tot/1e6:.4f} ms per iteration = {100*tot/1e6/it64:.3f} %")
+    if slower64 != slower64:
+        summary.append("world 64: no result (a runtime call missing from bench.*.log or w64calls.*.txt)")
+    elif per_coll is None:
         summary.append("world 64: no per-collective micro-benchmark (ncclAllReduce rows missing: see bench.*.log)")
     else:
         bu = slower64 + units * max(0.0, per_coll)

@@ -142,6 +142,12 @@ int main(int argc, char** argv) {
   if (const char* ranks = std::getenv("COST_NCCL_RANKS"); ranks != nullptr && *ranks != '\0') {
     std::string why = OpenNccl(std::atoi(ranks), &nccl);
     if (why.empty() && cudaMalloc(&buf, 2 * 1024 * sizeof(float)) != cudaSuccess) why = "cudaMalloc of the buffers";
+    // Why one checked call first: a call that failed fast would be timed as a cheap collective.
+    if (why.empty()) {
+      const ncclResult_t r = nccl.all_reduce(buf, buf + 1024, 1024, ncclFloat, ncclSum, nccl.comm, s1);
+      if (r != ncclSuccess) why = "ncclAllReduce returned " + std::to_string(static_cast<int>(r));
+      else if (cudaStreamSynchronize(s1) != cudaSuccess) why = "the first ncclAllReduce's stream";
+    }
     if (!why.empty()) {
       std::printf("COST op=ncclAllReduce skipped: %s\n", why.c_str());
     } else {
