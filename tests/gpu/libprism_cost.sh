@@ -34,7 +34,10 @@ for ((k = 1; k <= reps; k++)); do
   LD_PRELOAD=$lib timeout 120 "$bench" "$calls" 5 > "$out/bench.preload.$k.log" 2>&1
   env "${virt[@]}" COST_NCCL_RANKS=8 LD_PRELOAD=$lib timeout 120 "$bench" "$calls" 5 > "$out/bench.virtual.$k.log" 2>&1
 done
-job=(pretrain_gpt.py "${MEGATRON_MEDIUM_ARGS[@]}" --global-batch-size 8)
+# COST_MODEL=tiny runs the launch-bound tiny GPT instead of the GPU-bound medium one: its host is behind the GPU, so
+# its units' driver calls show whether the medium model's (14 us against 6 us alone) wait on a full stream queue.
+if [ "${COST_MODEL:-medium}" = tiny ]; then model=("${MEGATRON_TINY_ARGS[@]}"); else model=("${MEGATRON_MEDIUM_ARGS[@]}"); fi
+job=(pretrain_gpt.py "${model[@]}" --global-batch-size 8)
 for n in "$iters" $((2 * iters)); do
   [ "${COST_W1:-1}" = 1 ] || break  # COST_W1=0: world 64 only
   rm -f "$out/calls.$n.txt"
@@ -42,7 +45,7 @@ for n in "$iters" $((2 * iters)); do
      -m torch.distributed.run --nproc-per-node 1 "${job[@]}" --train-iters "$n") > "$out/megatron.$n.log" 2>&1
 done
 if [ "${COST_W64:-1}" = 1 ]; then
-  w64=(torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${MEGATRON_MEDIUM_ARGS[@]}" --tensor-model-parallel-size 2
+  w64=(torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py "${model[@]}" --tensor-model-parallel-size 2
        --pipeline-model-parallel-size 2 --global-batch-size 64)
   for n in "$iters" $((2 * iters)); do
     rm -rf "$out/w64.$n" "$out/w64calls.$n.txt"
