@@ -66,6 +66,7 @@ PRISM_API void prism_group_end() { EndGroupScope(); }
 // Host time libprism spends per executed unit (q = 0.5: median), in ns.
 PRISM_API unsigned long long prism_host_overhead_ns(double q) { return HostOverheadQuantileNs(q); }
 PRISM_API unsigned long long prism_units_executed() { return UnitsExecuted(); }
+PRISM_API unsigned long long prism_progress_wakes() { return ProgressWakes(); }
 PRISM_API void prism_reset_stats() { ResetStatsForTest(); }
 
 PRISM_API unsigned long long prism_device_bytes_current() { return memory::CurrentBytes(); }

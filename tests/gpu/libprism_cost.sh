@@ -109,11 +109,21 @@ for op in runtime:
     print(f"{op:26s} {nat[op]:10.1f} {pre.get(op, float('nan')):10.1f} {vir.get(op, float('nan')):10.1f} {added:9.1f} {n:10.1f} {us:13.2f}")
 # A collective's host time with libprism (8 ranks, 7 virtual: planned, timed, gated) against NCCL's own (1 rank,
 # its cheapest path): the idle case (each call after the stream drained, as a step's collectives come) decides.
+def wakes(op):  # (calls that woke libprism's progress thread, calls) over the virtualised runs
+    k = n = 0
+    for r in range(1, reps + 1):
+        try:
+            for l in open(f"{out}/bench.virtual.{r}.log"):
+                m = re.match(r"COST op=(\S+) .* wakes=(\d+) of (\d+)", l)
+                if m and m.group(1) == op: k += int(m.group(2)); n += int(m.group(3))
+        except OSError:
+            pass
+    return f"; it woke the progress thread {k} of {n} calls" if n else ""
 coll = {}
 for op in ("ncclAllReduce,idle", "ncclAllReduce"):
     if op in nat and op in vir:
         coll[op] = vir[op] - nat[op]
-        print(f"{op:26s} {nat[op]:10.1f} {'':>10s} {vir[op]:10.1f} {coll[op]:9.1f}   (NCCL 1 rank natively; libprism 8 ranks, 7 virtual)")
+        print(f"{op:26s} {nat[op]:10.1f} {'':>10s} {vir[op]:10.1f} {coll[op]:9.1f}   (NCCL 1 rank natively; libprism 8 ranks, 7 virtual{wakes(op)})")
 per_coll = coll.get("ncclAllReduce,idle")
 summary = []
 if not c1:

@@ -5,7 +5,8 @@
 //
 //   libprism_cost_bench [CALLS=200000] [REPS=7]
 // Prints one line per entry point: "COST op=<name> calls=<n> median_ns=<x> min_ns=<y>" (median and minimum over
-// REPS blocks of CALLS calls).
+// REPS blocks of CALLS calls), and under libprism " wakes=<k> of <n>": how many of the case's calls woke libprism's
+// sleeping progress thread.
 //
 // Why each op is what it is: torch's CUDAGuard asks cudaGetDevice (and sets the device when it differs) around
 // every operator; every kernel goes through cudaLaunchKernel; the caching allocator records and waits on events
@@ -160,7 +161,11 @@ int main(int argc, char** argv) {
                      [&](long) { cudaStreamSynchronize(s1); }});
     }
   }
+  // Under libprism: how many of a case's calls woke its sleeping progress thread (a system call each).
+  using Wakes = unsigned long long (*)();
+  const auto wakes = reinterpret_cast<Wakes>(dlsym(RTLD_DEFAULT, "prism_progress_wakes"));
   for (const Op& op : all) {
+    const unsigned long long wakes0 = wakes != nullptr ? wakes() : 0;
     std::vector<double> v;
     op.body(0);  // the first call of each may initialise something (libprism's lazy set-up, the driver's)
     if (op.untimed) op.untimed(-1);
@@ -168,8 +173,10 @@ int main(int argc, char** argv) {
       v.push_back(op.untimed ? NsEachCall(op.calls, op.body, op.untimed) : NsPerCall(op.calls, op.body));
     cudaDeviceSynchronize();
     std::sort(v.begin(), v.end());
-    std::printf("COST op=%s calls=%ld median_ns=%.1f min_ns=%.1f\n", op.name.c_str(), op.calls, v[v.size() / 2],
+    std::printf("COST op=%s calls=%ld median_ns=%.1f min_ns=%.1f", op.name.c_str(), op.calls, v[v.size() / 2],
                 v.front());
+    if (wakes != nullptr) std::printf(" wakes=%llu of %ld", wakes() - wakes0, 1 + reps * op.calls);
+    std::printf("\n");
     std::fflush(stdout);
   }
   Check(cudaGetLastError(), "the calls");
