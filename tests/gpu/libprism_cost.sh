@@ -58,13 +58,17 @@ fi
 "$PYTHON" - "$out" "$reps" "$iters" > "$out/cost.txt" <<'EOF'
 import os, re, statistics, sys
 out, reps, iters = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+woken = {}  # op -> [calls that woke libprism's progress thread, calls], over the virtualised runs
 def bench(kind):
     per = {}
     for k in range(1, reps + 1):
         try:
             for l in open(f"{out}/bench.{kind}.{k}.log"):
-                m = re.match(r"COST op=(\S+) calls=\d+ median_ns=([\d.]+)", l)
-                if m: per.setdefault(m.group(1), []).append(float(m.group(2)))
+                m = re.match(r"COST op=(\S+) calls=\d+ median_ns=([\d.]+).*?(?: wakes=(\d+) of (\d+))?$", l)
+                if not m: continue
+                per.setdefault(m.group(1), []).append(float(m.group(2)))
+                if kind == "virtual" and m.group(3):
+                    w = woken.setdefault(m.group(1), [0, 0]); w[0] += int(m.group(3)); w[1] += int(m.group(4))
         except OSError:
             pass
     return {op: statistics.median(v) for op, v in per.items()}
@@ -94,44 +98,35 @@ c1, c2 = calls(iters), calls(2 * iters)
 it = iter_ms(2 * iters)
 print(f"{'op':26s} {'native ns':>10s} {'preload ns':>10s} {'virtual ns':>10s} {'added ns':>9s} {'calls/iter':>10s} {'added us/iter':>13s}")
 runtime = [op for op in nat if not op.startswith("nccl")]
+def added(op): return vir.get(op, float("nan")) - nat[op]  # ns per call, virtualised less native
 def runtime_ns(ca, cb):  # (added ns per iteration: the calls libprism makes slower, and all calls with savings)
     if not (runtime and ca and cb): return None  # no bench rows or no counts: no figure rather than 0
     slower = net = 0.0
     for op in runtime:
-        n = per_iter(op, ca, cb); added = vir.get(op, float("nan")) - nat[op]
-        if n != n or added != added: return None
-        net += added * n; slower += max(0.0, added) * n
+        n = per_iter(op, ca, cb); a = added(op)
+        if n != n or a != a: return None
+        net += a * n; slower += max(0.0, a) * n
     return slower, net
 for op in runtime:
     n = per_iter(op, c1, c2)
-    added = vir.get(op, float("nan")) - nat[op]
-    us = added * n / 1e3
-    print(f"{op:26s} {nat[op]:10.1f} {pre.get(op, float('nan')):10.1f} {vir.get(op, float('nan')):10.1f} {added:9.1f} {n:10.1f} {us:13.2f}")
+    print(f"{op:26s} {nat[op]:10.1f} {pre.get(op, float('nan')):10.1f} {vir.get(op, float('nan')):10.1f} {added(op):9.1f} {n:10.1f} {added(op) * n / 1e3:13.2f}")
 # A collective's host time with libprism (8 ranks, 7 virtual: planned, timed, gated) against NCCL's own (1 rank,
 # its cheapest path): the idle case (each call after the stream drained, as a step's collectives come) decides.
-def wakes(op):  # (calls that woke libprism's progress thread, calls) over the virtualised runs
-    k = n = 0
-    for r in range(1, reps + 1):
-        try:
-            for l in open(f"{out}/bench.virtual.{r}.log"):
-                m = re.match(r"COST op=(\S+) .* wakes=(\d+) of (\d+)", l)
-                if m and m.group(1) == op: k += int(m.group(2)); n += int(m.group(3))
-        except OSError:
-            pass
-    return f"; it woke the progress thread {k} of {n} calls" if n else ""
 coll = {}
 for op in ("ncclAllReduce,idle", "ncclAllReduce"):
     if op in nat and op in vir:
-        coll[op] = vir[op] - nat[op]
-        print(f"{op:26s} {nat[op]:10.1f} {'':>10s} {vir[op]:10.1f} {coll[op]:9.1f}   (NCCL 1 rank natively; libprism 8 ranks, 7 virtual{wakes(op)})")
+        coll[op] = added(op)
+        w = f"; it woke the progress thread {woken[op][0]} of {woken[op][1]} calls" if op in woken else ""
+        print(f"{op:26s} {nat[op]:10.1f} {'':>10s} {vir[op]:10.1f} {coll[op]:9.1f}   (NCCL 1 rank natively; libprism 8 ranks, 7 virtual{w})")
 per_coll = coll.get("ncclAllReduce,idle")
 summary = []
+w1_calls = runtime_ns(c1, c2) if c1 else None
 if not c1:
     pass  # COST_W1=0
-elif it and runtime_ns(c1, c2) is None:
+elif it and w1_calls is None:
     summary.append("world 1: no result (a runtime call missing from bench.*.log or calls.*.txt)")
 elif it:
-    slower, net = runtime_ns(c1, c2)
+    slower, net = w1_calls
     summary.append(f"world 1: native iteration {it:.2f} ms (median of iterations 4-{2*iters}); the runtime calls libprism makes slower add {slower/1e6:.4f} ms per iteration = {100*slower/1e6/it:.3f} % (with the calls it makes faster: {net/1e6:+.4f} ms; collectives at world 1: one-member, duration 0, no gate)")
 else:
     summary.append("world 1: no Megatron iteration times (see megatron.*.log)")
@@ -156,8 +151,7 @@ if r1 and r2 and r2[2] and r2[3]:
     slower64, calls_ns = runtime_ns(w1, w2) or (float("nan"), float("nan"))
     print("At world 64, rank 0 (tp 2, pp 2):")
     for op in runtime:
-        n = per_iter(op, w1, w2); added = vir.get(op, float("nan")) - nat[op]
-        print(f"  {op:26s} added {added:9.1f} ns x {n:10.1f} per iteration")
+        print(f"  {op:26s} added {added(op):9.1f} ns x {per_iter(op, w1, w2):10.1f} per iteration")
     units = (r2[0] - r1[0]) / iters; gated = (r2[1] - r1[1]) / iters; host = r2[2]
     it64 = r2[3] * 1e3
     unit_ns = units * host["p50"]

@@ -19,7 +19,8 @@
 // device copy; so the difference to libprism's is an upper bound), under libprism the preloaded symbols answer (8
 // ranks: the other 7 virtual, the unit planned, timed and gated). Two cases: "ncclAllReduce" back to back (synchronised
 // every 64 calls, the wait outside the timing) and "ncclAllReduce,idle", each call timed alone after the stream has
-// drained, as a training step's collectives come (milliseconds apart, libprism's progress thread asleep).
+// drained, as a training step's collectives come (milliseconds apart; the wake count says whether each found
+// libprism's progress thread asleep, as a job's do).
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -119,7 +120,7 @@ int main(int argc, char** argv) {
     std::function<void(long)> untimed;  // when set: each call timed alone, this run after it outside the timing
   };
   int dev = 0;
-  const std::vector<Op> ops = {
+  std::vector<Op> ops = {
       {"cudaGetDevice", calls, [&](long) { cudaGetDevice(&dev); }},
       {"cudaSetDevice", calls, [&](long) { cudaSetDevice(0); }},
       {"cudaLaunchKernel", calls,
@@ -137,34 +138,35 @@ int main(int argc, char** argv) {
          if (cudaMalloc(&p, 1 << 20) == cudaSuccess) cudaFree(p);
        }},
   };
-  std::vector<Op> all = ops;
   Nccl nccl;
   float* buf = nullptr;
   if (const char* ranks = std::getenv("COST_NCCL_RANKS"); ranks != nullptr && *ranks != '\0') {
     std::string why = OpenNccl(std::atoi(ranks), &nccl);
     if (why.empty() && cudaMalloc(&buf, 2 * 1024 * sizeof(float)) != cudaSuccess) why = "cudaMalloc of the buffers";
+    auto all_reduce = [&] { return nccl.all_reduce(buf, buf + 1024, 1024, ncclFloat, ncclSum, nccl.comm, s1); };
     // Why one checked call first: a call that failed fast would be timed as a cheap collective.
     if (why.empty()) {
-      const ncclResult_t r = nccl.all_reduce(buf, buf + 1024, 1024, ncclFloat, ncclSum, nccl.comm, s1);
-      if (r != ncclSuccess) why = "ncclAllReduce returned " + std::to_string(static_cast<int>(r));
-      else if (cudaStreamSynchronize(s1) != cudaSuccess) why = "the first ncclAllReduce's stream";
+      if (const ncclResult_t r = all_reduce(); r != ncclSuccess)
+        why = "ncclAllReduce returned " + std::to_string(static_cast<int>(r));
+      else if (cudaStreamSynchronize(s1) != cudaSuccess)
+        why = "the first ncclAllReduce's stream";
     }
     if (!why.empty()) {
       std::printf("COST op=ncclAllReduce skipped: %s\n", why.c_str());
     } else {
-      auto call = [&](long) { nccl.all_reduce(buf, buf + 1024, 1024, ncclFloat, ncclSum, nccl.comm, s1); };
-      all.push_back({"ncclAllReduce", std::max(1L, calls / 10), call,
+      auto call = [&](long) { all_reduce(); };
+      ops.push_back({"ncclAllReduce", std::max(1L, calls / 10), call,
                      [&](long i) {
                        if ((i & 63) == 63) cudaStreamSynchronize(s1);
                      }});
-      all.push_back({"ncclAllReduce,idle", std::max(1L, calls / 50), call,
+      ops.push_back({"ncclAllReduce,idle", std::max(1L, calls / 50), call,
                      [&](long) { cudaStreamSynchronize(s1); }});
     }
   }
   // Under libprism: how many of a case's calls woke its sleeping progress thread (a system call each).
   using Wakes = unsigned long long (*)();
   const auto wakes = reinterpret_cast<Wakes>(dlsym(RTLD_DEFAULT, "prism_progress_wakes"));
-  for (const Op& op : all) {
+  for (const Op& op : ops) {
     const unsigned long long wakes0 = wakes != nullptr ? wakes() : 0;
     std::vector<double> v;
     op.body(0);  // the first call of each may initialise something (libprism's lazy set-up, the driver's)
