@@ -22,6 +22,10 @@ inline constexpr uint64_t kMaxKernelFileBytes = uint64_t{4} << 30;
 // A --topology file: the presets are under 1 KiB.
 inline constexpr uint64_t kMaxTopologyFileBytes = uint64_t{16} << 20;
 
+// Recorded payloads larger than this are neither recorded nor replayed (PRISM_PAYLOAD_MAX_BYTES, --payload-max-bytes;
+// 0: all). Why here: the launcher keys the graph cache on the size libprism will use, default included.
+inline constexpr uint64_t kDefaultPayloadMaxBytes = uint64_t{4} << 20;
+
 // Nesting of arrays and objects in a JSON or CBOR document. Why 64: a PrismTrace nests 8 deep; the readers'
 // recursion (nlohmann's CBOR reader, the DOM's destructor) overflows the stack at ~100k levels.
 inline constexpr int kMaxDocumentDepth = 64;

@@ -99,6 +99,10 @@ class ReleasePolicy {
 };
 ReleaseDecision DefaultRelease(const CommView& comm, uint64_t seq, std::span<const Arrival> arrivals);
 
+// The hang diagnosis's default: seconds without progress of any real rank while some wait (--hang-timeout). Every
+// command that starts a coordinator takes it from here.
+inline constexpr double kDefaultHangTimeoutS = 60.0;
+
 struct CoordinatorOptions {
   int world_size = 0;
   std::vector<int> real_ranks = {0};    // logical ranks that run for real; every other rank is virtual
@@ -126,7 +130,7 @@ struct CoordinatorOptions {
   int passthrough_min_members = 2;
   // Hang diagnosis (hang_detector.h): when no real rank made progress for this long while some wait, write
   // <out>/hang.json and print the diagnosis to stderr. <= 0: off.
-  double hang_timeout_s = 60.0;
+  double hang_timeout_s = kDefaultHangTimeoutS;
   // Called once per stall on the bus thread, after hang.json is written (argument: its path), e.g. to stop the
   // workers (--on-hang stop). Must not call back into the coordinator. Empty: keep running (--on-hang wait).
   std::function<void(const std::string& hang_json)> on_hang;

@@ -693,6 +693,8 @@ bool ParseBytes(const std::string& text, uint64_t* bytes) {
   } else {
     return false;
   }
+  // Why the bound: the conversion of a double past 2^64 is undefined; no size prism takes comes near 2^62.
+  if (v * mul >= 0x1p62) return false;
   *bytes = static_cast<uint64_t>(v * mul);
   return true;
 }

@@ -213,15 +213,7 @@ int MakeRequest(const EmulateOptions& opts, const std::vector<std::string>& comm
     }
     *stragglers = wi.stragglers;
   }
-  if (!opts.payload_max_bytes.empty()) {
-    uint64_t n = 0;
-    if (!coord::ParseBytes(opts.payload_max_bytes, &n)) {
-      std::fprintf(stderr, "prism-run: --payload-max-bytes %s: expected bytes such as 4M, 65536 or 0\n",
-                   opts.payload_max_bytes.c_str());
-      return kExitBadInput;
-    }
-    req->payload_max_bytes = std::to_string(n);
-  }
+  req->payload_max_bytes = opts.payload_max_bytes;
   if (!opts.payload_dir.empty()) {
     if (opts.payload != "recorded") {
       std::fprintf(stderr, "prism-run: --payload-dir only applies to --payload recorded\n");
@@ -311,7 +303,17 @@ bool SummarizePlan(const EmulateOptions& opts, const std::vector<std::string>& c
   out->script_key.push_back(std::string("run_path=") + (t.run_path ? "1" : "0"));
   out->script_key.push_back("python=" + plan->python);
   out->script_key.push_back("script=" + (out->script_path.empty() ? t.script : out->script_path));
-  for (const std::string& a : t.script_args) out->script_key.push_back(a);
+  // Why split "--opt=v": argparse (and Megatron's parser) reads it as "--opt v", so both spellings are one job; a
+  // flag that takes no value cannot be written "--flag=v" without the parser refusing it.
+  for (const std::string& a : t.script_args) {
+    const size_t eq = a.find('=');
+    if (a.rfind("--", 0) == 0 && eq != std::string::npos && eq > 2) {
+      out->script_key.push_back(a.substr(0, eq));
+      out->script_key.push_back(a.substr(eq + 1));
+    } else {
+      out->script_key.push_back(a);
+    }
+  }
   return true;
 }
 

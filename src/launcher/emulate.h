@@ -5,11 +5,14 @@
 // (collect -> fill -> emulate) is launcher/stages.h; it calls this for every run it makes.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "coordinator/coordinator.h"
 #include "coordinator/swap_scheduler.h"
 
 namespace prism::launcher {
@@ -25,7 +28,7 @@ struct EmulateOptions {
   std::string lockstep_slots;
   std::string payload = "mirror";
   std::string payload_dir;        // --payload-dir (recorded payloads of a collect run)
-  std::string payload_max_bytes;  // --payload-max-bytes: recorded payloads larger than this are not recorded/replayed
+  std::optional<uint64_t> payload_max_bytes;  // --payload-max-bytes: larger recorded payloads are not recorded/replayed
   bool one_replica = false;       // collect: run one data-parallel replica for real
   bool real_routing = false;      // collect --real-routing: also the expert-parallel peers of replica 0
   bool record_payloads = false;   // collect: every real rank records what real data gave it
@@ -38,7 +41,7 @@ struct EmulateOptions {
   int node_rank = -1;
   bool no_preload = false;
   bool quiet = false;
-  double hang_timeout = 60;
+  double hang_timeout = coord::kDefaultHangTimeoutS;
   std::string on_hang = "stop";
   int iterations = 0;           // --iterations K: stop the job once every real rank completed K iterations
   bool no_passthrough = false;  // --no-passthrough

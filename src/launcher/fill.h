@@ -12,6 +12,8 @@
 // and OUT/fill.json.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,18 +23,23 @@
 
 namespace prism::launcher {
 
+// The fill's stopping rule, the same for `prism-run fill` and the default procedure's fill stage: rounds end when one
+// moves simulate's estimate by at most the tolerance (percent), or after this many rounds.
+inline constexpr double kDefaultFillTolerancePct = 0.5;
+inline constexpr int kDefaultFillRounds = 4;
+
 struct FillOptions {
   std::string from;  // the collect run's directory
   std::string out;
   std::string topology;
-  double tolerance_pct = 0.5;
-  int max_rounds = 3;
+  double tolerance_pct = kDefaultFillTolerancePct;
+  int max_rounds = kDefaultFillRounds;
   int gpus = 0;
   double hang_timeout = 120;
   bool quiet = true;
   bool no_preload = false;
   int iterations = 0;       // > 0: each slice stops its job after this many iterations (emulate --iterations)  // the slices' workers run without libprism (launch tests only)
-  std::string payload_max_bytes;
+  std::optional<uint64_t> payload_max_bytes;  // unset: libprism's default
   // Slots whose virtual members do not hold the slice's real rank (GraphRelease::SetLockstepSlots), comma-separated;
   // "none": all do; "auto": every slot whose group spans only the tp, cp and dp dimensions (LockstepSlots).
   std::string lockstep = "auto";

@@ -54,7 +54,7 @@ struct GraphKeyInput {
   std::vector<std::string> environment;  // the user's, NAME=value
   std::string topology;
   int gpus = 0;
-  std::string payload_max_bytes;
+  uint64_t payload_max_bytes = 0;  // what libprism will use, its default resolved (limits::kDefaultPayloadMaxBytes)
   int iterations = 0;
   std::vector<std::string> gpu_models;  // "" entries ignored
 };

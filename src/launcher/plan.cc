@@ -607,7 +607,7 @@ void PlanBuilder::SetWorkerEnvironment() {
   if (!p_.coord_socket.empty()) Set(&env, "PRISM_COORD_SOCKET", p_.coord_socket);
   if (!join_bus_.empty()) Set(&env, "PRISM_COORD_ADDR", join_bus_);
   Set(&env, "PRISM_PAYLOAD", req_.payload);
-  if (!req_.payload_max_bytes.empty()) Set(&env, "PRISM_PAYLOAD_MAX_BYTES", req_.payload_max_bytes);
+  if (req_.payload_max_bytes) Set(&env, "PRISM_PAYLOAD_MAX_BYTES", std::to_string(*req_.payload_max_bytes));
   if (!req_.topology.empty()) Set(&env, "PRISM_TOPOLOGY", req_.topology);
   if (!req_.graph.empty()) Set(&env, "PRISM_GRAPH", req_.graph);
   if (!req_.passthrough) Set(&env, "PRISM_PASSTHROUGH", "0");

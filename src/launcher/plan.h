@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "coordinator/coordinator.h"
 #include "coordinator/swap_scheduler.h"
 #include "coordinator/world.h"
 #include "launcher/torchrun_args.h"
@@ -64,7 +65,7 @@ struct PlanRequest {
   // repeats), so that MoE routing comes from real data on every expert-parallel rank instead of mirrored data.
   bool real_routing = false;
   bool record_payloads = false;  // collect: PRISM_RECORD_PAYLOADS=<out>/payloads/rank<R>.bin per real rank
-  std::string payload_max_bytes;  // --payload-max-bytes: PRISM_PAYLOAD_MAX_BYTES ("": libprism's default, 4 MiB)
+  std::optional<uint64_t> payload_max_bytes;  // PRISM_PAYLOAD_MAX_BYTES (unset: libprism's default, 4 MiB)
   bool all_real = false;         // record: every rank of the world real, each on its own GPU, every communicator
                                  // on the real NCCL (passthrough, one-member communicators too)
   std::string topology;
@@ -73,7 +74,7 @@ struct PlanRequest {
   std::string run_id;                // TORCHELASTIC_RUN_ID when the job's --rdzv-id is "none"
   // Hang diagnosis of the coordinator started here (docs/hang.md): seconds without progress of any real rank while
   // some wait (<= 0: off), and whether prism stops the job after the diagnosis ("stop") or lets it run ("wait").
-  double hang_timeout_s = 60;
+  double hang_timeout_s = coord::kDefaultHangTimeoutS;
   std::string on_hang = "stop";
   // Passthrough: a communicator whose members are all real, each on its own GPU, runs on the real NCCL (ipc.h).
   // false (--no-passthrough): libprism handles it (exchange through the coordinator, or the gate).
@@ -136,7 +137,7 @@ struct Plan {
   std::vector<Worker> workers;
   std::vector<std::string> warnings;
   std::vector<std::string> notes;  // e.g. which user variables prism replaced
-  double hang_timeout_s = 60;      // from PlanRequest
+  double hang_timeout_s = coord::kDefaultHangTimeoutS;  // from PlanRequest
   bool stop_on_hang = true;        // --on-hang stop
   bool passthrough = true;         // from PlanRequest
   int passthrough_min_members = 2; // the coordinator's (1 for record: every communicator passes through)

@@ -11,6 +11,7 @@
 #include "launcher/fill.h"
 #include "launcher/graph_cache.h"
 #include "analysis/report_compare.h"
+#include "prism/limits.h"
 #include "prism/report.h"
 #include "replay/simulate.h"
 
@@ -218,7 +219,7 @@ int RunStaged(const StagedOptions& o, const std::vector<std::string>& command) {
                                      .layout_spec = ps.layout_spec, .script_key = ps.script_key,
                                      .script_path = ps.script_path, .cwd = ps.cwd, .environment = o.environment,
                                      .topology = o.emulate.topology, .gpus = ps.gpus,
-                                     .payload_max_bytes = o.emulate.payload_max_bytes, .iterations = iterations,
+                                     .payload_max_bytes = o.emulate.payload_max_bytes.value_or(limits::kDefaultPayloadMaxBytes), .iterations = iterations,
                                      .gpu_models = HostGpuModels()});
   const std::string root = GraphCacheRoot(o.cache_root);
   CacheEntry entry = LookupEntry(root, key);

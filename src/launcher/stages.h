@@ -18,16 +18,18 @@
 #include <nlohmann/json.hpp>
 
 #include "launcher/emulate.h"
+#include "launcher/fill.h"
 
 namespace prism::launcher {
 
 struct StagedOptions {
   EmulateOptions emulate;       // the user's options for the emulation (ranks, out, topology, payload, ...)
+  std::string policy;           // --policy graph|mirror ("" = graph, or mirror for a multi-host run; the CLI decides)
   bool payload_given = false;   // the user chose --payload (else the collect's recorded payloads)
   std::string cache_root;       // --graph-cache ("" = GraphCacheRoot's default)
   bool refresh = false;         // --refresh-graph
-  double tolerance_pct = 0.5;   // --fill-tolerance
-  int max_rounds = 4;           // --fill-rounds
+  double tolerance_pct = kDefaultFillTolerancePct;  // --fill-tolerance
+  int max_rounds = kDefaultFillRounds;              // --fill-rounds
   int graph_iterations = 10;    // --graph-iterations: iterations of the collect and each fill slice
   std::string collect_swap = "auto";  // --collect-swap auto|on|off
   std::vector<std::string> environment;  // the user's, NAME=value (the cache key)

@@ -143,6 +143,32 @@ TEST_F(StagesE2E, TheCacheKeyFollowsWhatDeterminesTheGraph) {
   EXPECT_NE(DryRun("--ranks 0 " + Job())["graph_cache"]["key"], key);
 }
 
+// One job spelled several ways is one cache entry: sizes are keyed as bytes (the default as the size libprism uses),
+// a script's "--opt=v" as "--opt v", prism's own "--opt=v" as "--opt v", torchrun's dashes as underscores.
+TEST_F(StagesE2E, EquivalentSpellingsShareAKey) {
+  const std::string key = DryRun("--ranks 0 " + Job())["graph_cache"]["key"];
+  ASSERT_EQ(key.size(), 32u);
+  for (const char* size : {"4M", "4194304", "4m", "4MiB", "4096K", "4mb"})
+    EXPECT_EQ(DryRun(std::string("--payload-max-bytes ") + size + " --ranks 0 " + Job())["graph_cache"]["key"], key)
+        << "--payload-max-bytes " << size;
+  EXPECT_EQ(DryRun("--payload-max-bytes=4M --ranks 0 " + Job())["graph_cache"]["key"], key);
+  EXPECT_NE(DryRun("--payload-max-bytes 8M --ranks 0 " + Job())["graph_cache"]["key"], key);
+  EXPECT_NE(DryRun("--payload-max-bytes 0 --ranks 0 " + Job())["graph_cache"]["key"], key);
+  const std::string lr = DryRun("--ranks 0 " + Job(" --lr 0.1"))["graph_cache"]["key"];
+  EXPECT_NE(lr, key);
+  EXPECT_EQ(DryRun("--ranks 0 " + Job(" --lr=0.1"))["graph_cache"]["key"], lr);
+  EXPECT_EQ(DryRun("--ranks 0 torchrun --nnodes=8 --nproc_per_node=8 " + (job_dir_ / "pretrain_fake.py").string() +
+                   " --tensor-model-parallel-size=2 --pipeline-model-parallel-size 2")["graph_cache"]["key"], key);
+  EXPECT_EQ(DryRun("--topology=h100-8x400g --ranks 0 " + Job())["graph_cache"]["key"],
+            DryRun("--topology h100-8x400g --ranks 0 " + Job())["graph_cache"]["key"]);
+  // A size that is none is refused where it is parsed, naming the flag.
+  std::string log;
+  EXPECT_EQ(RunPrism("", "--dry-run --payload-max-bytes 4Q " + Job(), &log), 2) << log;
+  EXPECT_NE(log.find("--payload-max-bytes"), std::string::npos) << log;
+  EXPECT_NE(log.find("4Q"), std::string::npos) << log;
+  EXPECT_EQ(RunPrism("", "--dry-run --payload-max-bytes 1e300 " + Job(), &log), 2) << log;
+}
+
 TEST_F(StagesE2E, CollectsFillsEmulatesThenHitsTheCache) {
   const fs::path out = FreshDir("run1"), out2 = FreshDir("run2");
   const std::string env = "FAKE_EVENTS_FROM=" + kRecorded;

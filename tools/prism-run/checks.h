@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "coordinator/swap_scheduler.h"
 #include "prism/limits.h"
 
 namespace prism::cli {
@@ -45,5 +48,20 @@ inline CLI::Validator NonNegative(double hi = 1e15) { return InRange(0, hi); }
 inline CLI::Validator DurationUs() { return InRange(0, limits::kMaxDurationUs); }
 // A world size: 1..limits::kMaxWorldSize, what the launcher and the graph reader accept.
 inline CLI::Validator WorldSize() { return InRange(1, static_cast<double>(limits::kMaxWorldSize)); }
+
+// A size flag ("4M", "4MiB", "4194304", "0"), turned into bytes where it is parsed, so that one size spelled two
+// ways is one value everywhere after (the graph cache's key). A text that is no size is refused naming the flag.
+inline CLI::Option* AddSizeOption(CLI::App* app, const std::string& name, std::optional<uint64_t>* to,
+                                  const std::string& help) {
+  return app->add_option_function<std::string>(
+      name,
+      [name, to](const std::string& text) {
+        uint64_t n = 0;
+        if (!coord::ParseBytes(text, &n))
+          throw CLI::ValidationError(name, "\"" + text + "\": expected bytes such as 4M, 65536 or 0");
+        *to = n;
+      },
+      help)->type_name("SIZE");
+}
 
 }  // namespace prism::cli

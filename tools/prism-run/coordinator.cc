@@ -34,7 +34,7 @@ struct CoordinatorCli {
   std::string out;
   int ranks_per_root = 128;
   std::string record_wire;
-  double hang_timeout = 60;
+  double hang_timeout = coord::kDefaultHangTimeoutS;
   std::string on_hang = "stop";
 };
 

@@ -1,6 +1,8 @@
 // The options `collect` and `record` register alike; each runs the emulate path (launcher/emulate.h).
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,9 +25,9 @@ struct LaunchSubcommandOptions {
   bool quiet = false;
   bool dry_run = false;
   bool json = false;
-  double hang_timeout = 60;
+  double hang_timeout = coord::kDefaultHangTimeoutS;
   int iterations = 0;
-  std::string payload_max_bytes;
+  std::optional<uint64_t> payload_max_bytes;
 };
 // Registers them on `sub` (`default_out`: the directory name used when --out is not given).
 void AddLaunchSubcommandOptions(CLI::App* sub, LaunchSubcommandOptions* o, const std::string& default_out,

@@ -37,7 +37,7 @@ void AddFill(CLI::App& app, int* rc) {
                   "GPU, their communicator on the real NCCL); one slice runs at a time")
       ->check(Positive());
   sub->add_option("--hang-timeout", o.hang_timeout, "per slice, as for emulate")->capture_default_str();
-  sub->add_option("--payload-max-bytes", o.payload_max_bytes, "per slice, as for emulate (default 4M)");
+  AddSizeOption(sub, "--payload-max-bytes", &o.payload_max_bytes, "per slice, as for emulate (default 4M)");
   sub->add_option("--lockstep", o.lockstep,
                   "communicator slots (comma-separated, auto, or none) whose virtual members do not hold a slice's "
                   "real rank: its collectives there complete at its own arrival plus the duration; auto: the slots "

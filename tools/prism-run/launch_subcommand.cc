@@ -20,7 +20,7 @@ void AddLaunchSubcommandOptions(CLI::App* sub, LaunchSubcommandOptions* o, const
   sub->add_flag("--dry-run", o->dry_run, "print the plan (which ranks run) and run nothing");
   sub->add_flag("--json", o->json, "with --dry-run: the plan as JSON");
   sub->add_option("--hang-timeout", o->hang_timeout, "as for emulate")->check(NonNegative());
-  sub->add_option("--payload-max-bytes", o->payload_max_bytes,
+  AddSizeOption(sub, "--payload-max-bytes", &o->payload_max_bytes,
                   "record only payloads up to this size, e.g. 4M (default 4M; 0: all); larger ones replay as mirror");
   sub->add_option("--iterations", o->iterations, "as for emulate: stop the job after K iterations of every real rank")
       ->check(NonNegative());

@@ -8,6 +8,7 @@
 
 #include "checks.h"
 #include "launcher/emulate.h"
+#include "launcher/run_options.h"
 
 namespace prism::cli {
 
@@ -37,6 +38,8 @@ void AddCalibrate(CLI::App& app, int* rc);
 // Emulate is the default mode (`prism-run [OPTIONS] torchrun ...`): its options live on the top-level app.
 // RunEmulate picks the policy from them and calls the library (launcher/stages.h or launcher/emulate.h).
 EmulateOptions* AddEmulateOptions(CLI::App& app);
+// Registers one row of launcher/run_options.h on `app`, its value landing in `spec`.
+CLI::Option* AddTableOption(CLI::App* app, const launcher::OptionDef& def, launcher::StagedOptions* spec);
 int RunEmulate(const EmulateOptions& opts, const std::vector<std::string>& command);
 
 }  // namespace prism::cli

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "prism/limits.h"
+
 namespace prism::interpose {
 
 enum class GateKind : uint8_t { kInvalid = 0, kWait, kSpin, kNone };
@@ -47,7 +49,7 @@ struct Config {
                                 // communicator asks it for release times (not only those with several real members)
   std::string payload_file;     // recorded payloads this rank replays (PRISM_PAYLOAD_FILE, policy recorded)
   std::string record_payloads;  // file this rank records its received payloads into (PRISM_RECORD_PAYLOADS)
-  uint64_t payload_max_bytes = 4ull << 20;  // PRISM_PAYLOAD_MAX_BYTES: larger payloads are not recorded or replayed (0: all)
+  uint64_t payload_max_bytes = limits::kDefaultPayloadMaxBytes;  // PRISM_PAYLOAD_MAX_BYTES: larger payloads are not recorded or replayed (0: all)
   int kernels_toggle = 0;       // PRISM_KERNELS_TOGGLE: CUPTI on for N iterations, off for N, ... (0: always on)
   int gate_toggle = 0;          // PRISM_GATE_TOGGLE: gates on for N iterations, off for N, ... (0: always on)
   int kernels = 0;              // PRISM_KERNELS: 0 off, 1 CUPTI kernels/memcpy/memset, 2 also NVTX (core/kernel_trace.h)
