@@ -40,7 +40,8 @@ CLI::Option* AddTableOption(CLI::App* app, const launcher::OptionDef& def, launc
                  [&](auto f) { return app->add_option(name, f(*spec), help); }},
       def.field);
   if (!def.value.empty()) opt->type_name(std::string(def.value));
-  if (!def.choices.empty()) opt->check(CLI::IsMember(Choices(def.choices)));
+  // The value name already lists the choices: the check adds no text of its own to --help.
+  if (!def.choices.empty()) opt->check(CLI::IsMember(Choices(def.choices)).description(""));
   if (def.lo != def.hi) opt->check(InRange(def.lo, def.hi));
   if (!def.env.empty() && def.cli_reads_env) opt->envname(std::string(def.env));
   return opt;
