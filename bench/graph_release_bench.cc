@@ -1,5 +1,5 @@
 // graph_release_bench: how long a real rank waits for the coordinator's answer when it runs against a graph
-// (`prism-run --graph`, `prism-run fill`): GraphRelease::Decide timed in closed loop (coordinator/graph_closed_loop.h:
+// (`prism-run --graph`, `prism-run fill`): GraphRelease::Decide timed in closed loop (support/graph_closed_loop.h:
 // the real rank's class replayed with its own durations, every other rank virtual), without and with the event
 // loop's idle work (GraphRelease::Idle between decisions, as the coordinator does while the real rank computes).
 // The decision latency lands in the real rank's timeline (the gate opens when the answer comes), so it must stay far
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/graph_closed_loop.h"
+#include "support/graph_closed_loop.h"
 #include "replay/trace_io.h"
 
 namespace {

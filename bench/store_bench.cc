@@ -12,10 +12,10 @@
 #include <thread>
 #include <vector>
 
-#include "coordinator/store_client.h"
-#include "coordinator/store_server.h"
-#include "coordinator/virtual_ranks.h"
-#include "coordinator/world.h"
+#include "coordinator/store/store_client.h"
+#include "coordinator/store/store_server.h"
+#include "coordinator/store/virtual_ranks.h"
+#include "model/world.h"
 
 namespace {
 

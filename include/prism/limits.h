@@ -56,7 +56,7 @@ inline constexpr uint64_t kMaxBusParkedBytes = uint64_t{64} << 20;
 // Nesting and values of one JSON message (checked before it is parsed: a kCommInit's members are ~1 value a rank).
 inline constexpr int kMaxBusJsonDepth = 16;
 inline constexpr uint64_t kMaxBusJsonValues = uint64_t{1} << 22;
-// Real data between real members (src/coordinator/exchange_hub.h): one operation's payload, and what the hub holds
+// Real data between real members (src/coordinator/bus/exchange_hub.h): one operation's payload, and what the hub holds
 // for one rank at once (inputs being assembled, posted and waiting for the other members, sends waiting for their
 // receive). A result larger than kMaxBusQueuedBytes is refused (kExchangeError) before it is computed.
 inline constexpr uint64_t kMaxExchangeBytes = uint64_t{64} << 30;

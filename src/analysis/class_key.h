@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "coordinator/world.h"
+#include "model/world.h"
 
 namespace prism::analysis {
 

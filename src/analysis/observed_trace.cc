@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/class_key.h"
-#include "analysis/megatron_membership.h"
+#include "model/megatron_membership.h"
 #include "analysis/observed_trace_builder.h"
 #include "prism/events.h"
 #include "prism/limits.h"

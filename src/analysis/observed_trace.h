@@ -28,7 +28,7 @@
 #include <string_view>
 #include <vector>
 
-#include "coordinator/world.h"
+#include "model/world.h"
 #include "prism/trace.h"
 
 namespace prism::analysis {

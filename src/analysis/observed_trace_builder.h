@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "analysis/class_key.h"
-#include "analysis/megatron_membership.h"
+#include "model/megatron_membership.h"
 #include "analysis/observed_trace.h"
 
 namespace prism::analysis::detail {
@@ -198,7 +198,7 @@ class Builder {
   const ObservedTraceOptions& o_;
   ObservedTrace* out_;
   GroupIndex groups_;
-  MegatronMembership membership_;
+  world::MegatronMembership membership_;
   std::string error_;
 
   // Passthrough operations (the real NCCL, every member logged): (communicator key, seq) -> (latest arrival, earliest

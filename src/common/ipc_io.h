@@ -121,7 +121,7 @@ int ConnectUnix(const std::string& path, std::string* error);
 int ConnectTcp(const std::string& host, uint16_t port, int timeout_ms, std::string* error);
 
 // NCCL unique ids that the coordinator synthesizes for communicators whose leader is a virtual rank
-// (src/coordinator/virtual_ranks.h). Layout of the 128 bytes (little-endian):
+// (src/coordinator/store/virtual_ranks.h). Layout of the 128 bytes (little-endian):
 //   [0,8)   "PRISMVID"          [8,12)  uint32 layout version (1)      [12,16) int32 writer's global rank
 //   [16,24) FNV-1a 64 of the key [24,32) FNV-1a 64 of the key, second basis   [32,128) last 96 bytes of the key
 inline constexpr size_t kNcclIdBytes = 128;

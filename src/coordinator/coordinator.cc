@@ -28,7 +28,7 @@
 #include "coordinator/hang_watch.h"
 #include "coordinator/release_path.h"
 #include "coordinator/status_writer.h"
-#include "coordinator/store_server.h"
+#include "coordinator/store/store_server.h"
 #include "coordinator/swap_controller.h"
 
 namespace prism::coord {

@@ -20,10 +20,11 @@
 #include <vector>
 
 #include "common/non_copyable.h"
-#include "coordinator/swap_driver.h"
-#include "coordinator/swap_scheduler.h"
-#include "coordinator/swap_usage.h"
-#include "coordinator/virtual_ranks.h"
+#include "coordinator/store/virtual_ranks.h"
+#include "coordinator/swap/swap_driver.h"
+#include "coordinator/swap/swap_scheduler.h"
+#include "coordinator/swap/swap_usage.h"
+#include "model/group_membership.h"
 #include "prism/ipc.h"
 #include "prism/limits.h"
 
@@ -112,7 +113,7 @@ struct CoordinatorOptions {
   std::string bus_tcp;                   // "HOST:PORT" (port 0 = pick): also serve the event bus over TCP
   std::string layout, graph, topology, payload = "mirror", run_id;  // passed to shims in kHelloAck, recorded
   int ranks_per_root = 128;              // TORCH_NCCL_RANKS_PER_ROOT the job runs with
-  const GroupMembership* membership = nullptr;  // e.g. the launcher's Megatron layout (not owned)
+  const world::GroupMembership* membership = nullptr;  // e.g. the launcher's Megatron layout (not owned)
   ReleasePolicy* release_policy = nullptr;      // not owned; nullptr: DefaultRelease
   std::string record_wire;               // capture every byte store clients send (store_server.h format)
   int status_interval_ms = 500;          // status.json refresh

@@ -12,9 +12,9 @@
 #include <string>
 
 #include "coordinator/coordinator.h"
-#include "coordinator/event_bus.h"
-#include "coordinator/exchange_hub.h"
-#include "coordinator/hang_detector.h"
+#include "coordinator/bus/event_bus.h"
+#include "coordinator/bus/exchange_hub.h"
+#include "coordinator/hang/hang_detector.h"
 
 namespace prism::coord {
 

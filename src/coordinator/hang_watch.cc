@@ -8,8 +8,8 @@
 
 #include "common/atomic_file.h"
 #include "common/log.h"
-#include "coordinator/flight_recorder.h"
-#include "coordinator/pickle.h"
+#include "coordinator/hang/flight_recorder.h"
+#include "coordinator/hang/pickle.h"
 
 namespace prism::coord {
 

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "coordinator/coordinator_state.h"
-#include "coordinator/store_server.h"
+#include "coordinator/store/store_server.h"
 
 namespace prism::coord {
 

@@ -11,7 +11,7 @@
 
 #include "coordinator/coordinator_state.h"
 #include "coordinator/release_path.h"
-#include "coordinator/store_server.h"
+#include "coordinator/store/store_server.h"
 
 namespace prism::coord {
 

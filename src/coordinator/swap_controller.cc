@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "common/sizes.h"
 
 namespace prism::coord {
 

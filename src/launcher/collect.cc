@@ -7,8 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "coordinator/swap_scheduler.h"
-#include "coordinator/world.h"
+#include "common/sizes.h"
+#include "coordinator/swap/swap_scheduler.h"
+#include "model/world.h"
 #include "launcher/emulate.h"
 #include "analysis/observed_trace.h"
 
@@ -32,7 +33,7 @@ void SwapSummary(const fs::path& out, const std::string& prefix) {
     return;
   }
   const json& s = st["swap"];
-  auto b = [&](const char* k) { return coord::FormatBytes(s.value(k, uint64_t{0})); };
+  auto b = [&](const char* k) { return FormatBytes(s.value(k, uint64_t{0})); };
   const int failures = s.value("failures", 0);
   const std::string failed =
       failures ? "; " + std::to_string(failures) + " swap(s) FAILED (see the lines above)" : std::string();
@@ -114,11 +115,11 @@ CollectResult Collect(EmulateOptions e, bool real_routing, bool no_payloads, con
       std::printf("context switching: on; GPU cap %s, host budget %s, %s per rank beyond its allocations%s; ranks "
                   "start as their GPU has room, ranks blocked in an exchange are swapped out (CUDA checkpoint API "
                   "through %s)\n",
-                  e.swap.gpu_cap_bytes ? coord::FormatBytes(e.swap.gpu_cap_bytes).c_str() : "from the driver",
-                  e.swap.host_cap_bytes ? coord::FormatBytes(e.swap.host_cap_bytes).c_str() : "80% of MemAvailable",
-                  coord::FormatBytes(e.swap.context_bytes).c_str(),
+                  e.swap.gpu_cap_bytes ? FormatBytes(e.swap.gpu_cap_bytes).c_str() : "from the driver",
+                  e.swap.host_cap_bytes ? FormatBytes(e.swap.host_cap_bytes).c_str() : "80% of MemAvailable",
+                  FormatBytes(e.swap.context_bytes).c_str(),
                   e.swap.rank_estimate_bytes
-                      ? (", ranks assumed " + coord::FormatBytes(e.swap.rank_estimate_bytes) + " until they report")
+                      ? (", ranks assumed " + FormatBytes(e.swap.rank_estimate_bytes) + " until they report")
                             .c_str()
                       : "",
                   e.swap.driver.c_str());

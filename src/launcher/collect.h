@@ -10,7 +10,7 @@
 //
 // Context switching (swap.enabled, docs/collect.md "Context switching"): when the replica's ranks do not all fit in
 // GPU memory, ranks start as their GPU has room and ranks blocked in an exchange are swapped out to host RAM with
-// the CUDA checkpoint API (coordinator/swap_scheduler.h, swap_driver.h).
+// the CUDA checkpoint API (coordinator/swap/swap_scheduler.h, swap_driver.h).
 #pragma once
 
 #include <string>

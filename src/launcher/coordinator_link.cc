@@ -14,14 +14,13 @@
 #include <thread>
 
 #include "coordinator/coordinator.h"
-#include "coordinator/flight_recorder.h"
-#include "coordinator/graph_release.h"
+#include "coordinator/hang/flight_recorder.h"
+#include "coordinator/release/graph_release.h"
 #include "replay/simulate.h"
-#include "coordinator/store_client.h"
-#include "analysis/megatron_membership.h"
+#include "coordinator/store/store_client.h"
+#include "model/megatron_membership.h"
 
 namespace prism::launcher {
-using namespace ::prism::analysis;  // the post-run analysis (src/analysis) this file calls
 namespace {
 
 constexpr int kRemoteLingerMs = 2000;
@@ -39,7 +38,7 @@ class LocalCoordinator : public CoordinatorLink {
   bool Start(Plan* plan, std::string* error) override {
     auto world = world::World::Make(plan->layout, plan->nproc_per_node, error);
     if (!world) return false;
-    membership_ = std::make_unique<MegatronMembership>(*world);
+    membership_ = std::make_unique<world::MegatronMembership>(*world);
     coord::CoordinatorOptions o;
     o.world_size = plan->world_size;
     o.real_ranks.clear();
@@ -169,7 +168,7 @@ class LocalCoordinator : public CoordinatorLink {
   }
 
  private:
-  std::unique_ptr<MegatronMembership> membership_;
+  std::unique_ptr<world::MegatronMembership> membership_;
   std::unique_ptr<coord::GraphRelease> graph_release_;  // before coord_: outlives it
   std::unique_ptr<coord::Coordinator> coord_;
   std::string addr_;

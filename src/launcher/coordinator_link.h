@@ -2,7 +2,7 @@
 //
 // LocalCoordinator runs prism::coord::Coordinator (src/coordinator/coordinator.h: the rendezvous store with virtual
 // ranks standing in, and libprism's event bus) in background threads of prism-run, with the job's Megatron groups
-// (analysis/megatron_membership.h) as the fallback membership. Its files (coordinator.json, status.json, coord.sock)
+// (model/megatron_membership.h) as the fallback membership. Its files (coordinator.json, status.json, coord.sock)
 // go to the run's output directory, so `prism-run status DIR` works on a running emulation.
 #pragma once
 

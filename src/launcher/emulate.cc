@@ -13,7 +13,7 @@
 #include "common/atomic_file.h"
 #include "common/text.h"
 #include "coordinator/coordinator.h"
-#include "coordinator/store_client.h"
+#include "coordinator/store/store_client.h"
 #include "launcher/coordinator_link.h"
 #include "analysis/graph_compare.h"
 #include "launcher/launch.h"

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/coordinator.h"
-#include "coordinator/swap_scheduler.h"
+#include "coordinator/swap/swap_scheduler.h"
 
 namespace prism::launcher {
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/world.h"
+#include "model/world.h"
 #include "analysis/fill_samples.h"
 #include "prism/trace.h"
 

@@ -20,7 +20,7 @@
 #include <optional>
 #include <functional>
 
-#include "coordinator/world.h"
+#include "model/world.h"
 #include "analysis/observed_trace.h"
 #include "analysis/run_report.h"
 #include "prism/report.h"

@@ -20,8 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/coordinator.h"
-#include "coordinator/swap_scheduler.h"
-#include "coordinator/world.h"
+#include "coordinator/swap/swap_scheduler.h"
+#include "model/world.h"
 #include "launcher/torchrun_args.h"
 
 namespace prism::launcher {

@@ -7,9 +7,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "coordinator/store_protocol.h"
-#include "coordinator/store_state.h"
-#include "coordinator/virtual_ranks.h"
+#include "coordinator/store/store_protocol.h"
+#include "coordinator/store/store_state.h"
+#include "coordinator/store/virtual_ranks.h"
 
 namespace {
 

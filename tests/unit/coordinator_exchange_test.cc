@@ -1,11 +1,12 @@
-// ExchangeHub: the coordinator's assembly of real members' inputs and p2p hand-over (src/coordinator/exchange_hub.h).
+// ExchangeHub: the coordinator's assembly of real members' inputs and p2p hand-over
+// (src/coordinator/bus/exchange_hub.h).
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
 
 #include "common/ipc_io.h"
-#include "coordinator/exchange_hub.h"
+#include "coordinator/bus/exchange_hub.h"
 #include "nccl_patch/semantics.h"
 
 namespace prism::coord {

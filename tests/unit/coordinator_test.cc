@@ -19,7 +19,7 @@
 
 #include "common/ipc_io.h"
 #include "coordinator/coordinator.h"
-#include "coordinator/store_client.h"
+#include "coordinator/store/store_client.h"
 
 namespace prism::coord {
 namespace {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/ipc_io.h"
-#include "coordinator/event_bus.h"
+#include "coordinator/bus/event_bus.h"
 
 namespace prism::coord {
 namespace {

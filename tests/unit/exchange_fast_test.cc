@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "common/ipc_io.h"
-#include "coordinator/exchange_hub.h"
+#include "coordinator/bus/exchange_hub.h"
 #include "interpose/core/config.h"
 #include "interpose/core/coord_client.h"
 #include "nccl_patch/dtype_math.h"

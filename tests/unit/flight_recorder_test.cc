@@ -1,4 +1,4 @@
-// Flight Recorder dumps (coordinator/flight_recorder.h): a dump survives pickling; prism's dumps from the
+// Flight Recorder dumps (coordinator/hang/flight_recorder.h): a dump survives pickling; prism's dumps from the
 // coordinator's operation log have torch's fields; production-like dumps (built here, and written by CPython's pickle
 // from the format's description when python3 is present) give the diagnosis and the ranks to run for real: a rank
 // that skipped a collective, a missing dump, a p2p send/send deadlock; and `prism-run status --flight-recorder`.
@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "coordinator/flight_recorder.h"
+#include "coordinator/hang/flight_recorder.h"
 
 namespace prism::coord {
 namespace {

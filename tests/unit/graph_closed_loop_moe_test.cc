@@ -24,9 +24,9 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/coordinator.h"
-#include "coordinator/graph_closed_loop.h"
-#include "coordinator/graph_release.h"
-#include "coordinator/world.h"
+#include "support/graph_closed_loop.h"
+#include "coordinator/release/graph_release.h"
+#include "model/world.h"
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
 #include "interpose/core/coord_client.h"

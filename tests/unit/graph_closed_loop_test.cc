@@ -3,8 +3,8 @@
 // released by GraphRelease as the coordinator would), every other rank virtual. With exact durations the real rank
 // must finish where the replay engine says it does (`prism-run simulate` of the same graph): the CPU form of fill's
 // acceptance test (docs/fill.md), with no GPU and no timing noise.
-#include "coordinator/graph_closed_loop.h"
-#include "coordinator/graph_release.h"
+#include "support/graph_closed_loop.h"
+#include "coordinator/release/graph_release.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // GraphRelease: virtual ranks following a PrismTrace, fed through the ReleasePolicy interface (no sockets).
-#include "coordinator/graph_release.h"
+#include "coordinator/release/graph_release.h"
 
 #include <gtest/gtest.h>
 

@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/ipc_io.h"
-#include "coordinator/hang_detector.h"
-#include "coordinator/store_client.h"
+#include "coordinator/hang/hang_detector.h"
+#include "coordinator/store/store_client.h"
 
 namespace prism::coord {
 namespace {

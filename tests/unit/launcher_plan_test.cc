@@ -13,13 +13,13 @@
 #include <map>
 #include <sstream>
 
-#include "analysis/megatron_membership.h"
+#include "model/megatron_membership.h"
 #include "analysis/observed_trace.h"
 
 namespace prism::launcher {
 using analysis::CoversEveryClass;
 using analysis::CoversEveryClassOrEpStandIn;
-using analysis::MegatronMembership;
+using world::MegatronMembership;
 namespace {
 
 std::vector<std::string> Words(const std::string& line) {

@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "coordinator/world.h"
+#include "model/world.h"
 #include "analysis/observed_trace.h"
 #include "prism/report.h"
 #include "replay/trace_io.h"

@@ -1,4 +1,4 @@
-// The pickle codec (coordinator/pickle.h): round trip of every supported type, byte-exact protocol-2 output for a
+// The pickle codec (coordinator/hang/pickle.h): round trip of every supported type, byte-exact protocol-2 output for a
 // small value (the bytes CPython writes), reading what CPython's pickle writes at protocols 0-5 (generated at test
 // time when python3 is present), torch's typed-list GLOBAL, the memo, and refusal (not a crash) of anything else.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <random>
 #include <sstream>
 
-#include "coordinator/pickle.h"
+#include "coordinator/hang/pickle.h"
 
 namespace prism::pickle {
 namespace {

@@ -25,7 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/coordinator.h"
-#include "coordinator/store_client.h"
+#include "coordinator/store/store_client.h"
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
 #include "interpose/core/engine.h"

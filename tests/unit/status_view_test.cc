@@ -1,14 +1,14 @@
-// `prism-run status` rendering (coordinator/status_view.h) from hand-made documents: real ranks per communicator,
-// virtual ranks grouped by the communicators they share with real ranks, Megatron names from the layout, and the
-// hang diagnosis; and the detector's positions as status.json holds them.
+// `prism-run status` rendering (coordinator/status/status_view.h) from hand-made documents: real ranks per
+// communicator, virtual ranks grouped by the communicators they share with real ranks, Megatron names from the
+// layout, and the hang diagnosis; and the detector's positions as status.json holds them.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
 
-#include "coordinator/hang_detector.h"
-#include "coordinator/status_view.h"
+#include "coordinator/hang/hang_detector.h"
+#include "coordinator/status/status_view.h"
 
 namespace prism::coord {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "coordinator/store_protocol.h"
+#include "coordinator/store/store_protocol.h"
 
 namespace prism::store {
 namespace {

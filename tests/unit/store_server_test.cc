@@ -20,8 +20,8 @@
 #include <stdexcept>
 #include <thread>
 
-#include "coordinator/store_client.h"
-#include "coordinator/store_server.h"
+#include "coordinator/store/store_client.h"
+#include "coordinator/store/store_server.h"
 
 namespace prism::store {
 namespace {

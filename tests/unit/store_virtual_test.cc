@@ -6,9 +6,9 @@
 #include <thread>
 
 #include "common/ipc_io.h"
-#include "coordinator/store_client.h"
-#include "coordinator/store_server.h"
-#include "coordinator/virtual_ranks.h"
+#include "coordinator/store/store_client.h"
+#include "coordinator/store/store_server.h"
+#include "coordinator/store/virtual_ranks.h"
 
 namespace prism::coord {
 namespace {
@@ -23,7 +23,7 @@ std::string GroupJson(const std::string& name, const std::vector<int>& ranks, co
 
 class VirtualStoreTest : public ::testing::Test {
  protected:
-  void Start(int world, std::vector<int> real, const GroupMembership* membership = nullptr) {
+  void Start(int world, std::vector<int> real, const world::GroupMembership* membership = nullptr) {
     VirtualRanksOptions o;
     o.world_size = world;
     o.real_ranks = std::move(real);
@@ -276,7 +276,7 @@ TEST_F(VirtualStoreTest, RegistrationAfterTheWaitAnswersIt) {
 }
 
 TEST_F(VirtualStoreTest, LauncherRegistrationByNameAndMembershipInterface) {
-  struct Layout : GroupMembership {
+  struct Layout : world::GroupMembership {
     std::optional<std::vector<int>> Members(std::string_view name) const override {
       if (name == "9") return std::vector<int>{7, 5};
       return std::nullopt;

@@ -7,7 +7,7 @@
 //    both through a proxy). Connections are replayed request by request, round robin, a connection blocked in WAIT
 //    waiting its turn; with a .reply.bin and no virtual ranks our replies must equal torch's byte for byte.
 //  - PRSMWIRE, all connections in one file in capture order, as `prism-run coordinator --record-wire FILE` writes
-//    (format in src/coordinator/store_server.h).
+//    (format in src/coordinator/store/store_server.h).
 // An optional <name>.json gives the emulation the capture came from: {"world_size": N, "real_ranks": [...],
 // "ranks_per_root": 128, "pending_waits_at_end": 0}. Without one: a world of 1, rank 0 real.
 //
@@ -31,9 +31,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/ipc_io.h"
-#include "coordinator/store_client.h"
-#include "coordinator/store_server.h"
-#include "coordinator/virtual_ranks.h"
+#include "coordinator/store/store_client.h"
+#include "coordinator/store/store_server.h"
+#include "coordinator/store/virtual_ranks.h"
 
 namespace prism::store {
 namespace {

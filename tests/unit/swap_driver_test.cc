@@ -1,7 +1,7 @@
-// The checkpoint driver (coordinator/swap_driver.h) against the fake libcuda of swap_fake_cuda.cc: a real child
+// The checkpoint driver (coordinator/swap/swap_driver.h) against the fake libcuda of swap_fake_cuda.cc: a real child
 // process is locked (stopped), checkpointed, restored and unlocked; wrong states, a restore without room and
 // libraries that are not a usable driver give errors that name the call, the pid and the driver's text.
-#include "coordinator/swap_driver.h"
+#include "coordinator/swap/swap_driver.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

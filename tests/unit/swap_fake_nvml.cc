@@ -1,5 +1,6 @@
-// A fake libnvidia-ml.so.1 for swap_usage_test (coordinator/swap_usage.h): the few NVML entry points the coordinator
-// resolves, with the ABI of nvml.h (int return codes, pointer device handles, 24-byte process records). Two GPUs:
+// A fake libnvidia-ml.so.1 for swap_usage_test (coordinator/swap/swap_usage.h): the few NVML entry points the
+// coordinator resolves, with the ABI of nvml.h (int return codes, pointer device handles, 24-byte process records).
+// Two GPUs:
 //  - GPU 0: pid 100 uses 300 MiB, pid 101's usage is NVML_VALUE_NOT_AVAILABLE, pid 102 uses 0;
 //  - GPU 1: pid 100 uses 50 MiB, and pids 1000..1079 use 1 MiB each (more than one buffer of 64: the caller must
 //    ask again with a larger one after NVML_ERROR_INSUFFICIENT_SIZE).

@@ -1,7 +1,7 @@
-// The context-switching scheduler (coordinator/swap_scheduler.h): its rules one by one, then simulated jobs (ranks
-// doing collectives in lockstep on one or two GPUs) that must finish without ever holding more than the cap on a GPU
-// or more than the budget in host RAM.
-#include "coordinator/swap_scheduler.h"
+// The context-switching scheduler (coordinator/swap/swap_scheduler.h): its rules one by one, then simulated jobs
+// (ranks doing collectives in lockstep on one or two GPUs) that must finish without ever holding more than the cap on
+// a GPU or more than the budget in host RAM; and ParseBytes (common/sizes.h), which reads its caps.
+#include "coordinator/swap/swap_scheduler.h"
 
 #include <gtest/gtest.h>
 
@@ -9,6 +9,8 @@
 #include <map>
 #include <set>
 #include <vector>
+
+#include "common/sizes.h"
 
 namespace prism::coord {
 namespace {

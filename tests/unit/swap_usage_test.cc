@@ -1,7 +1,7 @@
-// Per-process GPU memory from NVML (coordinator/swap_usage.h) against a fake libnvidia-ml (swap_fake_nvml.cc): usage
-// summed over GPUs per pid, unknown and zero usage left out, a process list longer than the first buffer, and the
-// errors when the library is missing or does not initialise.
-#include "coordinator/swap_usage.h"
+// Per-process GPU memory from NVML (coordinator/swap/swap_usage.h) against a fake libnvidia-ml (swap_fake_nvml.cc):
+// usage summed over GPUs per pid, unknown and zero usage left out, a process list longer than the first buffer, and
+// the errors when the library is missing or does not initialise.
+#include "coordinator/swap/swap_usage.h"
 
 #include <gtest/gtest.h>
 

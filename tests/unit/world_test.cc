@@ -1,6 +1,6 @@
 // The logical world: rank <-> coordinates and Megatron's groups, checked against layouts worked out by hand
 // (and against the examples in the docstrings of megatron/core/parallel_state.py).
-#include "coordinator/world.h"
+#include "model/world.h"
 
 #include <gtest/gtest.h>
 

@@ -13,7 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "coordinator/swap_scheduler.h"
+#include "common/sizes.h"
 #include "prism/limits.h"
 
 namespace prism::cli {
@@ -57,7 +57,7 @@ inline CLI::Option* AddSizeOption(CLI::App* app, const std::string& name, std::o
       name,
       [name, to](const std::string& text) {
         uint64_t n = 0;
-        if (!coord::ParseBytes(text, &n))
+        if (!ParseBytes(text, &n))
           throw CLI::ValidationError(name, "\"" + text + "\": expected bytes such as 4M, 65536 or 0");
         *to = n;
       },

@@ -4,7 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/swap_scheduler.h"
+#include "common/sizes.h"
+#include "coordinator/swap/swap_scheduler.h"
 #include "launcher/collect.h"
 
 #include "emulate_options.h"
@@ -77,7 +78,7 @@ void AddCollect(CLI::App& app, int* rc) {
                    {"--rank-mem", o.rank_mem, &e.swap.rank_estimate_bytes},
                    {"--context-mem", o.context_mem, &e.swap.context_bytes}};
       for (const auto& sz : sizes) {
-        if (!sz.text.empty() && !coord::ParseBytes(sz.text, sz.to)) {
+        if (!sz.text.empty() && !ParseBytes(sz.text, sz.to)) {
           std::fprintf(stderr, "prism-run collect: %s %s: expected bytes such as 60G, 512M or 1073741824\n", sz.name,
                        sz.text.c_str());
           *rc = kExitBadInput;

@@ -12,9 +12,9 @@
 
 #include "common/rank_list.h"
 #include "coordinator/coordinator.h"
-#include "coordinator/graph_release.h"
-#include "coordinator/world.h"
-#include "analysis/megatron_membership.h"
+#include "coordinator/release/graph_release.h"
+#include "model/world.h"
+#include "model/megatron_membership.h"
 #include "subcommands.h"
 
 namespace prism::cli {
@@ -57,7 +57,7 @@ int RunCoordinator(const CoordinatorCli& o) {
   opts.real_ranks = *ranks;
   std::sort(opts.real_ranks.begin(), opts.real_ranks.end());
   // Megatron's groups from --layout: only a fallback, the Python hook's registrations win (docs/coordinator.md).
-  std::unique_ptr<analysis::MegatronMembership> membership;
+  std::unique_ptr<world::MegatronMembership> membership;
   if (!o.layout.empty()) {
     auto layout = world::ParseLayout(o.layout, &error);
     if (!layout || !world::ResolveLayout(&*layout, o.world_size, "--world-size", &error)) {
@@ -69,7 +69,7 @@ int RunCoordinator(const CoordinatorCli& o) {
       std::fprintf(stderr, "prism-run coordinator: --layout '%s': %s\n", o.layout.c_str(), error.c_str());
       return kExitBadInput;
     }
-    membership = std::make_unique<analysis::MegatronMembership>(*w);
+    membership = std::make_unique<world::MegatronMembership>(*w);
     opts.membership = membership.get();
   }
   opts.store_host = o.host;

@@ -1,5 +1,6 @@
-// prism-run status [DIR | HOST:PORT] [--json]: where every logical rank of an emulation is (coordinator/status_view.h),
-// from a run's output directory (running or finished) or live from a coordinator's store on any host.
+// prism-run status [DIR | HOST:PORT] [--json]: where every logical rank of an emulation is
+// (coordinator/status/status_view.h), from a run's output directory (running or finished) or live from a
+// coordinator's store on any host.
 // prism-run status --flight-recorder DIR: the same diagnosis from PyTorch Flight Recorder dumps (flight_recorder.h).
 #include <signal.h>
 #include <unistd.h>
@@ -17,9 +18,9 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/coordinator.h"
-#include "coordinator/flight_recorder.h"
-#include "coordinator/status_view.h"
-#include "coordinator/store_client.h"
+#include "coordinator/hang/flight_recorder.h"
+#include "coordinator/status/status_view.h"
+#include "coordinator/store/store_client.h"
 #include "subcommands.h"
 
 namespace prism::cli {
