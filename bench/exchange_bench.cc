@@ -36,8 +36,8 @@
 #include "coordinator/coordinator.h"
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/submit.h"
 #include "nccl_patch/dtype_math.h"
 #include "nccl_patch/exchange.h"
 

@@ -18,8 +18,8 @@
 #include "../tests/unit/shim_fake_gpu.h"
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/submit.h"
 
 using namespace prism::interpose;
 

@@ -1,11 +1,11 @@
 // cudaEventRecord / cudaEventRecordWithFlags / cudaStreamWaitEvent / cudaEventDestroy: passed through, and noted for the graph (a
 // stream that waits for an event recorded on another stream after one of its units depends on that unit: event file
-// "wait" lines, core/engine.h).
+// "wait" lines, core/streams.h).
 #include <cuda_runtime_api.h>
 
 #include "interpose/api.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/real_symbols.h"
+#include "interpose/core/streams.h"
 
 using namespace prism::interpose;
 

@@ -1,9 +1,9 @@
-// NCCL collectives: each packs its arguments into one OpCall and hands it to Submit (core/engine.h), which
+// NCCL collectives: each packs its arguments into one OpCall and hands it to Submit (core/submit.h), which
 // writes the payload-policy output and gates the stream until the collective completes at the target scale.
 #include <nccl.h>
 
 #include "interpose/api.h"
-#include "interpose/core/engine.h"
+#include "interpose/core/submit.h"
 
 using namespace prism::interpose;
 using prism::payload::OpKind;

@@ -1,9 +1,9 @@
 // ncclGroupStart / ncclGroupEnd / ncclGroupSimulateEnd: nesting per thread; at the outermost end the group's
-// operations on each stream run as one unit (core/engine.h).
+// operations on each stream run as one unit (core/submit.h).
 #include <nccl.h>
 
 #include "interpose/api.h"
-#include "interpose/core/engine.h"
+#include "interpose/core/submit.h"
 
 using namespace prism::interpose;
 

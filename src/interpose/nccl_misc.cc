@@ -7,10 +7,10 @@
 
 #include "interpose/api.h"
 #include "interpose/core/comm.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/gpu.h"
 #include "interpose/core/memory.h"
 #include "interpose/core/real_symbols.h"
+#include "interpose/core/redops.h"
 
 using namespace prism::interpose;
 

@@ -1,9 +1,9 @@
-// ncclSend / ncclRecv. Inside a group, a group's sends and receives act as one exchange (core/engine.h); under
+// ncclSend / ncclRecv. Inside a group, a group's sends and receives act as one exchange (core/submit.h); under
 // the mirror policy a receive gets this rank's own most recent send of that size (src/nccl_patch/semantics.h).
 #include <nccl.h>
 
 #include "interpose/api.h"
-#include "interpose/core/engine.h"
+#include "interpose/core/submit.h"
 
 using namespace prism::interpose;
 using prism::payload::OpKind;

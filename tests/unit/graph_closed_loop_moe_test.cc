@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "analysis/observed_trace.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/graph_closed_loop.h"
 #include "coordinator/graph_release.h"
@@ -30,9 +31,8 @@
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
 #include "interpose/core/coord_client.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/progress.h"
-#include "analysis/observed_trace.h"
+#include "interpose/core/submit.h"
 #include "shim_fake_gpu.h"
 
 namespace prism {

@@ -15,8 +15,10 @@
 #include "common/ipc_io.h"
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/redops.h"
+#include "interpose/core/submit.h"
+#include "interpose/core/unit_stats.h"
 #include "shim_fake_gpu.h"
 
 namespace prism::interpose {
@@ -268,7 +270,7 @@ TEST_F(ShimComm, APushWakesABlockedProgressThread) {
 }
 
 TEST_F(ShimComm, HostOverheadIsSampled) {
-  ResetStatsForTest();
+  ResetUnitStats();
   Comm* c = Init(8, 1, Id());
   std::vector<float> buf(16);
   OpCall call = AllReduceOf(c, &buf);

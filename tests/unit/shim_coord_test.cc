@@ -27,11 +27,12 @@
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
 #include "interpose/core/coord_client.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/event_log.h"
 #include "interpose/core/progress.h"
 #include "interpose/core/real_symbols.h"
 #include "interpose/core/recorded.h"
+#include "interpose/core/submit.h"
+#include "interpose/core/unit_stats.h"
 #include "shim_fake_gpu.h"
 
 namespace prism::interpose {

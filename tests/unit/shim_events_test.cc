@@ -17,11 +17,13 @@
 
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/event_log.h"
+#include "interpose/core/iteration.h"
 #include "interpose/core/memory.h"
 #include "interpose/core/progress.h"
 #include "interpose/core/recorded.h"
+#include "interpose/core/streams.h"
+#include "interpose/core/submit.h"
 #include "shim_fake_gpu.h"
 
 namespace prism::interpose {

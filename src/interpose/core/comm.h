@@ -95,7 +95,7 @@ ncclResult_t CommDestroy(Comm* c);
 ncclResult_t CommAbort(Comm* c);
 ncclResult_t CommRevoke(Comm* c, int flags);
 ncclResult_t CommGetAsyncError(Comm* c, ncclResult_t* out);
-// Live passthrough communicators in this process (engine.cc forwards ncclGroupStart/End to the real NCCL while
+// Live passthrough communicators in this process (submit.cc forwards ncclGroupStart/End to the real NCCL while
 // there are any).
 int PassthroughComms();
 
