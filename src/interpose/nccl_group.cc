@@ -7,7 +7,7 @@
 
 using namespace prism::interpose;
 
-PRISM_API ncclResult_t ncclGroupStart() { return GroupStart(); }
+PRISM_API ncclResult_t ncclGroupStart() { return Guarded(ncclInternalError, [] { return GroupStart(); }); }
 PRISM_API ncclResult_t ncclGroupEnd() { return Guarded(ncclInternalError, [] { return GroupEnd(); }); }
 PRISM_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
   return Guarded(ncclInternalError, [&] { return GroupSimulateEnd(simInfo); });

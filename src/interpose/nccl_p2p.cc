@@ -21,13 +21,13 @@ ncclResult_t P2p(OpKind op, const void* send, void* recv, size_t count, ncclData
 
 PRISM_API ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                                 ncclComm_t comm, cudaStream_t stream) {
-  if (comm != nullptr && ToComm(comm) == nullptr) return ForwardForeign(RealNccl().ncclSend, sendbuff, count, datatype, peer, comm, stream);
+  if (IsForeign(comm)) return ForwardForeign(RealNccl().ncclSend, sendbuff, count, datatype, peer, comm, stream);
   return P2p(OpKind::kSend, sendbuff, nullptr, count, datatype, peer, comm, stream);
 }
 
 PRISM_API ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                                 cudaStream_t stream) {
-  if (comm != nullptr && ToComm(comm) == nullptr) return ForwardForeign(RealNccl().ncclRecv, recvbuff, count, datatype, peer, comm, stream);
+  if (IsForeign(comm)) return ForwardForeign(RealNccl().ncclRecv, recvbuff, count, datatype, peer, comm, stream);
   return P2p(OpKind::kRecv, nullptr, recvbuff, count, datatype, peer, comm, stream);
 }
 

@@ -141,10 +141,7 @@ bool MakeGpuIdle() {
   return true;
 }
 
-}  // namespace
-
-bool WaitForRoom(uint64_t bytes, int attempt) {
-  if (attempt >= kMaxRoomAsks || !CoordSwapOn()) return false;
+bool AskForRoom(uint64_t bytes, int attempt) {
   Room& r = R();
   std::lock_guard<std::mutex> lock(r.mu);
   const auto now = std::chrono::steady_clock::now();
@@ -167,6 +164,19 @@ bool WaitForRoom(uint64_t bytes, int attempt) {
   r.ever_refused = true;
   Log("interpose")->warn("no room for the allocation of {} bytes: {}", bytes, why);
   return false;
+}
+
+}  // namespace
+
+// Why the catch: callers are exported functions (cudaMalloc, cuMemCreate); nothing may throw into the job, and an
+// ask that failed is an allocation that stays failed.
+bool WaitForRoom(uint64_t bytes, int attempt) {
+  if (attempt >= kMaxRoomAsks || !CoordSwapOn()) return false;
+  try {
+    return AskForRoom(bytes, attempt);
+  } catch (...) {
+    return false;
+  }
 }
 
 void ResetRoomForTest() {

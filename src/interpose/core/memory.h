@@ -29,6 +29,7 @@ void ResetPeakForTest();
 // fails at once instead of waiting again).
 inline constexpr int kMaxRoomAsks = 3;
 inline constexpr double kRoomQuietS = 10;
+// Never throws.
 bool WaitForRoom(uint64_t bytes, int attempt);
 // Forgets the last refusal (tests).
 void ResetRoomForTest();

@@ -71,13 +71,21 @@ bool AddressInObject(const void* addr, const char* part);
   X(cudaFreeAsync)                       \
   X(cudaGetLastError)
 
-// Functions cuda_runtime.h overloads with C++ templates (nccl.h includes it): their C signatures, spelled out.
+// Functions cuda_runtime.h overloads with C++ templates (nccl.h includes it), and the per-thread-default-stream
+// (_ptsz) and capture variants the headers declare only in some modes: their C signatures, spelled out.
 #define PRISM_CUDART_TYPED_FUNCS(X)                                                    \
   X(cudaMalloc, cudaError_t (*)(void**, size_t))                                       \
   X(cudaMallocAsync, cudaError_t (*)(void**, size_t, cudaStream_t))                    \
   X(cudaMallocFromPoolAsync, cudaError_t (*)(void**, size_t, cudaMemPool_t, cudaStream_t)) \
   X(cudaMallocManaged, cudaError_t (*)(void**, size_t, unsigned int))                  \
-  X(cudaMallocPitch, cudaError_t (*)(void**, size_t*, size_t, size_t))
+  X(cudaMallocPitch, cudaError_t (*)(void**, size_t*, size_t, size_t))                 \
+  X(cudaMallocAsync_ptsz, cudaError_t (*)(void**, size_t, cudaStream_t))               \
+  X(cudaFreeAsync_ptsz, cudaError_t (*)(void*, cudaStream_t))                          \
+  X(cudaMallocFromPoolAsync_ptsz, cudaError_t (*)(void**, size_t, cudaMemPool_t, cudaStream_t)) \
+  X(cudaStreamBeginCapture, cudaError_t (*)(cudaStream_t, cudaStreamCaptureMode))      \
+  X(cudaStreamBeginCapture_ptsz, cudaError_t (*)(cudaStream_t, cudaStreamCaptureMode)) \
+  X(cudaStreamBeginCaptureToGraph, cudaError_t (*)(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*,       \
+                                                   const cudaGraphEdgeData*, size_t, cudaStreamCaptureMode))
 
 #define PRISM_DECLARE_FN(name) decltype(&::name) name = nullptr;
 #define PRISM_DECLARE_TYPED_FN(name, type) std::type_identity_t<type> name = nullptr;
