@@ -15,6 +15,7 @@
 #include "interpose/core/iteration.h"
 #include "interpose/core/memory.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/runtime.h"
 #include "interpose/core/unit_stats.h"
 #include "interpose/kernels.h"
 
@@ -22,7 +23,7 @@ using namespace prism::interpose;
 
 namespace {
 
-__attribute__((constructor)) void PrismConstructor() { ReloadConfigFromEnvironment(); }
+__attribute__((constructor)) void PrismConstructor() { LoadProcessRuntime(); }
 
 // Why no progress-thread join: at exit the thread may be waiting on a GPU that is being torn down; the event
 // file is what must be complete.

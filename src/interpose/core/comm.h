@@ -121,7 +121,5 @@ std::string StoreKeyFromVirtualId(const ncclUniqueId& id); // "" unless the id i
 uint64_t Fnv1a64(const void* data, size_t len, uint64_t h = 0xcbf29ce484222325ull);
 // Every live communicator (event log, tests).
 std::vector<Comm*> AllComms();
-// Test hook: forgets every communicator and registered group.
-void ResetCommsForTest();
 
 }  // namespace prism::interpose

@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "interpose/core/config.h"
+#include "interpose/core/runtime.h"
 #include "interpose/core/streams.h"
 
 namespace prism::interpose {
@@ -12,15 +13,12 @@ namespace prism::interpose {
 using payload::OpKind;
 
 payload::Policy ConfiguredPolicy() {
-  static const payload::Policy p = [] {
-    payload::Policy q = payload::ParsePolicy(Cfg().payload.c_str());
-    if (q == payload::Policy::kInvalid) {
-      Log("nccl")->error("PRISM_PAYLOAD='{}' is not mirror, zeros, random or recorded; using mirror", Cfg().payload);
-      q = payload::Policy::kMirror;
-    }
-    return q;
-  }();
-  return p;
+  const auto p = static_cast<payload::Policy>(Rt().payload_policy());
+  if (p != payload::Policy::kInvalid) [[likely]] return p;
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true))
+    Log("nccl")->error("PRISM_PAYLOAD='{}' is not mirror, zeros, random or recorded; using mirror", Cfg().payload);
+  return payload::Policy::kMirror;
 }
 
 bool RecordedOn() { return ConfiguredPolicy() == payload::Policy::kRecorded; }

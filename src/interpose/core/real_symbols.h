@@ -143,9 +143,9 @@ struct NcclFns {
 };
 // The real libnccl: PRISM_NCCL_LIBRARY when set (dlopen'ed, RTLD_LOCAL), else the one the job already loaded
 // (PyTorch's). Resolved once; missing functions stay nullptr.
+const NcclFns& LoadedNccl();
+// The current runtime's NCCL table (runtime.h): LoadedNccl() unless the runtime was given a fake.
 const NcclFns& RealNccl();
-// Test hook: replaces RealNccl()'s table (nullptr restores the real one).
-void SetRealNcclForTest(const NcclFns* fake);
 
 #define PRISM_DRIVER_FUNCS(X)             \
   X(cuInit)                               \
@@ -205,10 +205,9 @@ struct DriverFns {
 };
 
 // dlopen("libcuda.so.1") + cuGetProcAddress for every function above, once. Never calls cuInit.
+const DriverFns& LoadedDriver();
+// The current runtime's driver table (runtime.h): LoadedDriver() unless the runtime was given a fake.
 const DriverFns& Driver();
-
-// Test hook: replaces the driver table (fakes at the CUDA boundary). nullptr restores the real one.
-void SetDriverForTest(const DriverFns* fake);
 
 }  // namespace prism::interpose
 

@@ -138,7 +138,7 @@ void NoteEventDestroy(cudaEvent_t event) {
   t.at.erase(event);
 }
 
-size_t EventPointsForTest() {
+size_t EventPointsHeld() {
   EventPoints& t = EventPointTable();
   std::lock_guard<std::mutex> lock(t.mu);
   return t.at.size();

@@ -30,6 +30,7 @@ void NoteEventRecord(cudaEvent_t event, cudaStream_t stream);
 void NoteStreamWaitEvent(cudaStream_t stream, cudaEvent_t event);
 // Forgets a destroyed event's points (the table would otherwise grow with every event torch creates).
 void NoteEventDestroy(cudaEvent_t event);
-size_t EventPointsForTest();  // events with points held
+// Events with points held (the table's size).
+size_t EventPointsHeld();
 
 }  // namespace prism::interpose

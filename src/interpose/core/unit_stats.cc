@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 
+#include "interpose/core/runtime.h"
+
 namespace prism::interpose {
 
 constinit thread_local UnitSample t_unit_sample;
@@ -12,7 +14,9 @@ namespace {
 constexpr uint32_t kHistBucketNs = 25;
 constexpr uint32_t kHistBuckets = 8000;  // up to 200 us; beyond goes in the last bucket
 
-struct Stats {
+}  // namespace
+
+struct UnitStats {
   std::atomic<uint64_t> hist[kHistBuckets] = {};      // host time per sampled unit
   std::atomic<uint64_t> own_hist[kHistBuckets] = {};  // the same less the time spent in driver calls
   std::atomic<uint64_t> units{0};
@@ -21,10 +25,13 @@ struct Stats {
   std::atomic<uint64_t> phase_driver_ns[kUnitPhases] = {};  // the driver calls' time, by the phase that made them
   std::atomic<uint64_t> sampled{0};
 };
-Stats& St() {
-  static Stats* s = new Stats();
-  return *s;
-}
+
+UnitStats* NewUnitStats() { return new UnitStats(); }
+void DestroyPart(UnitStats* p) { delete p; }
+
+namespace {
+
+UnitStats& St() { return Rt().unit_stats(); }
 
 uint64_t Quantile(const std::atomic<uint64_t>* hist, double q) {
   uint64_t total = 0;
@@ -65,7 +72,7 @@ void RecordOverhead(uint64_t t0) {
   const uint64_t ns = s.phase_at - t0;
   s.on = false;
   const uint64_t own = ns > s.driver_ns ? ns - s.driver_ns : 0;
-  Stats& st = St();
+  UnitStats& st = St();
   st.hist[std::min<uint64_t>(ns / kHistBucketNs, kHistBuckets - 1)].fetch_add(1, std::memory_order_relaxed);
   st.own_hist[std::min<uint64_t>(own / kHistBucketNs, kHistBuckets - 1)].fetch_add(1, std::memory_order_relaxed);
   for (int i = 0; i < kUnitPhases; ++i) {
@@ -82,7 +89,7 @@ uint64_t HostOwnQuantileNs(double q) { return Quantile(St().own_hist, q); }
 
 UnitPhaseMeans HostPhaseMeansNs() {
   UnitPhaseMeans m;
-  const Stats& st = St();
+  const UnitStats& st = St();
   m.sampled = st.sampled.load(std::memory_order_relaxed);
   if (m.sampled == 0) return m;
   for (int i = 0; i < kUnitPhases; ++i) {
