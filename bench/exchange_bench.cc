@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -36,8 +37,9 @@
 #include "coordinator/coordinator.h"
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/runtime.h"
+#include "interpose/core/submit.h"
 #include "nccl_patch/dtype_math.h"
 #include "nccl_patch/exchange.h"
 
@@ -92,15 +94,15 @@ uint16_t Bf16(float f) { return static_cast<uint16_t>(payload::math::EncodeSmall
 int RankMain(int rank, int world, const std::vector<int>& real, const std::string& socket, const ncclUniqueId& id,
              const std::vector<Case>& cases, int reps, int out_fd) {
   static testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   Config c;
   c.rank = rank;
   c.world_size = world;
   c.real_ranks = real;
   c.fixed_dur_us = 1;
   c.coord_socket = socket;
-  SetConfigForTest(c);
-  ResetCommsForTest();
+  // Why static: the forked rank _exits with the result while the progress thread may still read the runtime.
+  static std::optional<ScopedRuntime> rt;
+  rt.emplace(Runtime::Parts{.config = c, .gpu = &gpu});
   InitArgs a;
   a.nranks = world;
   a.rank = rank;

@@ -18,8 +18,9 @@
 #include "../tests/unit/shim_fake_gpu.h"
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/runtime.h"
+#include "interpose/core/submit.h"
 
 using namespace prism::interpose;
 
@@ -70,7 +71,6 @@ int main(int argc, char** argv) {
   std::vector<char> evict(static_cast<size_t>(evict_mib) << 20);
   testing::FakeGpu gpu;
   gpu.stamp_arrivals = true;
-  SetGpuForTest(&gpu);
   struct Durations {
     const char* name;
     double fixed_us;
@@ -80,8 +80,7 @@ int main(int argc, char** argv) {
     c.rank = 5;
     c.world_size = 1024;
     c.fixed_dur_us = d.fixed_us;
-    SetConfigForTest(c);
-    ResetCommsForTest();
+    ScopedRuntime rt({.config = c, .gpu = &gpu});
     ncclUniqueId id;
     GetUniqueId(&id);
     InitArgs a;
@@ -107,7 +106,7 @@ int main(int argc, char** argv) {
                 d.name, meds[2], p90s[2], calls, gap_us > 0 ? "spaced" : "back to back",
                 evict_mib > 0 ? ", caches evicted between calls" : "",
                 static_cast<double>(ProgressWakes() - wakes0) / (5.0 * calls));
+    ProgressDrain(5000000000ull);  // before the runtime goes (untimed)
   }
-  SetGpuForTest(nullptr);
   return 0;
 }

@@ -8,33 +8,26 @@
 
 using namespace prism::interpose;
 
-namespace {
-template <typename Fn>
-Fn Real(const char* name) {
-  return reinterpret_cast<Fn>(LoadedSymbol("libcudart.so", name));
-}
-}  // namespace
-
 PRISM_API cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
-  static const auto real = Real<cudaError_t (*)(cudaStream_t, cudaStreamCaptureMode)>("cudaStreamBeginCapture");
+  const auto real = Cudart().cudaStreamBeginCapture;
+  if (real == nullptr) return cudaErrorNotSupported;
   NoteCaptureBegan();
-  return real != nullptr ? real(stream, mode) : cudaErrorNotSupported;
+  return real(stream, mode);
 }
 
 PRISM_API cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode) {
-  static const auto real = Real<cudaError_t (*)(cudaStream_t, cudaStreamCaptureMode)>("cudaStreamBeginCapture_ptsz");
+  const auto real = Cudart().cudaStreamBeginCapture_ptsz;
+  if (real == nullptr) return cudaErrorNotSupported;
   NoteCaptureBegan();
-  return real != nullptr ? real(stream, mode) : cudaErrorNotSupported;
+  return real(stream, mode);
 }
 
 PRISM_API cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
                                                     const cudaGraphNode_t* dependencies,
                                                     const cudaGraphEdgeData* dependencyData, size_t numDependencies,
                                                     cudaStreamCaptureMode mode) {
-  using Fn = cudaError_t (*)(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*, const cudaGraphEdgeData*, size_t,
-                             cudaStreamCaptureMode);
-  static const auto real = Real<Fn>("cudaStreamBeginCaptureToGraph");
+  const auto real = Cudart().cudaStreamBeginCaptureToGraph;
+  if (real == nullptr) return cudaErrorNotSupported;
   NoteCaptureBegan();
-  return real != nullptr ? real(stream, graph, dependencies, dependencyData, numDependencies, mode)
-                         : cudaErrorNotSupported;
+  return real(stream, graph, dependencies, dependencyData, numDependencies, mode);
 }

@@ -26,20 +26,18 @@ void MapLocation(cudaMemLocation* loc) {
 
 }  // namespace
 
-#define PRISM_REAL(fn) \
-  const auto real = Cudart().fn; \
-  if (real == nullptr) return cudaErrorNotSupported;
-
 PRISM_API cudaError_t cudaGetDeviceCount(int* count) {
   KernelTraceAtCudaInit();  // PRISM_KERNELS: torch asks this before it creates a context (docs/kernels.md)
-  PRISM_REAL(cudaGetDeviceCount)
+  const auto real = Cudart().cudaGetDeviceCount;
+  if (real == nullptr) return cudaErrorNotSupported;
   cudaError_t e = real(count);
   if (e == cudaSuccess && dev::Virtualized()) *count = dev::Count();
   return e;
 }
 
 PRISM_API cudaError_t cudaSetDevice(int device) {
-  PRISM_REAL(cudaSetDevice)
+  const auto real = Cudart().cudaSetDevice;
+  if (real == nullptr) return cudaErrorNotSupported;
   if (!dev::Virtualized()) return real(device);
   if (!dev::Valid(device)) return cudaErrorInvalidDevice;
   cudaError_t e = real(Phys());
@@ -49,7 +47,8 @@ PRISM_API cudaError_t cudaSetDevice(int device) {
 
 PRISM_API cudaError_t cudaGetDevice(int* device) {
   if (!dev::Virtualized()) {
-    PRISM_REAL(cudaGetDevice)
+    const auto real = Cudart().cudaGetDevice;
+    if (real == nullptr) return cudaErrorNotSupported;
     return real(device);
   }
   if (device == nullptr) return cudaErrorInvalidValue;
@@ -58,35 +57,40 @@ PRISM_API cudaError_t cudaGetDevice(int* device) {
 }
 
 PRISM_API cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, unsigned int flags) {
-  PRISM_REAL(cudaInitDevice)
+  const auto real = Cudart().cudaInitDevice;
+  if (real == nullptr) return cudaErrorNotSupported;
   if (!dev::Virtualized()) return real(device, deviceFlags, flags);
   if (!dev::Valid(device)) return cudaErrorInvalidDevice;
   return real(Phys(), deviceFlags, flags);
 }
 
 PRISM_API cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  PRISM_REAL(cudaGetDeviceProperties)
+  const auto real = Cudart().cudaGetDeviceProperties;
+  if (real == nullptr) return cudaErrorNotSupported;
   if (!dev::Virtualized()) return real(prop, device);
   if (!dev::Valid(device)) return cudaErrorInvalidDevice;
   return real(prop, Phys());
 }
 
 PRISM_API cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  PRISM_REAL(cudaDeviceGetAttribute)
+  const auto real = Cudart().cudaDeviceGetAttribute;
+  if (real == nullptr) return cudaErrorNotSupported;
   if (!dev::Virtualized()) return real(value, attr, device);
   if (!dev::Valid(device)) return cudaErrorInvalidDevice;
   return real(value, attr, Phys());
 }
 
 PRISM_API cudaError_t cudaDeviceGetPCIBusId(char* pciBusId, int len, int device) {
-  PRISM_REAL(cudaDeviceGetPCIBusId)
+  const auto real = Cudart().cudaDeviceGetPCIBusId;
+  if (real == nullptr) return cudaErrorNotSupported;
   if (!dev::Virtualized()) return real(pciBusId, len, device);
   if (!dev::Valid(device)) return cudaErrorInvalidDevice;
   return real(pciBusId, len, Phys());
 }
 
 PRISM_API cudaError_t cudaDeviceGetByPCIBusId(int* device, const char* pciBusId) {
-  PRISM_REAL(cudaDeviceGetByPCIBusId)
+  const auto real = Cudart().cudaDeviceGetByPCIBusId;
+  if (real == nullptr) return cudaErrorNotSupported;
   cudaError_t e = real(device, pciBusId);
   // Every virtual device has the physical bus id; the calling thread's device is the sensible answer.
   if (e == cudaSuccess && dev::Virtualized() && *device == Phys()) *device = dev::Current();
@@ -95,7 +99,8 @@ PRISM_API cudaError_t cudaDeviceGetByPCIBusId(int* device, const char* pciBusId)
 
 PRISM_API cudaError_t cudaDeviceCanAccessPeer(int* canAccessPeer, int device, int peerDevice) {
   if (!dev::Virtualized()) {
-    PRISM_REAL(cudaDeviceCanAccessPeer)
+    const auto real = Cudart().cudaDeviceCanAccessPeer;
+    if (real == nullptr) return cudaErrorNotSupported;
     return real(canAccessPeer, device, peerDevice);
   }
   if (canAccessPeer == nullptr) return cudaErrorInvalidValue;
@@ -106,7 +111,8 @@ PRISM_API cudaError_t cudaDeviceCanAccessPeer(int* canAccessPeer, int device, in
 
 PRISM_API cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags) {
   if (!dev::Virtualized()) {
-    PRISM_REAL(cudaDeviceEnablePeerAccess)
+    const auto real = Cudart().cudaDeviceEnablePeerAccess;
+    if (real == nullptr) return cudaErrorNotSupported;
     return real(peerDevice, flags);
   }
   if (flags != 0) return cudaErrorInvalidValue;
@@ -116,7 +122,8 @@ PRISM_API cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int fl
 
 PRISM_API cudaError_t cudaDeviceDisablePeerAccess(int peerDevice) {
   if (!dev::Virtualized()) {
-    PRISM_REAL(cudaDeviceDisablePeerAccess)
+    const auto real = Cudart().cudaDeviceDisablePeerAccess;
+    if (real == nullptr) return cudaErrorNotSupported;
     return real(peerDevice);
   }
   if (!dev::Valid(peerDevice)) return cudaErrorInvalidDevice;
@@ -125,7 +132,8 @@ PRISM_API cudaError_t cudaDeviceDisablePeerAccess(int peerDevice) {
 
 PRISM_API cudaError_t cudaDeviceGetP2PAttribute(int* value, cudaDeviceP2PAttr attr, int srcDevice, int dstDevice) {
   if (!dev::Virtualized()) {
-    PRISM_REAL(cudaDeviceGetP2PAttribute)
+    const auto real = Cudart().cudaDeviceGetP2PAttribute;
+    if (real == nullptr) return cudaErrorNotSupported;
     return real(value, attr, srcDevice, dstDevice);
   }
   if (value == nullptr) return cudaErrorInvalidValue;
@@ -140,42 +148,48 @@ PRISM_API cudaError_t cudaDeviceGetP2PAttribute(int* value, cudaDeviceP2PAttr at
 }
 
 PRISM_API cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
-  PRISM_REAL(cudaPointerGetAttributes)
+  const auto real = Cudart().cudaPointerGetAttributes;
+  if (real == nullptr) return cudaErrorNotSupported;
   cudaError_t e = real(attributes, ptr);
   if (e == cudaSuccess && dev::Virtualized() && attributes->device == Phys()) attributes->device = dev::Current();
   return e;
 }
 
 PRISM_API cudaError_t cudaStreamGetDevice(cudaStream_t hStream, int* device) {
-  PRISM_REAL(cudaStreamGetDevice)
+  const auto real = Cudart().cudaStreamGetDevice;
+  if (real == nullptr) return cudaErrorNotSupported;
   cudaError_t e = real(hStream, device);
   if (e == cudaSuccess && dev::Virtualized() && *device == Phys()) *device = dev::Current();
   return e;
 }
 
 PRISM_API cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* memPool, int device) {
-  PRISM_REAL(cudaDeviceGetDefaultMemPool)
+  const auto real = Cudart().cudaDeviceGetDefaultMemPool;
+  if (real == nullptr) return cudaErrorNotSupported;
   if (!dev::Virtualized()) return real(memPool, device);
   if (!dev::Valid(device)) return cudaErrorInvalidDevice;
   return real(memPool, Phys());
 }
 
 PRISM_API cudaError_t cudaDeviceGetMemPool(cudaMemPool_t* memPool, int device) {
-  PRISM_REAL(cudaDeviceGetMemPool)
+  const auto real = Cudart().cudaDeviceGetMemPool;
+  if (real == nullptr) return cudaErrorNotSupported;
   if (!dev::Virtualized()) return real(memPool, device);
   if (!dev::Valid(device)) return cudaErrorInvalidDevice;
   return real(memPool, Phys());
 }
 
 PRISM_API cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t memPool) {
-  PRISM_REAL(cudaDeviceSetMemPool)
+  const auto real = Cudart().cudaDeviceSetMemPool;
+  if (real == nullptr) return cudaErrorNotSupported;
   if (!dev::Virtualized()) return real(device, memPool);
   if (!dev::Valid(device)) return cudaErrorInvalidDevice;
   return real(Phys(), memPool);
 }
 
 PRISM_API cudaError_t cudaMemPoolCreate(cudaMemPool_t* memPool, const cudaMemPoolProps* poolProps) {
-  PRISM_REAL(cudaMemPoolCreate)
+  const auto real = Cudart().cudaMemPoolCreate;
+  if (real == nullptr) return cudaErrorNotSupported;
   if (poolProps == nullptr) return real(memPool, poolProps);
   cudaMemPoolProps p = *poolProps;
   MapLocation(&p.location);
@@ -183,7 +197,8 @@ PRISM_API cudaError_t cudaMemPoolCreate(cudaMemPool_t* memPool, const cudaMemPoo
 }
 
 PRISM_API cudaError_t cudaMemPoolSetAccess(cudaMemPool_t memPool, const cudaMemAccessDesc* descList, size_t count) {
-  PRISM_REAL(cudaMemPoolSetAccess)
+  const auto real = Cudart().cudaMemPoolSetAccess;
+  if (real == nullptr) return cudaErrorNotSupported;
   constexpr size_t kMax = 64;
   if (!dev::Virtualized() || descList == nullptr || count == 0 || count > kMax) return real(memPool, descList, count);
   cudaMemAccessDesc copy[kMax];
@@ -215,19 +230,22 @@ cudaError_t PoolAtMappedLocation(Real real, cudaMemPool_t* memPool, cudaMemLocat
 
 PRISM_API cudaError_t cudaMemGetDefaultMemPool(cudaMemPool_t* memPool, cudaMemLocation* location,
                                                cudaMemAllocationType type) {
-  PRISM_REAL(cudaMemGetDefaultMemPool)
+  const auto real = Cudart().cudaMemGetDefaultMemPool;
+  if (real == nullptr) return cudaErrorNotSupported;
   return PoolAtMappedLocation(real, memPool, location, type);
 }
 
 PRISM_API cudaError_t cudaMemGetMemPool(cudaMemPool_t* memPool, cudaMemLocation* location,
                                         cudaMemAllocationType type) {
-  PRISM_REAL(cudaMemGetMemPool)
+  const auto real = Cudart().cudaMemGetMemPool;
+  if (real == nullptr) return cudaErrorNotSupported;
   return PoolAtMappedLocation(real, memPool, location, type);
 }
 
 PRISM_API cudaError_t cudaMemSetMemPool(cudaMemLocation* location, cudaMemAllocationType type,
                                         cudaMemPool_t memPool) {
-  PRISM_REAL(cudaMemSetMemPool)
+  const auto real = Cudart().cudaMemSetMemPool;
+  if (real == nullptr) return cudaErrorNotSupported;
   if (location == nullptr) return real(location, type, memPool);
   cudaMemLocation l = *location;
   MapLocation(&l);
@@ -235,7 +253,8 @@ PRISM_API cudaError_t cudaMemSetMemPool(cudaMemLocation* location, cudaMemAlloca
 }
 
 PRISM_API cudaError_t cudaMemcpyPeer(void* dst, int dstDevice, const void* src, int srcDevice, size_t count) {
-  PRISM_REAL(cudaMemcpyPeer)
+  const auto real = Cudart().cudaMemcpyPeer;
+  if (real == nullptr) return cudaErrorNotSupported;
   if (dev::Virtualized()) {
     if (!dev::Valid(dstDevice) || !dev::Valid(srcDevice)) return cudaErrorInvalidDevice;
     dstDevice = srcDevice = Phys();
@@ -245,7 +264,8 @@ PRISM_API cudaError_t cudaMemcpyPeer(void* dst, int dstDevice, const void* src, 
 
 PRISM_API cudaError_t cudaMemcpyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count,
                                           cudaStream_t stream) {
-  PRISM_REAL(cudaMemcpyPeerAsync)
+  const auto real = Cudart().cudaMemcpyPeerAsync;
+  if (real == nullptr) return cudaErrorNotSupported;
   if (dev::Virtualized()) {
     if (!dev::Valid(dstDevice) || !dev::Valid(srcDevice)) return cudaErrorInvalidDevice;
     dstDevice = srcDevice = Phys();
@@ -255,10 +275,10 @@ PRISM_API cudaError_t cudaMemcpyPeerAsync(void* dst, int dstDevice, const void* 
 
 PRISM_API cudaError_t cudaKernelSetAttributeForDevice(cudaKernel_t kernel, cudaFuncAttribute attr, int value,
                                                       int device) {
-  PRISM_REAL(cudaKernelSetAttributeForDevice)
+  const auto real = Cudart().cudaKernelSetAttributeForDevice;
+  if (real == nullptr) return cudaErrorNotSupported;
   if (!dev::Virtualized()) return real(kernel, attr, value, device);
   if (!dev::Valid(device)) return cudaErrorInvalidDevice;
   return real(kernel, attr, value, Phys());
 }
 
-#undef PRISM_REAL

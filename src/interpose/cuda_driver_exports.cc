@@ -11,44 +11,127 @@
 using namespace prism::interpose;
 
 namespace {
+
+// The replacement of the exported libcuda symbol `name`, as a function of type Fn (nullptr: none).
 template <typename Fn>
-Fn Ov(const char* name) {
+Fn Override(const char* name) {
   return reinterpret_cast<Fn>(DriverOverrideBySymbol(name));
 }
+
 }  // namespace
 
-#define PRISM_FORWARD(ret, name, symbol, params, args)                          \
-  PRISM_API ret CUDAAPI name params {                                            \
-    static const auto fn = Ov<ret(CUDAAPI*) params>(symbol);                     \
-    return fn != nullptr ? fn args : CUDA_ERROR_NOT_SUPPORTED;                   \
-  }
+PRISM_API CUresult CUDAAPI cuDeviceGet(CUdevice* d, int o) {
+  static const auto ov = Override<decltype(&cuDeviceGet)>("cuDeviceGet");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(d, o);
+}
 
-PRISM_FORWARD(CUresult, cuDeviceGet, "cuDeviceGet", (CUdevice * d, int o), (d, o))
-PRISM_FORWARD(CUresult, cuDeviceGetCount, "cuDeviceGetCount", (int* n), (n))
-PRISM_FORWARD(CUresult, cuDeviceGetAttribute, "cuDeviceGetAttribute", (int* v, CUdevice_attribute a, CUdevice d),
-              (v, a, d))
-PRISM_FORWARD(CUresult, cuDeviceGetName, "cuDeviceGetName", (char* n, int l, CUdevice d), (n, l, d))
-PRISM_FORWARD(CUresult, cuDeviceTotalMem, "cuDeviceTotalMem_v2", (size_t * b, CUdevice d), (b, d))
-PRISM_FORWARD(CUresult, cuDeviceGetUuid, "cuDeviceGetUuid_v2", (CUuuid * u, CUdevice d), (u, d))
-PRISM_FORWARD(CUresult, cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId", (char* b, int l, CUdevice d), (b, l, d))
-PRISM_FORWARD(CUresult, cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer", (int* c, CUdevice d, CUdevice p), (c, d, p))
-PRISM_FORWARD(CUresult, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext * c, CUdevice d), (c, d))
-PRISM_FORWARD(CUresult, cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice d), (d))
-PRISM_FORWARD(CUresult, cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState",
-              (CUdevice d, unsigned int* f, int* a), (d, f, a))
-PRISM_FORWARD(CUresult, cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset_v2", (CUdevice d), (d))
-PRISM_FORWARD(CUresult, cuDevicePrimaryCtxSetFlags, "cuDevicePrimaryCtxSetFlags_v2", (CUdevice d, unsigned int f),
-              (d, f))
-PRISM_FORWARD(CUresult, cuCtxGetDevice, "cuCtxGetDevice", (CUdevice * d), (d))
-PRISM_FORWARD(CUresult, cuMemCreate, "cuMemCreate",
-              (CUmemGenericAllocationHandle * h, size_t s, const CUmemAllocationProp* p, unsigned long long f),
-              (h, s, p, f))
-PRISM_FORWARD(CUresult, cuMemRelease, "cuMemRelease", (CUmemGenericAllocationHandle h), (h))
-PRISM_FORWARD(CUresult, cuMemSetAccess, "cuMemSetAccess",
-              (CUdeviceptr p, size_t s, const CUmemAccessDesc* d, size_t c), (p, s, d, c))
-PRISM_FORWARD(CUresult, cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity",
-              (size_t * g, const CUmemAllocationProp* p, CUmemAllocationGranularity_flags o), (g, p, o))
-PRISM_FORWARD(CUresult, cuPointerGetAttribute, "cuPointerGetAttribute",
-              (void* d, CUpointer_attribute a, CUdeviceptr p), (d, a, p))
+PRISM_API CUresult CUDAAPI cuDeviceGetCount(int* n) {
+  static const auto ov = Override<decltype(&cuDeviceGetCount)>("cuDeviceGetCount");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(n);
+}
 
-#undef PRISM_FORWARD
+PRISM_API CUresult CUDAAPI cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
+  static const auto ov = Override<decltype(&cuDeviceGetAttribute)>("cuDeviceGetAttribute");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(v, a, d);
+}
+
+PRISM_API CUresult CUDAAPI cuDeviceGetName(char* n, int l, CUdevice d) {
+  static const auto ov = Override<decltype(&cuDeviceGetName)>("cuDeviceGetName");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(n, l, d);
+}
+
+PRISM_API CUresult CUDAAPI cuDeviceTotalMem(size_t* b, CUdevice d) {
+  static const auto ov = Override<decltype(&cuDeviceTotalMem)>("cuDeviceTotalMem_v2");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(b, d);
+}
+
+PRISM_API CUresult CUDAAPI cuDeviceGetUuid(CUuuid* u, CUdevice d) {
+  static const auto ov = Override<decltype(&cuDeviceGetUuid)>("cuDeviceGetUuid_v2");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(u, d);
+}
+
+PRISM_API CUresult CUDAAPI cuDeviceGetPCIBusId(char* b, int l, CUdevice d) {
+  static const auto ov = Override<decltype(&cuDeviceGetPCIBusId)>("cuDeviceGetPCIBusId");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(b, l, d);
+}
+
+PRISM_API CUresult CUDAAPI cuDeviceCanAccessPeer(int* c, CUdevice d, CUdevice p) {
+  static const auto ov = Override<decltype(&cuDeviceCanAccessPeer)>("cuDeviceCanAccessPeer");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(c, d, p);
+}
+
+PRISM_API CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
+  static const auto ov = Override<decltype(&cuDevicePrimaryCtxRetain)>("cuDevicePrimaryCtxRetain");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(c, d);
+}
+
+PRISM_API CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice d) {
+  static const auto ov = Override<decltype(&cuDevicePrimaryCtxRelease)>("cuDevicePrimaryCtxRelease_v2");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(d);
+}
+
+PRISM_API CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice d, unsigned int* f, int* a) {
+  static const auto ov = Override<decltype(&cuDevicePrimaryCtxGetState)>("cuDevicePrimaryCtxGetState");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(d, f, a);
+}
+
+PRISM_API CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice d) {
+  static const auto ov = Override<decltype(&cuDevicePrimaryCtxReset)>("cuDevicePrimaryCtxReset_v2");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(d);
+}
+
+PRISM_API CUresult CUDAAPI cuDevicePrimaryCtxSetFlags(CUdevice d, unsigned int f) {
+  static const auto ov = Override<decltype(&cuDevicePrimaryCtxSetFlags)>("cuDevicePrimaryCtxSetFlags_v2");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(d, f);
+}
+
+PRISM_API CUresult CUDAAPI cuCtxGetDevice(CUdevice* d) {
+  static const auto ov = Override<decltype(&cuCtxGetDevice)>("cuCtxGetDevice");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(d);
+}
+
+PRISM_API CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* h, size_t s, const CUmemAllocationProp* p,
+                                       unsigned long long f) {
+  static const auto ov = Override<decltype(&cuMemCreate)>("cuMemCreate");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(h, s, p, f);
+}
+
+PRISM_API CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle h) {
+  static const auto ov = Override<decltype(&cuMemRelease)>("cuMemRelease");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(h);
+}
+
+PRISM_API CUresult CUDAAPI cuMemSetAccess(CUdeviceptr p, size_t s, const CUmemAccessDesc* d, size_t c) {
+  static const auto ov = Override<decltype(&cuMemSetAccess)>("cuMemSetAccess");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(p, s, d, c);
+}
+
+PRISM_API CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* g, const CUmemAllocationProp* p,
+                                                         CUmemAllocationGranularity_flags o) {
+  static const auto ov = Override<decltype(&cuMemGetAllocationGranularity)>("cuMemGetAllocationGranularity");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(g, p, o);
+}
+
+PRISM_API CUresult CUDAAPI cuPointerGetAttribute(void* d, CUpointer_attribute a, CUdeviceptr p) {
+  static const auto ov = Override<decltype(&cuPointerGetAttribute)>("cuPointerGetAttribute");
+  if (ov == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return ov(d, a, p);
+}

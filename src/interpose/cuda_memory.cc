@@ -13,102 +13,94 @@ using namespace prism::interpose;
 
 namespace {
 
-template <typename Fn>
-Fn Ptsz(const char* name) {
-  return reinterpret_cast<Fn>(LoadedSymbol("libcudart.so", name));
+// An allocation through `alloc` (a call of the real function) of `size` bytes at *ptr: retried once per room the
+// coordinator grants after a failure for lack of memory (core/memory.h), and counted when it succeeded.
+template <typename Alloc>
+cudaError_t Allocate(void** ptr, size_t size, Alloc alloc) {
+  cudaError_t e = alloc();
+  if (e == cudaErrorMemoryAllocation) {
+    e = memory::RetryWithRoom(size, cudaErrorMemoryAllocation, alloc);
+    // Why: the failed first try left cudaErrorMemoryAllocation as the thread's last error; the call succeeded after
+    // all, and torch's next cudaGetLastError check (after a kernel launch) would take it for a failure.
+    if (e == cudaSuccess && Cudart().cudaGetLastError != nullptr) (void)Cudart().cudaGetLastError();
+  }
+  if (e == cudaSuccess) memory::RecordAlloc(*ptr, size);
+  return e;
 }
 
-// After `e` from the first try: retries once per room the coordinator grants (core/memory.h).
-template <typename Again>
-cudaError_t WithRoom(cudaError_t e, size_t size, Again again) {
-  if (e != cudaErrorMemoryAllocation) return e;
-  e = memory::RetryWithRoom(size, cudaErrorMemoryAllocation, again);
-  // Why: the failed first try left cudaErrorMemoryAllocation as the thread's last error; the call succeeded after
-  // all, and torch's next cudaGetLastError check (after a kernel launch) would take it for a failure.
-  if (e == cudaSuccess && Cudart().cudaGetLastError != nullptr) (void)Cudart().cudaGetLastError();
+// A free through `release` (a call of the real function) of `ptr`, forgotten when it succeeded.
+template <typename Release>
+cudaError_t Free(void* ptr, Release release) {
+  const cudaError_t e = release();
+  if (e == cudaSuccess) memory::RecordFree(ptr);
   return e;
 }
 
 }  // namespace
 
-#define PRISM_REAL(fn) \
-  const auto real = Cudart().fn; \
-  if (real == nullptr) return cudaErrorNotSupported;
-
 PRISM_API cudaError_t cudaMalloc(void** devPtr, size_t size) {
-  PRISM_REAL(cudaMalloc)
-  cudaError_t e = WithRoom(real(devPtr, size), size, [&] { return real(devPtr, size); });
-  if (e == cudaSuccess) memory::RecordAlloc(*devPtr, size);
-  return e;
+  const auto real = Cudart().cudaMalloc;
+  if (real == nullptr) return cudaErrorNotSupported;
+  return Allocate(devPtr, size, [&] { return real(devPtr, size); });
 }
 
 PRISM_API cudaError_t cudaFree(void* devPtr) {
-  PRISM_REAL(cudaFree)
-  cudaError_t e = real(devPtr);
-  if (e == cudaSuccess) memory::RecordFree(devPtr);
-  return e;
+  const auto real = Cudart().cudaFree;
+  if (real == nullptr) return cudaErrorNotSupported;
+  return Free(devPtr, [&] { return real(devPtr); });
 }
 
 PRISM_API cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t hStream) {
-  PRISM_REAL(cudaMallocAsync)
-  cudaError_t e = WithRoom(real(devPtr, size, hStream), size, [&] { return real(devPtr, size, hStream); });
-  if (e == cudaSuccess) memory::RecordAlloc(*devPtr, size);
-  return e;
+  const auto real = Cudart().cudaMallocAsync;
+  if (real == nullptr) return cudaErrorNotSupported;
+  return Allocate(devPtr, size, [&] { return real(devPtr, size, hStream); });
 }
 
 PRISM_API cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t hStream) {
-  PRISM_REAL(cudaFreeAsync)
-  cudaError_t e = real(devPtr, hStream);
-  if (e == cudaSuccess) memory::RecordFree(devPtr);
-  return e;
+  const auto real = Cudart().cudaFreeAsync;
+  if (real == nullptr) return cudaErrorNotSupported;
+  return Free(devPtr, [&] { return real(devPtr, hStream); });
 }
 
 PRISM_API cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream) {
-  PRISM_REAL(cudaMallocFromPoolAsync)
-  cudaError_t e = WithRoom(real(ptr, size, memPool, stream), size, [&] { return real(ptr, size, memPool, stream); });
-  if (e == cudaSuccess) memory::RecordAlloc(*ptr, size);
-  return e;
+  const auto real = Cudart().cudaMallocFromPoolAsync;
+  if (real == nullptr) return cudaErrorNotSupported;
+  return Allocate(ptr, size, [&] { return real(ptr, size, memPool, stream); });
 }
 
 PRISM_API cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned int flags) {
-  PRISM_REAL(cudaMallocManaged)
-  cudaError_t e = real(devPtr, size, flags);
+  const auto real = Cudart().cudaMallocManaged;
+  if (real == nullptr) return cudaErrorNotSupported;
+  // Why not Allocate: managed memory is not device memory the coordinator can make room for.
+  const cudaError_t e = real(devPtr, size, flags);
   if (e == cudaSuccess) memory::RecordAlloc(*devPtr, size);
   return e;
 }
 
 PRISM_API cudaError_t cudaMallocPitch(void** devPtr, size_t* pitch, size_t width, size_t height) {
-  PRISM_REAL(cudaMallocPitch)
-  cudaError_t e = real(devPtr, pitch, width, height);
+  const auto real = Cudart().cudaMallocPitch;
+  if (real == nullptr) return cudaErrorNotSupported;
+  const cudaError_t e = real(devPtr, pitch, width, height);
   if (e == cudaSuccess) memory::RecordAlloc(*devPtr, *pitch * height);
   return e;
 }
 
-#undef PRISM_REAL
-
 // Per-thread-default-stream variants (code built with --default-stream per-thread binds these names).
 PRISM_API cudaError_t cudaMallocAsync_ptsz(void** devPtr, size_t size, cudaStream_t hStream) {
-  static const auto real = Ptsz<cudaError_t (*)(void**, size_t, cudaStream_t)>("cudaMallocAsync_ptsz");
+  const auto real = Cudart().cudaMallocAsync_ptsz;
   if (real == nullptr) return cudaErrorNotSupported;
-  cudaError_t e = WithRoom(real(devPtr, size, hStream), size, [&] { return real(devPtr, size, hStream); });
-  if (e == cudaSuccess) memory::RecordAlloc(*devPtr, size);
-  return e;
+  return Allocate(devPtr, size, [&] { return real(devPtr, size, hStream); });
 }
 
 PRISM_API cudaError_t cudaFreeAsync_ptsz(void* devPtr, cudaStream_t hStream) {
-  static const auto real = Ptsz<cudaError_t (*)(void*, cudaStream_t)>("cudaFreeAsync_ptsz");
+  const auto real = Cudart().cudaFreeAsync_ptsz;
   if (real == nullptr) return cudaErrorNotSupported;
-  cudaError_t e = real(devPtr, hStream);
-  if (e == cudaSuccess) memory::RecordFree(devPtr);
-  return e;
+  return Free(devPtr, [&] { return real(devPtr, hStream); });
 }
 
 PRISM_API cudaError_t cudaMallocFromPoolAsync_ptsz(void** ptr, size_t size, cudaMemPool_t memPool,
                                                    cudaStream_t stream) {
-  static const auto real =
-      Ptsz<cudaError_t (*)(void**, size_t, cudaMemPool_t, cudaStream_t)>("cudaMallocFromPoolAsync_ptsz");
+  const auto real = Cudart().cudaMallocFromPoolAsync_ptsz;
   if (real == nullptr) return cudaErrorNotSupported;
-  cudaError_t e = WithRoom(real(ptr, size, memPool, stream), size, [&] { return real(ptr, size, memPool, stream); });
-  if (e == cudaSuccess) memory::RecordAlloc(*ptr, size);
-  return e;
+  return Allocate(ptr, size, [&] { return real(ptr, size, memPool, stream); });
 }

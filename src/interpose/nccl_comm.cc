@@ -34,7 +34,7 @@ ncclResult_t WithComm(ncclComm_t comm, ncclResult_t (*fn)(Comm*)) {
 PRISM_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   // Why the caller: libnccl's ncclCommInitAll (a passthrough job's own) takes its id through the public function.
   if (CalledFromRealNccl(__builtin_return_address(0))) return ForwardForeign(RealNccl().ncclGetUniqueId, uniqueId);
-  return GetUniqueId(uniqueId);
+  return Guarded(ncclInternalError, [&] { return GetUniqueId(uniqueId); });
 }
 
 PRISM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
@@ -81,7 +81,7 @@ PRISM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, in
 }
 
 PRISM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
-  if (comm != nullptr && ToComm(comm) == nullptr) return ForwardForeign(RealNccl().ncclCommFinalize, comm);
+  if (IsForeign(comm)) return ForwardForeign(RealNccl().ncclCommFinalize, comm);
   return WithComm(comm, &CommFinalize);
 }
 PRISM_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
@@ -98,13 +98,13 @@ PRISM_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
 PRISM_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   Comm* c = ToComm(comm);
   if (c == nullptr) return ncclInvalidArgument;
-  return CommRevoke(c, revokeFlags);
+  return Guarded(ncclInternalError, [&] { return CommRevoke(c, revokeFlags); });
 }
 
 PRISM_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   Comm* c = ToComm(comm);
   if (c == nullptr) return ForwardForeign(RealNccl().ncclCommGetAsyncError, comm, asyncError);
-  return CommGetAsyncError(c, asyncError);
+  return Guarded(ncclInternalError, [&] { return CommGetAsyncError(c, asyncError); });
 }
 
 PRISM_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {

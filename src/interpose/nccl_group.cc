@@ -1,13 +1,13 @@
 // ncclGroupStart / ncclGroupEnd / ncclGroupSimulateEnd: nesting per thread; at the outermost end the group's
-// operations on each stream run as one unit (core/engine.h).
+// operations on each stream run as one unit (core/submit.h).
 #include <nccl.h>
 
 #include "interpose/api.h"
-#include "interpose/core/engine.h"
+#include "interpose/core/submit.h"
 
 using namespace prism::interpose;
 
-PRISM_API ncclResult_t ncclGroupStart() { return GroupStart(); }
+PRISM_API ncclResult_t ncclGroupStart() { return Guarded(ncclInternalError, [] { return GroupStart(); }); }
 PRISM_API ncclResult_t ncclGroupEnd() { return Guarded(ncclInternalError, [] { return GroupEnd(); }); }
 PRISM_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
   return Guarded(ncclInternalError, [&] { return GroupSimulateEnd(simInfo); });

@@ -7,10 +7,10 @@
 
 #include "interpose/api.h"
 #include "interpose/core/comm.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/gpu.h"
 #include "interpose/core/memory.h"
 #include "interpose/core/real_symbols.h"
+#include "interpose/core/redops.h"
 
 using namespace prism::interpose;
 
@@ -62,7 +62,7 @@ PRISM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, n
 PRISM_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   Comm* c = ToComm(comm);
   if (c == nullptr) return ForwardForeign(RealNccl().ncclRedOpDestroy, op, comm);
-  return RedOpDestroy(op, c);
+  return Guarded(ncclInternalError, [&] { return RedOpDestroy(op, c); });
 }
 
 PRISM_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {

@@ -1,9 +1,9 @@
-// ncclSend / ncclRecv. Inside a group, a group's sends and receives act as one exchange (core/engine.h); under
+// ncclSend / ncclRecv. Inside a group, a group's sends and receives act as one exchange (core/submit.h); under
 // the mirror policy a receive gets this rank's own most recent send of that size (src/nccl_patch/semantics.h).
 #include <nccl.h>
 
 #include "interpose/api.h"
-#include "interpose/core/engine.h"
+#include "interpose/core/submit.h"
 
 using namespace prism::interpose;
 using prism::payload::OpKind;
@@ -21,13 +21,13 @@ ncclResult_t P2p(OpKind op, const void* send, void* recv, size_t count, ncclData
 
 PRISM_API ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                                 ncclComm_t comm, cudaStream_t stream) {
-  if (comm != nullptr && ToComm(comm) == nullptr) return ForwardForeign(RealNccl().ncclSend, sendbuff, count, datatype, peer, comm, stream);
+  if (IsForeign(comm)) return ForwardForeign(RealNccl().ncclSend, sendbuff, count, datatype, peer, comm, stream);
   return P2p(OpKind::kSend, sendbuff, nullptr, count, datatype, peer, comm, stream);
 }
 
 PRISM_API ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                                 cudaStream_t stream) {
-  if (comm != nullptr && ToComm(comm) == nullptr) return ForwardForeign(RealNccl().ncclRecv, recvbuff, count, datatype, peer, comm, stream);
+  if (IsForeign(comm)) return ForwardForeign(RealNccl().ncclRecv, recvbuff, count, datatype, peer, comm, stream);
   return P2p(OpKind::kRecv, nullptr, recvbuff, count, datatype, peer, comm, stream);
 }
 

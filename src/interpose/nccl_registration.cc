@@ -61,22 +61,18 @@ ncclResult_t Remove(ncclComm_t comm, void* handle) {
 }  // namespace
 
 PRISM_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
-  if (comm != nullptr && ToComm(comm) == nullptr) {
-    return ForwardForeign(RealNccl().ncclCommRegister, comm, buff, size, handle);
-  }
+  if (IsForeign(comm)) return ForwardForeign(RealNccl().ncclCommRegister, comm, buff, size, handle);
   return Add(comm, buff, size, 0, handle);
 }
 
 PRISM_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
-  if (comm != nullptr && ToComm(comm) == nullptr) return ForwardForeign(RealNccl().ncclCommDeregister, comm, handle);
+  if (IsForeign(comm)) return ForwardForeign(RealNccl().ncclCommDeregister, comm, handle);
   return Remove(comm, handle);
 }
 
 PRISM_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
                                               int winFlags) {
-  if (comm != nullptr && ToComm(comm) == nullptr) {
-    return ForwardForeign(RealNccl().ncclCommWindowRegister, comm, buff, size, win, winFlags);
-  }
+  if (IsForeign(comm)) return ForwardForeign(RealNccl().ncclCommWindowRegister, comm, buff, size, win, winFlags);
   void* h = nullptr;
   ncclResult_t r = Add(comm, buff, size, winFlags, &h);
   if (r == ncclSuccess) *win = static_cast<ncclWindow_t>(h);
@@ -84,7 +80,7 @@ PRISM_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_
 }
 
 PRISM_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
-  if (comm != nullptr && ToComm(comm) == nullptr) return ForwardForeign(RealNccl().ncclCommWindowDeregister, comm, win);
+  if (IsForeign(comm)) return ForwardForeign(RealNccl().ncclCommWindowDeregister, comm, win);
   return Remove(comm, win);
 }
 

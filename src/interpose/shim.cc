@@ -10,18 +10,20 @@
 #include "interpose/api.h"
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/event_log.h"
 #include "interpose/core/gpu.h"
+#include "interpose/core/iteration.h"
 #include "interpose/core/memory.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/runtime.h"
+#include "interpose/core/unit_stats.h"
 #include "interpose/kernels.h"
 
 using namespace prism::interpose;
 
 namespace {
 
-__attribute__((constructor)) void PrismConstructor() { ReloadConfigFromEnvironment(); }
+__attribute__((constructor)) void PrismConstructor() { LoadProcessRuntime(); }
 
 // Why no progress-thread join: at exit the thread may be waiting on a GPU that is being torn down; the event
 // file is what must be complete.
@@ -67,7 +69,7 @@ PRISM_API void prism_group_end() { EndGroupScope(); }
 PRISM_API unsigned long long prism_host_overhead_ns(double q) { return HostOverheadQuantileNs(q); }
 PRISM_API unsigned long long prism_units_executed() { return UnitsExecuted(); }
 PRISM_API unsigned long long prism_progress_wakes() { return ProgressWakes(); }
-PRISM_API void prism_reset_stats() { ResetStatsForTest(); }
+PRISM_API void prism_reset_stats() { ResetUnitStats(); }
 
 PRISM_API unsigned long long prism_device_bytes_current() { return memory::CurrentBytes(); }
 PRISM_API unsigned long long prism_device_bytes_peak() { return memory::PeakBytes(); }

@@ -160,7 +160,7 @@ if r1 and r2 and r2[2] and r2[3]:
     if own is not None:
         print(f"  per unit: host time median {host['p50']} ns, p90 {host['p90']}; less its driver calls median {own} ns, p90 {host.get('own_p90')}: {units:.1f} units x {own} ns = {units*own/1e6:.4f} ms per iteration = {100*units*own/1e6/it64:.3f} %")
     if r2[4]:
-        print("  per unit, mean ns by phase (own time; engine.h UnitPhase): " +
+        print("  per unit, mean ns by phase (own time; unit_stats.h UnitPhase): " +
               ", ".join(f"{k} {v}" for k, v in r2[4].items()))
     if r2[5]:
         print("  per unit, mean ns in driver calls by phase: " + ", ".join(f"{k} {v}" for k, v in r2[5].items() if v))

@@ -22,6 +22,7 @@
 #include "coordinator/bus/exchange_hub.h"
 #include "interpose/core/config.h"
 #include "interpose/core/coord_client.h"
+#include "interpose/core/runtime.h"
 #include "nccl_patch/dtype_math.h"
 #include "nccl_patch/exchange.h"
 
@@ -330,8 +331,7 @@ TEST(ExchangeFast, ClientReadsResultsIntoTheRegisteredBuffer) {
   c.world_size = 2;
   c.real_ranks = {0, 1};
   c.coord_socket = path;
-  interpose::SetConfigForTest(c);
-  interpose::CoordResetForTest();
+  interpose::ScopedRuntime rt({.config = c});
   ASSERT_TRUE(interpose::CoordConnect());
 
   const uint64_t big = (9u << 20) + 3;  // two chunks each way
@@ -377,7 +377,6 @@ TEST(ExchangeFast, ClientReadsResultsIntoTheRegisteredBuffer) {
   server.join();
   close(lfd);
   unlink(path.c_str());
-  interpose::CoordResetForTest();
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "analysis/observed_trace.h"
 #include "coordinator/coordinator.h"
 #include "support/graph_closed_loop.h"
 #include "coordinator/release/graph_release.h"
@@ -30,9 +31,9 @@
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
 #include "interpose/core/coord_client.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/progress.h"
-#include "analysis/observed_trace.h"
+#include "interpose/core/runtime.h"
+#include "interpose/core/submit.h"
 #include "shim_fake_gpu.h"
 
 namespace prism {
@@ -217,7 +218,6 @@ TEST(GraphClosedLoopMoe, RealRankWhoseUnitsHoldCopiesToItselfIsReleasedAsTheGrap
   coordinator->RegisterGroup("ep0", {0, 1}, "EXPERT_MODEL_PARALLEL_GROUP");
 
   ClockGpu gpu;
-  interpose::SetGpuForTest(&gpu);
   interpose::Config c;
   c.rank = 0;
   c.world_size = 4;
@@ -225,9 +225,7 @@ TEST(GraphClosedLoopMoe, RealRankWhoseUnitsHoldCopiesToItselfIsReleasedAsTheGrap
   c.graph = "graph.prism";  // every communicator through the coordinator, which replays the graph
   c.fixed_dur_us = kUnitUs;  // the unit of only the copy is released locally, kUnitUs after its arrival
   c.coord_socket = coordinator->endpoints().socket_path;
-  interpose::SetConfigForTest(c);
-  interpose::ResetCommsForTest();
-  interpose::CoordResetForTest();
+  interpose::ScopedRuntime rt({.config = c, .gpu = &gpu});
   interpose::RegisterGroup("ep0", {0, 1}, "EXPERT_MODEL_PARALLEL_GROUP");
   auto init = [](int nranks) {
     ncclUniqueId id;
@@ -339,7 +337,6 @@ TEST(GraphClosedLoopMoe, RealRankWhoseUnitsHoldCopiesToItselfIsReleasedAsTheGrap
   EXPECT_EQ(loop.end_ns, 12150 * kUs);
   EXPECT_EQ(loop.stats.unmatched, 0u);
 
-  interpose::SetGpuForTest(nullptr);
   coordinator->Stop();
   fs::remove_all(out);
 }

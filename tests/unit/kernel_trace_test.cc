@@ -10,14 +10,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
+#include "analysis/kernel_report.h"
 #include "interpose/core/config.h"
 #include "interpose/core/gpu.h"
-#include "prism/kernels.h"
 #include "interpose/core/kernel_trace.h"
-#include "analysis/kernel_report.h"
+#include "interpose/core/runtime.h"
+#include "prism/kernels.h"
 
 namespace {
 
@@ -104,12 +106,11 @@ class KernelTrace : public ::testing::Test {
     setenv("PRISM_CUPTI_LIBRARY", PRISM_FAKE_CUPTI, 1);
     ASSERT_TRUE(fake_.Load()) << dlerror();
     fake_.reset();
-    pi::KernelTraceResetForTest();
     Configure(1);
   }
   void TearDown() override {
-    pi::KernelTraceResetForTest();
-    pi::SetConfigForTest(pi::Config());
+    pi::KernelTraceFinish();  // while its runtime is installed (CUPTI flushes into it)
+    rt_.reset();
     unsetenv("PRISM_CUPTI_LIBRARY");
     unsetenv("NVTX_INJECTION64_PATH");
     fs::remove_all(dir_);
@@ -120,12 +121,14 @@ class KernelTrace : public ::testing::Test {
     c.world_size = 8;
     c.kernels = kernels;
     if (out_dir) c.out_dir = dir_.string();
-    pi::SetConfigForTest(c);
+    rt_.reset();  // a fresh runtime: the trace starts again
+    rt_.emplace(pi::Runtime::Parts{.config = c});
   }
   fs::path File() const { return dir_ / prism::kernels::FileName(3); }
 
   fs::path dir_;
   Fake fake_;
+  std::optional<pi::ScopedRuntime> rt_;
 };
 
 TEST_F(KernelTrace, RecordsKernelsCopiesAndGraphLaunches) {
@@ -237,7 +240,7 @@ TEST_F(KernelTrace, NvtxRangesWithPrismKernelsNvtx) {
 TEST_F(KernelTrace, ToggleSwitchesRecordingAtIterationMarks) {
   pi::Config c = pi::Cfg();
   c.kernels_toggle = 2;
-  pi::SetConfigForTest(c);
+  (*rt_)->set_config(c);
   pi::KernelTraceAtCudaInit();
   ASSERT_EQ(pi::KernelTraceState(), "on") << pi::KernelTraceWhy();
   std::vector<int> on;
@@ -331,7 +334,6 @@ TEST_F(KernelTrace, NotRequestedOrNowhereToWrite) {
   EXPECT_EQ(pi::KernelTraceState(), "off");
   EXPECT_FALSE(fs::exists(File()));
   EXPECT_FALSE(fake_.enabled(10));
-  pi::KernelTraceResetForTest();
   Configure(1, /*out_dir=*/false);
   pi::KernelTraceAtCudaInit();
   EXPECT_EQ(pi::KernelTraceState(), "off");

@@ -11,12 +11,16 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <optional>
 
 #include "common/ipc_io.h"
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/redops.h"
+#include "interpose/core/runtime.h"
+#include "interpose/core/submit.h"
+#include "interpose/core/unit_stats.h"
 #include "shim_fake_gpu.h"
 
 namespace prism::interpose {
@@ -34,18 +38,16 @@ class ShimComm : public ::testing::Test {
     c.real_ranks = {5};
     c.fixed_dur_us = 0;
     c.gate = GateKind::kWait;
-    SetConfigForTest(c);
-    SetGpuForTest(&gpu_);
-    ResetCommsForTest();
+    rt_.emplace(Runtime::Parts{.config = c, .gpu = &gpu_});
   }
   void TearDown() override {
     ProgressDrain(5000000000ull);
-    SetGpuForTest(nullptr);
+    rt_.reset();
   }
   void SetFixedDur(double us) {
     Config c = Cfg();
     c.fixed_dur_us = us;
-    SetConfigForTest(c);
+    (*rt_)->set_config(c);
   }
 
   // An fp32 sum all-reduce of `buf` in place on communicator `c`.
@@ -83,6 +85,7 @@ class ShimComm : public ::testing::Test {
   }
 
   testing::FakeGpu gpu_;
+  std::optional<ScopedRuntime> rt_;
 };
 
 TEST_F(ShimComm, StoreKeyAndCommNameGiveTheGroupName) {
@@ -268,7 +271,7 @@ TEST_F(ShimComm, APushWakesABlockedProgressThread) {
 }
 
 TEST_F(ShimComm, HostOverheadIsSampled) {
-  ResetStatsForTest();
+  ResetUnitStats();
   Comm* c = Init(8, 1, Id());
   std::vector<float> buf(16);
   OpCall call = AllReduceOf(c, &buf);

@@ -15,6 +15,7 @@
 #include <functional>
 #include <iterator>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -27,11 +28,13 @@
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
 #include "interpose/core/coord_client.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/event_log.h"
 #include "interpose/core/progress.h"
 #include "interpose/core/real_symbols.h"
 #include "interpose/core/recorded.h"
+#include "interpose/core/runtime.h"
+#include "interpose/core/submit.h"
+#include "interpose/core/unit_stats.h"
 #include "shim_fake_gpu.h"
 
 namespace prism::interpose {
@@ -101,7 +104,6 @@ TEST(ShimCoord, TwoRealMembersAreReleasedByTheCoordinator) {
   });
 
   testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   Config c;
   c.rank = 0;
   c.world_size = 8;
@@ -109,8 +111,7 @@ TEST(ShimCoord, TwoRealMembersAreReleasedByTheCoordinator) {
   c.fixed_dur_us = 1000;
   c.coord_socket = path;
   c.exchange = false;  // this test is about the release; ExchangeWritesTheCoordinatorsResult covers data
-  SetConfigForTest(c);
-  ResetCommsForTest();
+  ScopedRuntime rt({.config = c, .gpu = &gpu});
   ncclUniqueId id;
   GetUniqueId(&id);
   InitArgs a;
@@ -140,7 +141,6 @@ TEST(ShimCoord, TwoRealMembersAreReleasedByTheCoordinator) {
   EXPECT_TRUE(saw_hello);
   EXPECT_TRUE(saw_init);
   EXPECT_TRUE(saw_arrive);
-  SetGpuForTest(nullptr);
 }
 
 // The coordinator's release time comes back after it has passed (its decision took 5 ms): the gate opens at once,
@@ -152,7 +152,6 @@ TEST(ShimCoord, TwoRealMembersAreReleasedByTheCoordinator) {
 std::vector<nlohmann::json> OpLinesOfAllReduces(Config c, const std::string& tag, int n,
                                                 const std::function<void()>& after_stop) {
   testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   auto dir = std::filesystem::temp_directory_path() / ("prism_coord_" + tag + "_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   c.rank = 0;
@@ -160,9 +159,7 @@ std::vector<nlohmann::json> OpLinesOfAllReduces(Config c, const std::string& tag
   c.fixed_dur_us = 1;
   c.exchange = false;
   c.out_dir = dir.string();
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  CoordResetForTest();
+  ScopedRuntime rt({.config = c, .gpu = &gpu});
   ncclUniqueId id;
   GetUniqueId(&id);
   InitArgs a;
@@ -187,7 +184,6 @@ std::vector<nlohmann::json> OpLinesOfAllReduces(Config c, const std::string& tag
   usleep(300000);  // the writer flushes every 200 ms
   EventLogStop();
   after_stop();
-  SetGpuForTest(nullptr);
   std::vector<nlohmann::json> ops;
   std::ifstream in(EventLogPath());
   std::string line;
@@ -395,7 +391,6 @@ TEST(ShimCoord, ExchangeWritesTheCoordinatorsResult) {
   });
 
   testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   Config c;
   c.rank = 0;
   c.world_size = 2;
@@ -403,9 +398,7 @@ TEST(ShimCoord, ExchangeWritesTheCoordinatorsResult) {
   c.fixed_dur_us = 10;
   c.coord_socket = path;
   c.send_rendezvous = true;  // PRISM_SEND_RENDEZVOUS=1 (opt-in)
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  CoordResetForTest();
+  ScopedRuntime rt({.config = c, .gpu = &gpu});
   ncclUniqueId id;
   GetUniqueId(&id);
   InitArgs a;
@@ -466,7 +459,6 @@ TEST(ShimCoord, ExchangeWritesTheCoordinatorsResult) {
   EXPECT_EQ(data_headers[0].seq, 0u);
   EXPECT_EQ(data_headers[1].seq, 1u);
   EXPECT_EQ(data_headers[2].seq, 2u);
-  SetGpuForTest(nullptr);
 }
 
 // A send to a real peer outside a group returns only once the coordinator acknowledged it (kExchangeSendDone: the
@@ -524,7 +516,6 @@ TEST(ShimCoord, ExchangedSendWaitsForTheAcknowledgement) {
   });
 
   testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   auto dir = std::filesystem::temp_directory_path() / ("prism_coord_stest_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   Config c;
@@ -535,9 +526,7 @@ TEST(ShimCoord, ExchangedSendWaitsForTheAcknowledgement) {
   c.coord_socket = path;
   c.send_rendezvous = true;  // PRISM_SEND_RENDEZVOUS=1 (opt-in)
   c.out_dir = dir.string();  // the event writer sends kOpRecord
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  CoordResetForTest();
+  ScopedRuntime rt({.config = c, .gpu = &gpu});
   ncclUniqueId id;
   GetUniqueId(&id);
   InitArgs a;
@@ -567,7 +556,6 @@ TEST(ShimCoord, ExchangedSendWaitsForTheAcknowledgement) {
   EXPECT_EQ(record_op, 103);  // send
   close(lfd);
   unlink(path.c_str());
-  SetGpuForTest(nullptr);
   std::filesystem::remove_all(dir);
 }
 
@@ -620,7 +608,6 @@ TEST(ShimCoord, GroupAcrossStreamsPostsEveryUnitBeforeWaitingForItsSends) {
   });
 
   testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   Config c;
   c.rank = 0;
   c.world_size = 2;
@@ -628,9 +615,7 @@ TEST(ShimCoord, GroupAcrossStreamsPostsEveryUnitBeforeWaitingForItsSends) {
   c.fixed_dur_us = 10;
   c.coord_socket = path;
   c.send_rendezvous = true;  // PRISM_SEND_RENDEZVOUS=1 (opt-in)
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  CoordResetForTest();
+  ScopedRuntime rt({.config = c, .gpu = &gpu});
   ncclUniqueId id;
   GetUniqueId(&id);
   InitArgs a;
@@ -664,7 +649,6 @@ TEST(ShimCoord, GroupAcrossStreamsPostsEveryUnitBeforeWaitingForItsSends) {
   server.join();
   close(lfd);
   unlink(path.c_str());
-  SetGpuForTest(nullptr);
 }
 
 // torch's all-to-all with uneven splits (Megatron MoE's alltoall token dispatcher) on NCCL: one group of a send to
@@ -716,7 +700,6 @@ TEST(ShimCoord, SendAndReceiveToItselfTakeNoSequenceNumber) {
   });
 
   testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   auto dir = std::filesystem::temp_directory_path() / ("prism_coord_self_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   Config c;
@@ -728,9 +711,7 @@ TEST(ShimCoord, SendAndReceiveToItselfTakeNoSequenceNumber) {
   c.payload = "zeros";
   c.coord_socket = path;
   c.out_dir = dir.string();
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  CoordResetForTest();
+  ScopedRuntime rt({.config = c, .gpu = &gpu});
   ncclUniqueId id;
   GetUniqueId(&id);
   InitArgs a;
@@ -840,7 +821,6 @@ TEST(ShimCoord, SendAndReceiveToItselfTakeNoSequenceNumber) {
     }
   }
   EXPECT_EQ(self_copies, 3) << "units 1, 2 and 4";
-  SetGpuForTest(nullptr);
   std::filesystem::remove_all(dir);
 }
 
@@ -901,7 +881,6 @@ TEST(ShimCoord, CopyToItselfIsNeitherExchangedNorRecorded) {
 
   const std::string rec = "/tmp/prism_coord_selfx_" + std::to_string(getpid()) + ".bin";
   testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   Config c;
   c.rank = 0;
   c.world_size = 4;
@@ -909,10 +888,8 @@ TEST(ShimCoord, CopyToItselfIsNeitherExchangedNorRecorded) {
   c.fixed_dur_us = 1;
   c.coord_socket = path;
   c.record_payloads = rec;
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  CoordResetForTest();
-  ResetRecordedForTest();
+  std::optional<ScopedRuntime> rt;
+  rt.emplace(Runtime::Parts{.config = c, .gpu = &gpu});
   ncclUniqueId id;
   GetUniqueId(&id);
   InitArgs a;
@@ -948,7 +925,7 @@ TEST(ShimCoord, CopyToItselfIsNeitherExchangedNorRecorded) {
   ASSERT_TRUE(ProgressDrain(5000000000ull));
   EXPECT_EQ(from[1], std::vector<float>(4, 9.0f)) << "the real peer's data";
   EXPECT_EQ(comm->seq.load(), 6u);
-  ResetRecordedForTest();  // closes the recording
+  rt.reset();  // closes the recording
   server.join();
   close(lfd);
   unlink(path.c_str());
@@ -989,7 +966,6 @@ TEST(ShimCoord, CopyToItselfIsNeitherExchangedNorRecorded) {
   EXPECT_EQ(records[0].op, static_cast<uint16_t>(payload::OpKind::kRecv));
   EXPECT_EQ(records[0].bytes, 16u);
   std::remove(rec.c_str());
-  SetGpuForTest(nullptr);
 }
 
 }  // namespace
@@ -1059,7 +1035,6 @@ TEST(ShimCoord, PassthroughCommunicatorRunsOnTheRealNccl) {
   fake.ncclGroupEnd = &fake_nccl::GroupEnd;
   fake.ncclCommDestroy = &fake_nccl::Destroy;
   fake.ncclGetErrorString = &fake_nccl::ErrorString;
-  SetRealNcclForTest(&fake);
 
   std::atomic<bool> hello_can{false}, saw_arrive{false};
   std::string posted;
@@ -1092,7 +1067,6 @@ TEST(ShimCoord, PassthroughCommunicatorRunsOnTheRealNccl) {
   });
 
   testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   auto events_dir = std::filesystem::temp_directory_path() / ("prism_ptest_" + std::to_string(getpid()));
   std::filesystem::create_directories(events_dir);
   Config c;
@@ -1102,9 +1076,7 @@ TEST(ShimCoord, PassthroughCommunicatorRunsOnTheRealNccl) {
   c.fixed_dur_us = 1000;
   c.coord_socket = path;
   c.out_dir = events_dir.string();
-  SetConfigForTest(c);
-  ResetCommsForTest();
-  CoordResetForTest();  // Why: an earlier test of this process left the client connected to its own coordinator
+  ScopedRuntime rt({.config = c, .gpu = &gpu, .nccl = &fake});
   ncclUniqueId id;
   GetUniqueId(&id);
   InitArgs a;
@@ -1184,8 +1156,6 @@ TEST(ShimCoord, PassthroughCommunicatorRunsOnTheRealNccl) {
   close(lfd);
   unlink(path.c_str());
   EXPECT_FALSE(saw_arrive) << "a passthrough operation asked the coordinator for a release";
-  SetRealNcclForTest(nullptr);
-  SetGpuForTest(nullptr);
 }
 
 }  // namespace

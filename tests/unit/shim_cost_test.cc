@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "interpose/core/config.h"
 #include "interpose/core/cost.h"
+#include "interpose/core/runtime.h"
 
 namespace prism::interpose {
 namespace {
@@ -21,8 +23,10 @@ class ShimCost : public ::testing::Test {
     c.rank = 5;
     c.world_size = 1024;
     c.fixed_dur_us = -1;  // the cost model
-    SetConfigForTest(c);
+    rt_.emplace(Runtime::Parts{.config = c});
   }
+  void TearDown() override { rt_.reset(); }
+  std::optional<ScopedRuntime> rt_;
 };
 
 TEST_F(ShimCost, RepeatedOperationsCostWhatTheModelSaysPerCommunicator) {

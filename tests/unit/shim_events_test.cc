@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,11 +18,14 @@
 
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/event_log.h"
+#include "interpose/core/iteration.h"
 #include "interpose/core/memory.h"
 #include "interpose/core/progress.h"
 #include "interpose/core/recorded.h"
+#include "interpose/core/runtime.h"
+#include "interpose/core/streams.h"
+#include "interpose/core/submit.h"
 #include "shim_fake_gpu.h"
 
 namespace prism::interpose {
@@ -29,7 +33,6 @@ namespace {
 
 TEST(ShimEvents, FileHasEveryKindOfLine) {
   testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   auto dir = std::filesystem::temp_directory_path() / ("prism_events_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   Config c;
@@ -39,8 +42,7 @@ TEST(ShimEvents, FileHasEveryKindOfLine) {
   c.fixed_dur_us = 500;
   c.out_dir = dir.string();
   c.errors = {"PRISM_GATE='x' is not wait, spin or none; using wait"};
-  SetConfigForTest(c);
-  ResetCommsForTest();
+  ScopedRuntime rt({.config = c, .gpu = &gpu});
 
   ncclUniqueId id;
   ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
@@ -66,7 +68,6 @@ TEST(ShimEvents, FileHasEveryKindOfLine) {
   ASSERT_TRUE(ProgressDrain(5000000000ull));
   usleep(300000);  // the writer flushes every 200 ms
   EventLogStop();
-  SetGpuForTest(nullptr);
 
   std::ifstream in(EventLogPath());
   ASSERT_TRUE(in.good()) << EventLogPath();
@@ -138,7 +139,6 @@ TEST(ShimEvents, FileHasEveryKindOfLine) {
 // stamp and carries it with the GPU time the progress thread wrote the gate word.
 TEST(ShimEvents, GateOpenStampsAreLoggedWithTheirUnit) {
   testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   auto dir = std::filesystem::temp_directory_path() / ("prism_events_open_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   Config c;
@@ -148,8 +148,7 @@ TEST(ShimEvents, GateOpenStampsAreLoggedWithTheirUnit) {
   c.fixed_dur_us = 200;
   c.out_dir = dir.string();
   c.gate_open_stamps = true;
-  SetConfigForTest(c);
-  ResetCommsForTest();
+  ScopedRuntime rt({.config = c, .gpu = &gpu});
   ncclUniqueId id;
   ASSERT_EQ(GetUniqueId(&id), ncclSuccess);
   InitArgs a;
@@ -171,7 +170,6 @@ TEST(ShimEvents, GateOpenStampsAreLoggedWithTheirUnit) {
   ASSERT_TRUE(ProgressDrain(5000000000ull)) << "units waiting for their open stamp count as not released";
   usleep(300000);
   EventLogStop();
-  SetGpuForTest(nullptr);
   std::ifstream in(EventLogPath());
   std::string line;
   int ops = 0;
@@ -201,9 +199,9 @@ template <typename G>
 struct EventsRunOn {
   G gpu;
   std::filesystem::path dir;
+  std::optional<ScopedRuntime> rt;
   Comm* comm = nullptr;
   EventsRunOn(const std::string& tag, int rank, int nranks, RunOptions o = {}) {
-    SetGpuForTest(&gpu);
     dir = std::filesystem::temp_directory_path() / ("prism_events_" + tag + "_" + std::to_string(getpid()));
     std::filesystem::create_directories(dir);
     Config c;
@@ -214,8 +212,7 @@ struct EventsRunOn {
     c.out_dir = dir.string();
     c.gate_toggle = o.gate_toggle;
     c.gate_open_stamps = o.gate_open_stamps;
-    SetConfigForTest(c);
-    ResetCommsForTest();
+    rt.emplace(Runtime::Parts{.config = c, .gpu = &gpu});
     ncclUniqueId id;
     InitArgs a;
     a.nranks = nranks;
@@ -224,7 +221,6 @@ struct EventsRunOn {
     if (GetUniqueId(&id) != ncclSuccess || CommInit(a, &comm) != ncclSuccess) comm = nullptr;
   }
   ~EventsRunOn() {
-    SetGpuForTest(nullptr);
     std::filesystem::remove_all(dir);
   }
   // Releases every unit and closes the event file; false when units were still held.
@@ -466,10 +462,10 @@ TEST(ShimEvents, WaitsPassThroughAStreamWithoutUnits) {
   EXPECT_EQ(waits[0], nlohmann::json({{"type", "wait"}, {"stream", 0}, {"next", 1}, {"on", 1}, {"after", 1}}));
   EXPECT_EQ(waits[1], nlohmann::json({{"type", "wait"}, {"stream", 0}, {"next", 2}, {"on", 1}, {"after", 2}}));
   // cudaEventDestroy forgets an event's points (torch creates events without end; the table must not grow).
-  const size_t held = EventPointsForTest();
+  const size_t held = EventPointsHeld();
   NoteEventDestroy(tp_done);
   NoteEventDestroy(fwd_done);
-  EXPECT_EQ(EventPointsForTest(), held - 2);
+  EXPECT_EQ(EventPointsHeld(), held - 2);
 }
 
 // A group's send to the next pipeline stage and receive from the previous one on a 4-rank pipeline communicator
@@ -543,8 +539,7 @@ TEST(ShimEvents, ByeLineCountsRecordedPayloads) {
   c.out_dir = dir.string();
   c.record_payloads = (dir / "rank0.bin").string();
   c.payload_max_bytes = 64;
-  SetConfigForTest(c);
-  ResetRecordedForTest();
+  ScopedRuntime rt({.config = c});
   EventLogStart();
   std::vector<uint8_t> small(16, 1), big(128, 2);
   RecordPayload(0, 0, 1, 4, small.data(), small.size());
@@ -555,7 +550,6 @@ TEST(ShimEvents, ByeLineCountsRecordedPayloads) {
   const nlohmann::json& bye = byes.back();
   EXPECT_EQ(bye.at("recorded"), nlohmann::json({{"written", 1}, {"replayed", 0}, {"missed", 0}, {"mismatched", 0},
                                                 {"over_limit", 1}}));
-  ResetRecordedForTest();
   std::filesystem::remove_all(dir);
 }
 

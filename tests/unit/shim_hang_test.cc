@@ -23,13 +23,15 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "coordinator/coordinator.h"
 #include "coordinator/store/store_client.h"
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/progress.h"
+#include "interpose/core/runtime.h"
+#include "interpose/core/submit.h"
 #include "shim_fake_gpu.h"
 
 namespace prism::interpose {
@@ -69,7 +71,6 @@ bool ReadFull(int fd, void* p, size_t n) {
 int RankMain(int rank, const std::string& socket, const std::string& out_dir, const ncclUniqueId& id, Script script,
              bool rendezvous) {
   static testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   Config c;
   c.rank = rank;
   c.world_size = kWorld;
@@ -78,8 +79,9 @@ int RankMain(int rank, const std::string& socket, const std::string& out_dir, co
   c.coord_socket = socket;
   c.send_rendezvous = rendezvous;
   c.out_dir = out_dir;  // the event writer sends kOpRecord (completed operations) to the coordinator
-  SetConfigForTest(c);
-  ResetCommsForTest();
+  // Why static: the forked rank _exits with the result while the progress thread may still read the runtime.
+  static std::optional<ScopedRuntime> rt;
+  rt.emplace(Runtime::Parts{.config = c, .gpu = &gpu});
   InitArgs a;
   a.nranks = 2;
   a.rank = rank == kReal[0] ? 0 : 1;

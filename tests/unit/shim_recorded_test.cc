@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,9 +13,10 @@
 
 #include "interpose/core/comm.h"
 #include "interpose/core/config.h"
-#include "interpose/core/engine.h"
 #include "interpose/core/progress.h"
 #include "interpose/core/recorded.h"
+#include "interpose/core/runtime.h"
+#include "interpose/core/submit.h"
 #include "shim_fake_gpu.h"
 
 namespace prism::interpose {
@@ -23,11 +25,11 @@ namespace {
 std::string TmpPath(const char* what) { return "/tmp/prism_rec_" + std::to_string(getpid()) + "_" + what; }
 
 TEST(Recorded, WriteThenFindByCommAndSequence) {
+  std::optional<ScopedRuntime> rt;
   const std::string path = TmpPath("a.bin");
   Config c;
   c.record_payloads = path;
-  SetConfigForTest(c);
-  ResetRecordedForTest();
+  rt.emplace(Runtime::Parts{.config = c});
   std::vector<int64_t> flags{1, 1, 0};
   RecordPayload(3, 17, static_cast<uint16_t>(payload::OpKind::kBroadcast), 4, flags.data(), 24);
   std::vector<float> act(8, 2.5f);
@@ -37,8 +39,7 @@ TEST(Recorded, WriteThenFindByCommAndSequence) {
   Config r;
   r.payload = "recorded";
   r.payload_file = path;
-  SetConfigForTest(r);
-  ResetRecordedForTest();
+  rt.emplace(Runtime::Parts{.config = r});
   const void* p = FindRecorded(3, 17, static_cast<uint16_t>(payload::OpKind::kBroadcast), 4, 24);
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(std::memcmp(p, flags.data(), 24), 0);
@@ -53,7 +54,7 @@ TEST(Recorded, WriteThenFindByCommAndSequence) {
   EXPECT_EQ(st.hits, 2u);
   EXPECT_EQ(st.misses, 1u);
   EXPECT_EQ(st.mismatches, 2u);
-  ResetRecordedForTest();
+  rt.reset();
   std::remove(path.c_str());
 }
 
@@ -61,21 +62,20 @@ TEST(Recorded, WriteThenFindByCommAndSequence) {
 // not replayed (mirror), so an emulated collective never copies megabytes from the file inside the operation; 0 lifts
 // the limit.
 TEST(Recorded, PayloadsOverTheLimitAreNeitherRecordedNorReplayed) {
+  std::optional<ScopedRuntime> rt;
   const std::string path = TmpPath("limit.bin");
   std::vector<uint8_t> small(64, 7), big(4096, 9);
   Config c;
   c.record_payloads = path;
   c.payload_max_bytes = 1024;
-  SetConfigForTest(c);
-  ResetRecordedForTest();
+  rt.emplace(Runtime::Parts{.config = c});
   RecordPayload(1, 0, static_cast<uint16_t>(payload::OpKind::kBroadcast), 4, small.data(), small.size());
   RecordPayload(1, 1, static_cast<uint16_t>(payload::OpKind::kAllReduce), 4, big.data(), big.size());
   EXPECT_EQ(GetRecordedStats().written, 1u);
   EXPECT_EQ(GetRecordedStats().over_limit, 1u);
   // Without a limit the big one is recorded too ...
   c.payload_max_bytes = 0;
-  SetConfigForTest(c);
-  ResetRecordedForTest();
+  rt.emplace(Runtime::Parts{.config = c});
   RecordPayload(1, 0, static_cast<uint16_t>(payload::OpKind::kBroadcast), 4, small.data(), small.size());
   RecordPayload(1, 1, static_cast<uint16_t>(payload::OpKind::kAllReduce), 4, big.data(), big.size());
   EXPECT_EQ(GetRecordedStats().written, 2u);
@@ -84,14 +84,12 @@ TEST(Recorded, PayloadsOverTheLimitAreNeitherRecordedNorReplayed) {
   r.payload = "recorded";
   r.payload_file = path;
   r.payload_max_bytes = 1024;
-  SetConfigForTest(r);
-  ResetRecordedForTest();
+  rt.emplace(Runtime::Parts{.config = r});
   EXPECT_NE(FindRecorded(1, 0, static_cast<uint16_t>(payload::OpKind::kBroadcast), 4, small.size()), nullptr);
   EXPECT_EQ(FindRecorded(1, 1, static_cast<uint16_t>(payload::OpKind::kAllReduce), 4, big.size()), nullptr);
   EXPECT_EQ(GetRecordedStats().over_limit, 1u);
   r.payload_max_bytes = 0;
-  SetConfigForTest(r);
-  ResetRecordedForTest();
+  rt.emplace(Runtime::Parts{.config = r});
   const void* p = FindRecorded(1, 1, static_cast<uint16_t>(payload::OpKind::kAllReduce), 4, big.size());
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(std::memcmp(p, big.data(), big.size()), 0);
@@ -104,23 +102,22 @@ TEST(Recorded, PayloadsOverTheLimitAreNeitherRecordedNorReplayed) {
   Config d;
   LoadConfig([](const char*) -> const char* { return nullptr; }, &d);
   EXPECT_EQ(d.payload_max_bytes, 4u << 20);
-  ResetRecordedForTest();
+  rt.reset();
   std::remove(path.c_str());
 }
 
 TEST(Recorded, EngineReplaysABroadcastFromAVirtualRoot) {
+  std::optional<ScopedRuntime> rt;
   const std::string path = TmpPath("b.bin");
   testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   // Record: the broadcast at sequence 0 of the first communicator carried {1, 1, 0}.
   Config w;
   w.record_payloads = path;
-  SetConfigForTest(w);
-  ResetRecordedForTest();
+  rt.emplace(Runtime::Parts{.config = w, .gpu = &gpu});
   std::vector<int64_t> flags{1, 1, 0};
   RecordPayload(0, 0, static_cast<uint16_t>(payload::OpKind::kBroadcast), static_cast<uint8_t>(ncclInt64),
                 flags.data(), 24);
-  ResetRecordedForTest();
+  rt.reset();
 
   Config c;
   c.rank = 63;
@@ -128,8 +125,7 @@ TEST(Recorded, EngineReplaysABroadcastFromAVirtualRoot) {
   c.payload = "recorded";
   c.payload_file = path;
   c.fixed_dur_us = 1;
-  SetConfigForTest(c);
-  ResetCommsForTest();
+  rt.emplace(Runtime::Parts{.config = c, .gpu = &gpu});
   ncclUniqueId id;
   GetUniqueId(&id);
   InitArgs a;
@@ -156,8 +152,7 @@ TEST(Recorded, EngineReplaysABroadcastFromAVirtualRoot) {
   ASSERT_EQ(Submit(call), ncclSuccess);
   EXPECT_EQ(other, (std::vector<int64_t>(3, 5)));
   ASSERT_TRUE(ProgressDrain(5000000000ull));
-  SetGpuForTest(nullptr);
-  ResetRecordedForTest();
+  rt.reset();
   std::remove(path.c_str());
 }
 
@@ -165,18 +160,17 @@ TEST(Recorded, EngineReplaysABroadcastFromAVirtualRoot) {
 // it, named by (communicator, sequence) with the copy to itself unnumbered on both sides; the receive from itself
 // copies this rank's own send (live data), never a record.
 TEST(Recorded, EngineReplaysTheAllToAllsPeerReceiveAndCopiesTheOneFromItself) {
+  std::optional<ScopedRuntime> rt;
   const std::string path = TmpPath("c.bin");
   testing::FakeGpu gpu;
-  SetGpuForTest(&gpu);
   // collect recorded the receive from peer 1: its send to peer 1 is sequence 0, the receive sequence 1.
   Config w;
   w.record_payloads = path;
-  SetConfigForTest(w);
-  ResetRecordedForTest();
+  rt.emplace(Runtime::Parts{.config = w, .gpu = &gpu});
   std::vector<float> recorded(4, 42.f);
   RecordPayload(0, 1, static_cast<uint16_t>(payload::OpKind::kRecv), static_cast<uint8_t>(ncclFloat32),
                 recorded.data(), 16);
-  ResetRecordedForTest();
+  rt.reset();
 
   Config c;
   c.rank = 0;
@@ -184,8 +178,7 @@ TEST(Recorded, EngineReplaysTheAllToAllsPeerReceiveAndCopiesTheOneFromItself) {
   c.payload = "recorded";
   c.payload_file = path;
   c.fixed_dur_us = 1;
-  SetConfigForTest(c);
-  ResetCommsForTest();
+  rt.emplace(Runtime::Parts{.config = c, .gpu = &gpu});
   ncclUniqueId id;
   GetUniqueId(&id);
   InitArgs a;
@@ -228,8 +221,7 @@ TEST(Recorded, EngineReplaysTheAllToAllsPeerReceiveAndCopiesTheOneFromItself) {
   EXPECT_TRUE(self_copied) << "the receive from itself copies its own send";
   EXPECT_EQ(GetRecordedStats().hits, 1u);
   ASSERT_TRUE(ProgressDrain(5000000000ull));
-  SetGpuForTest(nullptr);
-  ResetRecordedForTest();
+  rt.reset();
   std::remove(path.c_str());
 }
 

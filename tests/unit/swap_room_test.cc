@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "interpose/core/coord_client.h"
 #include "interpose/core/memory.h"
 #include "interpose/core/real_symbols.h"
+#include "interpose/core/runtime.h"
 
 namespace prism::interpose {
 namespace {
@@ -51,7 +53,8 @@ class ScriptedCoordinator {
     thread_ = std::thread([this] { Serve(); });
   }
   ~ScriptedCoordinator() {
-    CoordResetForTest();  // closes the client's end: Serve's read fails and it returns
+    client_.reset();  // closes the client's end: Serve's read fails
+    if (lfd_ >= 0) ::shutdown(lfd_, SHUT_RDWR);  // and its next accept
     thread_.join();
     if (lfd_ >= 0) close(lfd_);
     unlink(path_.c_str());
@@ -62,11 +65,20 @@ class ScriptedCoordinator {
     std::lock_guard<std::mutex> lock(mu_);
     return requests_;
   }
+  // The client: libprism's runtime of the rank that connects here (Connect).
+  std::optional<ScopedRuntime> client_;
 
  private:
+  // Serves one client after the other (a test may start a fresh runtime: a new connection).
   void Serve() {
-    int fd = accept(lfd_, nullptr, nullptr);
-    if (fd < 0) return;
+    for (;;) {
+      int fd = accept(lfd_, nullptr, nullptr);
+      if (fd < 0) return;
+      ServeOne(fd);
+    }
+  }
+
+  void ServeOne(int fd) {
     std::string err;
     for (;;) {
       ipc::Frame f;
@@ -103,15 +115,15 @@ class ScriptedCoordinator {
   std::thread thread_;
 };
 
-// Connects libprism's client to `coord`; true once the hello was acknowledged (and, when `swap`, understood).
-bool Connect(ScriptedCoordinator& coord, bool swap) {
+// Connects libprism's client (a fresh runtime, with `driver` as its driver table when given) to `coord`; true once
+// the hello was acknowledged (and, when `swap`, understood).
+bool Connect(ScriptedCoordinator& coord, bool swap, const DriverFns* driver = nullptr) {
   Config c;
   c.rank = 3;
   c.world_size = 4;
   c.coord_socket = coord.path();
-  SetConfigForTest(c);
-  CoordResetForTest();
-  memory::ResetRoomForTest();
+  coord.client_.reset();
+  coord.client_.emplace(Runtime::Parts{.config = c, .driver = driver});
   if (!CoordConnect()) return false;
   if (!swap) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -170,7 +182,8 @@ TEST(SwapRoom, ARefusalFailsTheAllocationAndTheCacheFreeingRetryAtOnce) {
   EXPECT_EQ(memory::RetryWithRoom(1ull << 30, kOom, again), kOom);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
   EXPECT_EQ(coord.requests().size(), 1u);
-  memory::ResetRoomForTest();
+  // A rank that was never refused (a fresh runtime: as after the quiet period) asks again.
+  ASSERT_TRUE(Connect(coord, true));
   EXPECT_EQ(memory::RetryWithRoom(1ull << 30, kOom, again), kOk) << "after the quiet period it asks again";
   EXPECT_EQ(coord.requests().size(), 2u);
 }
@@ -191,12 +204,8 @@ TEST(SwapRoom, TheDeviceIsSynchronisedBeforeAskingAndTheRequestSaysIdle) {
   DriverFns fake;
   fake.loaded = true;
   fake.cuCtxSynchronize = &FakeSyncOk;
-  SetDriverForTest(&fake);
-  struct Restore {
-    ~Restore() { SetDriverForTest(nullptr); }
-  } restore;
   ScriptedCoordinator coord(true, {true, true, true});
-  ASSERT_TRUE(Connect(coord, true));
+  ASSERT_TRUE(Connect(coord, true, &fake));
   g_syncs = 0;
   int tries = 0;
   auto once = [&] { return ++tries == 1 ? kOk : kOom; };

@@ -17,6 +17,7 @@
 #include "interpose/core/gpu.h"
 #include "interpose/core/progress.h"
 #include "interpose/core/real_symbols.h"
+#include "interpose/core/runtime.h"
 
 namespace prism::interpose {
 namespace {
@@ -32,7 +33,10 @@ struct Group {
   bool bound = false;
 };
 
-struct Registry {
+}  // namespace
+
+// Every communicator and registered group (a part of the runtime, runtime.h).
+struct CommRegistry {
   std::mutex mu;
   std::vector<Comm*> comms;   // every communicator ever created (never freed: handles stay valid to check)
   std::vector<Group> groups;  // registered by the Python hook
@@ -40,17 +44,33 @@ struct Registry {
   std::atomic<bool> coord_comm_init_broken{false};
 };
 
-Registry& R() {
-  static Registry* r = new Registry();  // Why leaked: handles are checked until the process ends.
-  return *r;
-}
+// Why the communicators are never freed, not even with their runtime: handles are checked until the process ends.
+CommRegistry* NewCommRegistry() { return new CommRegistry(); }
+void DestroyPart(CommRegistry* p) { delete p; }
+
+namespace {
+
+using Registry = CommRegistry;
+
+Registry& R() { return Rt().comms(); }
 
 struct Scope {
+  const Registry* registry = nullptr;  // the runtime's registry it was opened in
   bool active = false;
   std::vector<int32_t> ranks;
   std::vector<Comm*> created;
 };
 thread_local Scope tls_scope;
+
+// The calling thread's group scope in the current runtime (one opened under another runtime is gone).
+Scope& ThisScope() {
+  const Registry* r = &R();
+  if (tls_scope.registry != r) {
+    tls_scope = Scope();
+    tls_scope.registry = r;
+  }
+  return tls_scope;
+}
 thread_local std::string tls_last_error;
 
 CommEvent EventOf(const Comm& c) {
@@ -121,7 +141,7 @@ std::vector<int32_t> ResolveMembers(Registry& r, int nranks, int rank, const std
   auto fits = [&](const std::vector<int32_t>& ranks) {
     return static_cast<int>(ranks.size()) == nranks && ranks[rank] == cfg.rank;
   };
-  if (tls_scope.active && fits(tls_scope.ranks)) return tls_scope.ranks;
+  if (ThisScope().active && fits(ThisScope().ranks)) return ThisScope().ranks;
   if (!name.empty()) {
     for (Group& g : r.groups) {
       if (g.name == name && fits(g.ranks)) {
@@ -204,7 +224,7 @@ bool FinishComm(Registry& r, Comm* c, int blocking, const std::string& coord_key
   c->blocking = blocking;
   c->async_error.store(blocking ? ncclSuccess : ncclInProgress);
   r.comms.push_back(c);
-  if (tls_scope.active) tls_scope.created.push_back(c);
+  if (ThisScope().active) ThisScope().created.push_back(c);
   LogComm(EventOf(*c));
   Log("nccl")->debug("comm {} {} rank {}/{} name '{}' members {}", c->id, c->origin, c->rank, c->nranks, c->name,
                      c->members.empty() ? "unknown" : std::to_string(c->members.size()));
@@ -472,8 +492,8 @@ ncclResult_t CommSplit(Comm* parent, int color, int key, ncclComm_t* out, const 
   try {
     std::lock_guard<std::mutex> lock(r.mu);
     std::vector<int32_t> members;
-    if (tls_scope.active) {
-      members = tls_scope.ranks;
+    if (ThisScope().active) {
+      members = ThisScope().ranks;
     } else if (!comm_name.empty()) {
       std::string name = GroupNameFromCommName(comm_name);
       for (Group& g : r.groups) {
@@ -629,16 +649,16 @@ ncclResult_t CommGetAsyncError(Comm* c, ncclResult_t* out) {
 }
 
 void BeginGroupScope(const std::vector<int32_t>& ranks) {
-  tls_scope.active = true;
-  tls_scope.ranks = ranks;
-  std::sort(tls_scope.ranks.begin(), tls_scope.ranks.end());  // torch's new_group sorts its ranks
-  tls_scope.created.clear();
+  ThisScope().active = true;
+  ThisScope().ranks = ranks;
+  std::sort(ThisScope().ranks.begin(), ThisScope().ranks.end());  // torch's new_group sorts its ranks
+  ThisScope().created.clear();
 }
 
 void EndGroupScope() {
-  tls_scope.active = false;
-  tls_scope.ranks.clear();
-  tls_scope.created.clear();
+  ThisScope().active = false;
+  ThisScope().ranks.clear();
+  ThisScope().created.clear();
 }
 
 void RegisterGroup(const std::string& name, const std::vector<int32_t>& ranks, const std::string& desc) {
@@ -650,7 +670,7 @@ void RegisterGroup(const std::string& name, const std::vector<int32_t>& ranks, c
     g.name = name;
     g.desc = desc;
     g.ranks = ranks;
-    for (Comm* c : tls_scope.created) {
+    for (Comm* c : ThisScope().created) {
       std::lock_guard<std::mutex> cl(c->mu);
       if (c->name.empty()) c->name = name;
       if (c->desc.empty()) c->desc = desc;
@@ -692,15 +712,6 @@ std::vector<Comm*> AllComms() {
   Registry& r = R();
   std::lock_guard<std::mutex> lock(r.mu);
   return r.comms;
-}
-
-void ResetCommsForTest() {
-  Registry& r = R();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.comms.clear();
-  r.groups.clear();
-  r.coord_comm_init_broken.store(false);
-  tls_scope = Scope();
 }
 
 }  // namespace prism::interpose

@@ -95,7 +95,7 @@ ncclResult_t CommDestroy(Comm* c);
 ncclResult_t CommAbort(Comm* c);
 ncclResult_t CommRevoke(Comm* c, int flags);
 ncclResult_t CommGetAsyncError(Comm* c, ncclResult_t* out);
-// Live passthrough communicators in this process (engine.cc forwards ncclGroupStart/End to the real NCCL while
+// Live passthrough communicators in this process (submit.cc forwards ncclGroupStart/End to the real NCCL while
 // there are any).
 int PassthroughComms();
 
@@ -121,7 +121,5 @@ std::string StoreKeyFromVirtualId(const ncclUniqueId& id); // "" unless the id i
 uint64_t Fnv1a64(const void* data, size_t len, uint64_t h = 0xcbf29ce484222325ull);
 // Every live communicator (event log, tests).
 std::vector<Comm*> AllComms();
-// Test hook: forgets every communicator and registered group.
-void ResetCommsForTest();
 
 }  // namespace prism::interpose

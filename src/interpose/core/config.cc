@@ -96,13 +96,6 @@ void IntSetting(EnvLookup lookup, const char* name, const char* fallback_name, l
   }
 }
 
-Config& Mutable() {
-  static Config* c = new Config();  // Why leaked: read from atexit paths and other threads at exit.
-  return *c;
-}
-
-const char* RealGetenv(const char* name) { return std::getenv(name); }
-
 }  // namespace
 
 bool Config::IsReal(int global_rank) const {
@@ -242,11 +235,5 @@ void LoadConfig(EnvLookup lookup, Config* c) {
     }
   }
 }
-
-const Config& Cfg() { return Mutable(); }
-
-void ReloadConfigFromEnvironment() { LoadConfig(&RealGetenv, &Mutable()); }
-
-void SetConfigForTest(const Config& c) { Mutable() = c; }
 
 }  // namespace prism::interpose

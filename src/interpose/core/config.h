@@ -1,5 +1,6 @@
 // libprism settings: one table (name, environment variable, default, description) that feeds parsing and
-// docs/libprism.md. Read once, in the library constructor (the only thing the constructor does).
+// docs/libprism.md. Read once, in the library constructor (the only thing the constructor does), into the
+// process's runtime (runtime.h).
 #pragma once
 
 #include <cstdint>
@@ -65,11 +66,8 @@ void LoadConfig(EnvLookup lookup, Config* c);
 // Parses "0,5,8-11" into ranks. False on malformed input.
 bool ParseRankList(const std::string& text, std::vector<int>* out);
 
-// The process-wide configuration (filled by the library constructor, or on first use).
+// The current runtime's configuration (runtime.h: the process's is read from the environment by the library
+// constructor; a test's is the one it constructed its runtime with).
 const Config& Cfg();
-// Re-reads the environment (tests, and the constructor).
-void ReloadConfigFromEnvironment();
-// Test hook: replaces the configuration.
-void SetConfigForTest(const Config& c);
 
 }  // namespace prism::interpose

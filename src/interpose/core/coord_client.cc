@@ -28,18 +28,20 @@
 #include "interpose/core/gpu.h"
 #include "interpose/core/progress.h"
 #include "interpose/core/real_symbols.h"
+#include "interpose/core/runtime.h"
 #include "nccl_patch/semantics.h"
 
 namespace prism::interpose {
-namespace {
 
-struct Conn {
+// The connection to the coordinator and what its reader thread received (a part of the runtime, runtime.h).
+struct CoordConn {
   std::mutex mu;  // connect + requests
   std::mutex write_mu;
   std::condition_variable cv;
   int fd = -1;
   bool tried = false;
   std::atomic<bool> active{false};
+  std::atomic<bool> reading{false};  // the reader thread runs (its last act is to clear this)
   std::atomic<bool> swap{false};  // kHelloAck said "swap": true (kMemRoom may be sent)
   // Replies to requests (kHelloAck, kCommInfo, kError), in arrival order.
   std::vector<ipc::Frame> replies;
@@ -66,14 +68,27 @@ struct Conn {
   std::map<std::tuple<uint32_t, uint64_t, int32_t>, uint32_t> send_done;
 };
 
-Conn& C() {
-  static Conn* c = new Conn();  // Why leaked: the reader thread runs until exit.
-  return *c;
+CoordConn* NewCoordConn() { return new CoordConn(); }
+
+// Shuts the connection down, which ends the reader within its read. Why a reader still running after a second is
+// left the object (it never happens here): it may still touch it.
+void DestroyPart(CoordConn* c) {
+  if (c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
+  for (int i = 0; i < 200 && c->reading.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (c->reading.load()) return;
+  if (c->fd >= 0) close(c->fd);
+  delete c;
 }
+
+namespace {
+
+using Conn = CoordConn;
+
+Conn& C() { return Rt().coord(); }
 
 // One kOpResult whose frame header was read: reads its exchange header, then its bytes straight to where they go
 // (the waiter's buffer registered by CoordExpectResult, else the result's string), one copy from the socket.
-ipc::IoStatus ReadResult(Conn& c, uint32_t length, std::string* err) {
+ipc::IoStatus ReadResult(const Config& cfg, Conn& c, uint32_t length, std::string* err) {
   ipc::ExchangeHeader h{};
   ipc::IoStatus st = ipc::ReadExact(c.fd, &h, sizeof(h), -1, err);
   if (st != ipc::IoStatus::kOk) return st;
@@ -83,7 +98,7 @@ ipc::IoStatus ReadResult(Conn& c, uint32_t length, std::string* err) {
   if (h.flags & ipc::kExchangeSendDone) {
     std::string drop(n, '\0');  // an acknowledgement carries no bytes
     if (n && (st = ipc::ReadExact(c.fd, drop.data(), n, -1, err)) != ipc::IoStatus::kOk) return st;
-    if (!Cfg().send_rendezvous) return ipc::IoStatus::kOk;  // nobody waits for it
+    if (!cfg.send_rendezvous) return ipc::IoStatus::kOk;  // nobody waits for it
     {
       // Why keyed by the destination: this rank is the source of every send it waits for, and keys count per
       // destination (ipc.h), so (comm, key, source) would not tell two sends apart.
@@ -124,8 +139,9 @@ ipc::IoStatus ReadResult(Conn& c, uint32_t length, std::string* err) {
   return ipc::IoStatus::kOk;
 }
 
-void ReaderLoop() {
-  Conn& c = C();
+// Why the runtime as an argument: the reader serves the runtime that connected (tests install others).
+void ReaderLoop(Runtime* rt) {
+  Conn& c = rt->coord();
   for (;;) {
     ipc::Frame f;
     std::string err;
@@ -137,7 +153,7 @@ void ReaderLoop() {
     }
     if (st == ipc::IoStatus::kOk && fh.type == static_cast<uint16_t>(ipc::MsgType::kOpResult) &&
         fh.length >= sizeof(ipc::ExchangeHeader)) {
-      st = ReadResult(c, fh.length, &err);
+      st = ReadResult(rt->config(), c, fh.length, &err);
       if (st == ipc::IoStatus::kOk) continue;
     } else if (st == ipc::IoStatus::kOk) {
       f.type = static_cast<ipc::MsgType>(fh.type);
@@ -151,6 +167,7 @@ void ReaderLoop() {
       c.active.store(false);
       c.cv.notify_all();
       c.result_cv.notify_all();
+      c.reading.store(false);
       return;
     }
     if (f.type == ipc::MsgType::kOpResult) continue;  // shorter than its header
@@ -173,7 +190,7 @@ void ReaderLoop() {
       if (j.is_object()) c.swap.store(j.value("swap", false));
       // Why: a checkpointed process's driver calls block until its restore, and the progress thread must keep
       // talking to the coordinator meanwhile, so its arrival reads must not be event queries.
-      if (c.swap.load()) TheGpu().UseKernelStamps("the coordinator may checkpoint this process (--swap)");
+      if (c.swap.load()) rt->gpu().UseKernelStamps("the coordinator may checkpoint this process (--swap)");
     }
     {
       std::lock_guard<std::mutex> lock(c.mu);
@@ -262,8 +279,10 @@ bool CoordConnect() {
       c.active.store(false);
       return false;
     }
-    std::thread(&ReaderLoop).detach();
+    c.reading.store(true);
+    std::thread(&ReaderLoop, &Rt()).detach();
   } catch (...) {
+    c.reading.store(false);
     c.active.store(false);
     return false;
   }
@@ -647,31 +666,6 @@ bool CoordWaitSendDone(uint32_t comm_id, uint64_t key, int32_t dst, uint32_t* fl
     if (!c.active.load()) return false;
     c.result_cv.wait_for(lock, std::chrono::milliseconds(200));
   }
-}
-
-void CoordResetForTest() {
-  Conn& c = C();
-  // Why shut the old connection down first: its peer (a test's scripted server) may be gone while the reader
-  // thread has not noticed yet; the next test must not inherit a dead socket.
-  if (c.active.load() && c.fd >= 0) {
-    ::shutdown(c.fd, SHUT_RDWR);
-    for (int i = 0; i < 200 && c.active.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  std::lock_guard<std::mutex> lock(c.mu);
-  if (c.active.load()) return;  // the reader did not stop: leave it
-  if (c.fd >= 0) close(c.fd);
-  c.fd = -1;
-  c.tried = false;
-  c.swap.store(false);
-  c.replies.clear();
-  {
-    std::lock_guard<std::mutex> rel(c.release_mu);
-    c.releases.clear();
-    c.prereleases.clear();
-  }
-  std::lock_guard<std::mutex> rl(c.result_mu);
-  c.results.clear();
-  c.send_done.clear();
 }
 
 }  // namespace prism::interpose

@@ -84,9 +84,6 @@ bool CoordWaitResultAt(uint32_t comm_id, uint64_t key, int32_t p2p_src, uint32_t
 // (kExchangeSendDone: the receiver posted the matching receive). False when the connection is lost.
 bool CoordWaitSendDone(uint32_t comm_id, uint64_t key, int32_t dst, uint32_t* flags);
 
-// Test hook: forgets a lost connection so the next CoordConnect dials again (the old reader thread has ended).
-void CoordResetForTest();
-
 // Parses a kCommInfo JSON payload (tests). False when malformed or when it carries the coordinator's "error".
 bool ParseCommInfo(const std::string& json, CoordCommInfo* out, std::string* error);
 

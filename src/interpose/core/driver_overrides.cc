@@ -35,13 +35,11 @@ void MapLocation(CUmemLocation* loc) {
   }
 }
 
-#define PRISM_REAL_OR_FAIL(fn) \
-  if (D().fn == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-
 CUresult CUDAAPI OvDeviceGet(CUdevice* dev, int ordinal) {
   if (!devices::Virtualized()) {
-    PRISM_REAL_OR_FAIL(cuDeviceGet)
-    return D().cuDeviceGet(dev, ordinal);
+    const auto real = D().cuDeviceGet;
+    if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    return real(dev, ordinal);
   }
   if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!devices::Valid(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
@@ -50,41 +48,48 @@ CUresult CUDAAPI OvDeviceGet(CUdevice* dev, int ordinal) {
 }
 
 CUresult CUDAAPI OvDeviceGetCount(int* count) {
-  PRISM_REAL_OR_FAIL(cuDeviceGetCount)
-  CUresult r = D().cuDeviceGetCount(count);
+  const auto real = D().cuDeviceGetCount;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  CUresult r = real(count);
   if (r == CUDA_SUCCESS && devices::Virtualized()) *count = devices::Count();
   return r;
 }
 
 CUresult CUDAAPI OvDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice dev) {
-  PRISM_REAL_OR_FAIL(cuDeviceGetAttribute)
-  return D().cuDeviceGetAttribute(v, a, Map(dev));
+  const auto real = D().cuDeviceGetAttribute;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return real(v, a, Map(dev));
 }
 
 CUresult CUDAAPI OvDeviceGetName(char* name, int len, CUdevice dev) {
-  PRISM_REAL_OR_FAIL(cuDeviceGetName)
-  return D().cuDeviceGetName(name, len, Map(dev));
+  const auto real = D().cuDeviceGetName;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return real(name, len, Map(dev));
 }
 
 CUresult CUDAAPI OvDeviceTotalMem(size_t* bytes, CUdevice dev) {
-  PRISM_REAL_OR_FAIL(cuDeviceTotalMem)
-  return D().cuDeviceTotalMem(bytes, Map(dev));
+  const auto real = D().cuDeviceTotalMem;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return real(bytes, Map(dev));
 }
 
 CUresult CUDAAPI OvDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
-  PRISM_REAL_OR_FAIL(cuDeviceGetUuid)
-  return D().cuDeviceGetUuid(uuid, Map(dev));
+  const auto real = D().cuDeviceGetUuid;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return real(uuid, Map(dev));
 }
 
 CUresult CUDAAPI OvDeviceGetPCIBusId(char* bus, int len, CUdevice dev) {
-  PRISM_REAL_OR_FAIL(cuDeviceGetPCIBusId)
-  return D().cuDeviceGetPCIBusId(bus, len, Map(dev));
+  const auto real = D().cuDeviceGetPCIBusId;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return real(bus, len, Map(dev));
 }
 
 CUresult CUDAAPI OvDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
   if (!devices::Virtualized()) {
-    PRISM_REAL_OR_FAIL(cuDeviceCanAccessPeer)
-    return D().cuDeviceCanAccessPeer(can, dev, peer);
+    const auto real = D().cuDeviceCanAccessPeer;
+    if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    return real(can, dev, peer);
   }
   if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!devices::Valid(dev) || !devices::Valid(peer)) return CUDA_ERROR_INVALID_DEVICE;
@@ -93,47 +98,54 @@ CUresult CUDAAPI OvDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
 }
 
 CUresult CUDAAPI OvPrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
-  PRISM_REAL_OR_FAIL(cuDevicePrimaryCtxRetain)
-  return D().cuDevicePrimaryCtxRetain(ctx, Map(dev));
+  const auto real = D().cuDevicePrimaryCtxRetain;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return real(ctx, Map(dev));
 }
 
 CUresult CUDAAPI OvPrimaryCtxRelease(CUdevice dev) {
-  PRISM_REAL_OR_FAIL(cuDevicePrimaryCtxRelease)
-  return D().cuDevicePrimaryCtxRelease(Map(dev));
+  const auto real = D().cuDevicePrimaryCtxRelease;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return real(Map(dev));
 }
 
 CUresult CUDAAPI OvPrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
-  PRISM_REAL_OR_FAIL(cuDevicePrimaryCtxGetState)
-  return D().cuDevicePrimaryCtxGetState(Map(dev), flags, active);
+  const auto real = D().cuDevicePrimaryCtxGetState;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return real(Map(dev), flags, active);
 }
 
 CUresult CUDAAPI OvPrimaryCtxReset(CUdevice dev) {
-  PRISM_REAL_OR_FAIL(cuDevicePrimaryCtxReset)
-  return D().cuDevicePrimaryCtxReset(Map(dev));
+  const auto real = D().cuDevicePrimaryCtxReset;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return real(Map(dev));
 }
 
 CUresult CUDAAPI OvPrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
-  PRISM_REAL_OR_FAIL(cuDevicePrimaryCtxSetFlags)
-  return D().cuDevicePrimaryCtxSetFlags(Map(dev), flags);
+  const auto real = D().cuDevicePrimaryCtxSetFlags;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return real(Map(dev), flags);
 }
 
 CUresult CUDAAPI OvCtxGetDevice(CUdevice* dev) {
-  PRISM_REAL_OR_FAIL(cuCtxGetDevice)
-  CUresult r = D().cuCtxGetDevice(dev);
+  const auto real = D().cuCtxGetDevice;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  CUresult r = real(dev);
   if (r == CUDA_SUCCESS && devices::Virtualized()) *dev = static_cast<CUdevice>(devices::Current());
   return r;
 }
 
 CUresult CUDAAPI OvMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                              unsigned long long flags) {
-  PRISM_REAL_OR_FAIL(cuMemCreate)
-  if (prop == nullptr) return D().cuMemCreate(handle, size, prop, flags);
+  const auto real = D().cuMemCreate;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  if (prop == nullptr) return real(handle, size, prop, flags);
   CUmemAllocationProp p = *prop;
   MapLocation(&p.location);
-  CUresult r = D().cuMemCreate(handle, size, &p, flags);
+  CUresult r = real(handle, size, &p, flags);
   // Under context switching: wait for the coordinator to make room, then retry (core/memory.h).
   if (r == CUDA_ERROR_OUT_OF_MEMORY && p.location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-    r = memory::RetryWithRoom(size, CUDA_ERROR_OUT_OF_MEMORY, [&] { return D().cuMemCreate(handle, size, &p, flags); });
+    r = memory::RetryWithRoom(size, CUDA_ERROR_OUT_OF_MEMORY, [&] { return real(handle, size, &p, flags); });
   }
   if (r == CUDA_SUCCESS && handle != nullptr && p.location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
     memory::RecordHandleCreate(static_cast<uint64_t>(*handle), size);
@@ -142,36 +154,40 @@ CUresult CUDAAPI OvMemCreate(CUmemGenericAllocationHandle* handle, size_t size, 
 }
 
 CUresult CUDAAPI OvMemRelease(CUmemGenericAllocationHandle handle) {
-  PRISM_REAL_OR_FAIL(cuMemRelease)
-  CUresult r = D().cuMemRelease(handle);
+  const auto real = D().cuMemRelease;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  CUresult r = real(handle);
   if (r == CUDA_SUCCESS) memory::RecordHandleRelease(static_cast<uint64_t>(handle));
   return r;
 }
 
 CUresult CUDAAPI OvMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
-  PRISM_REAL_OR_FAIL(cuMemSetAccess)
+  const auto real = D().cuMemSetAccess;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   constexpr size_t kMax = 64;
-  if (desc == nullptr || count == 0 || count > kMax) return D().cuMemSetAccess(ptr, size, desc, count);
+  if (desc == nullptr || count == 0 || count > kMax) return real(ptr, size, desc, count);
   CUmemAccessDesc copy[kMax];
   for (size_t i = 0; i < count; ++i) {
     copy[i] = desc[i];
     MapLocation(&copy[i].location);
   }
-  return D().cuMemSetAccess(ptr, size, copy, count);
+  return real(ptr, size, copy, count);
 }
 
 CUresult CUDAAPI OvMemGetAllocationGranularity(size_t* g, const CUmemAllocationProp* prop,
                                                CUmemAllocationGranularity_flags option) {
-  PRISM_REAL_OR_FAIL(cuMemGetAllocationGranularity)
-  if (prop == nullptr) return D().cuMemGetAllocationGranularity(g, prop, option);
+  const auto real = D().cuMemGetAllocationGranularity;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  if (prop == nullptr) return real(g, prop, option);
   CUmemAllocationProp p = *prop;
   MapLocation(&p.location);
-  return D().cuMemGetAllocationGranularity(g, &p, option);
+  return real(g, &p, option);
 }
 
 CUresult CUDAAPI OvPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
-  PRISM_REAL_OR_FAIL(cuPointerGetAttribute)
-  CUresult r = D().cuPointerGetAttribute(data, attr, ptr);
+  const auto real = D().cuPointerGetAttribute;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  CUresult r = real(data, attr, ptr);
   if (r == CUDA_SUCCESS && data != nullptr && attr == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL && devices::Virtualized()) {
     int* ord = static_cast<int*>(data);
     if (*ord == devices::Physical()) *ord = devices::Current();
@@ -181,8 +197,9 @@ CUresult CUDAAPI OvPointerGetAttribute(void* data, CUpointer_attribute attr, CUd
 
 CUresult CUDAAPI OvGetProcAddressV2(const char* symbol, void** pfn, int version, cuuint64_t flags,
                                     CUdriverProcAddressQueryResult* status) {
-  PRISM_REAL_OR_FAIL(cuGetProcAddress)
-  CUresult r = D().cuGetProcAddress(symbol, pfn, version, flags, status);
+  const auto real = D().cuGetProcAddress;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  CUresult r = real(symbol, pfn, version, flags, status);
   if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr && symbol != nullptr) {
     if (void* o = DriverOverrideByProcName(symbol, version)) *pfn = o;
   }
@@ -193,8 +210,6 @@ CUresult CUDAAPI OvGetProcAddressV2(const char* symbol, void** pfn, int version,
 CUresult CUDAAPI OvGetProcAddressV1(const char* symbol, void** pfn, int version, cuuint64_t flags) {
   return OvGetProcAddressV2(symbol, pfn, version, flags, nullptr);
 }
-
-#undef PRISM_REAL_OR_FAIL
 
 // Where a name is looked up: as a base name (cuGetProcAddress / cudaGetDriverEntryPoint spelling), as an exported
 // libcuda symbol name whose ABI matches the replacement, or both.

@@ -15,7 +15,7 @@
 #include "common/log.h"
 #include "interpose/core/config.h"
 #include "interpose/core/coord_client.h"
-#include "interpose/core/engine.h"
+#include "interpose/core/unit_stats.h"
 #include "interpose/core/gpu.h"
 #include "interpose/core/memory.h"
 #include "interpose/core/progress.h"
@@ -375,7 +375,7 @@ void EventLogStop() {
                   static_cast<unsigned long long>(rs.misses), static_cast<unsigned long long>(rs.mismatches),
                   static_cast<unsigned long long>(rs.over_limit));
   // libprism's own host time per executed unit (what a real rank pays per collective on its thread; sampled, see
-  // engine.cc), so that a run's cost can be read from its event file (tests/gpu/libprism_cost.sh).
+  // unit_stats.h), so that a run's cost can be read from its event file (tests/gpu/libprism_cost.sh).
   char host[256] = "";
   if (const uint64_t p50 = HostOverheadQuantileNs(0.5); p50 > 0)  // 0 while no unit was sampled
     std::snprintf(host, sizeof host,
@@ -386,7 +386,7 @@ void EventLogStop() {
                   static_cast<unsigned long long>(HostOwnQuantileNs(0.5)),
                   static_cast<unsigned long long>(HostOwnQuantileNs(0.9)),
                   static_cast<unsigned long long>(ProgressWakes()));
-  // The same units' mean own time by phase of the unit, and in driver calls (engine.h UnitPhase).
+  // The same units' mean own time by phase of the unit, and in driver calls (unit_stats.h UnitPhase).
   std::string phases;
   if (const UnitPhaseMeans m = HostPhaseMeansNs(); m.sampled > 0) {
     phases = ",\"host_phase_mean_ns\":{";

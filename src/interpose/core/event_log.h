@@ -17,7 +17,7 @@ namespace prism::interpose {
 // "ops_truncated".
 inline constexpr size_t kMaxUnitOps = 16;
 
-// The sequence number of a send or receive to the rank itself: a local copy, which takes none (engine.cc IsSelf).
+// The sequence number of a send or receive to the rank itself: a local copy, which takes none (operation.h IsSelf).
 // Written as -1 ("seq" of an op line of only such copies, and of their "ops" entries).
 inline constexpr uint64_t kNoSeq = UINT64_MAX;
 

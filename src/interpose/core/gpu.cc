@@ -639,18 +639,13 @@ class DriverGpu final : public Gpu {
   uint64_t anchors_taken_ = 0, anchors_tried_ = 0;
 };
 
-std::atomic<Gpu*> g_fake{nullptr};
-
 }  // namespace
 
 void NoteCaptureBegan() { g_capture_began.store(true, std::memory_order_relaxed); }
 
-Gpu& TheGpu() {
-  if (Gpu* f = g_fake.load(std::memory_order_acquire)) return *f;
+Gpu& DriverGpuOfProcess() {
   static DriverGpu* g = new DriverGpu();  // Why leaked: the progress thread reads its slots until exit.
   return *g;
 }
-
-void SetGpuForTest(Gpu* fake) { g_fake.store(fake, std::memory_order_release); }
 
 }  // namespace prism::interpose

@@ -82,9 +82,10 @@ class Gpu {
 // Set by the cudaStreamBeginCapture wrappers: once any capture began, units check their stream's capture state.
 void NoteCaptureBegan();
 
-// The process-wide backend (DriverGpu unless a test installed a fake).
+// The current runtime's GPU (runtime.h): DriverGpuOfProcess() unless the runtime was given a fake.
 Gpu& TheGpu();
-void SetGpuForTest(Gpu* fake);  // nullptr restores the real one
+// The CUDA driver's implementation, one per process, created on first call (no CUDA call until EnsureReady).
+Gpu& DriverGpuOfProcess();
 
 // Host clock in the same epoch as %globaltimer (CLOCK_REALTIME, ns).
 uint64_t HostNowNs();

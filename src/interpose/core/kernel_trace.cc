@@ -23,6 +23,7 @@
 
 #include "common/log.h"
 #include "interpose/core/config.h"
+#include "interpose/core/runtime.h"
 #include "interpose/core/event_log.h"
 #include "interpose/core/gpu.h"
 #include "prism/kernels.h"
@@ -116,7 +117,12 @@ struct Buffer {
   size_t valid = 0;
 };
 
-struct Tracer {
+}  // namespace
+
+// The rank's kernel trace (a part of the runtime, runtime.h).
+struct KernelTracer {
+  std::atomic<bool> tried{false};  // KernelTraceAtCudaInit ran (once per runtime)
+  int kernels = 0;  // Config::kernels when it started (Finish disables what was enabled)
   std::mutex mu;  // ready, free_bufs, allocated, stop
   std::condition_variable cv;
   std::deque<Buffer> ready;
@@ -145,24 +151,25 @@ struct Tracer {
   std::vector<std::string> pending_errors;  // for the event file (report.json warnings), once it is open
 };
 
-Tracer& T() {
-  static Tracer* t = new Tracer();  // Why leaked: CUPTI's thread may call back during exit.
-  return *t;
-}
+namespace {
 
-std::atomic<bool> g_tried{false};
+using Tracer = KernelTracer;
+
+Tracer& T() { return Rt().kernel_tracer(); }
+
+// The tracer CUPTI delivers buffers to (its callbacks take no context; CUPTI is one per process): the one that
+// enabled it.
+std::atomic<Tracer*> g_cupti_tracer{nullptr};
 std::mutex g_start_mu;
 bool g_atexit_registered = false;
 
-void AddPendingError(const std::string& e) {
-  Tracer& t = T();
+void AddPendingError(Tracer& t, const std::string& e) {
   std::lock_guard<std::mutex> lock(t.err_mu);
   t.pending_errors.push_back(e);
 }
 
 // Hands queued messages to the event file once it is open (its writer turns them into report.json warnings).
-void DeliverPendingErrors() {
-  Tracer& t = T();
+void DeliverPendingErrors(Tracer& t) {
   std::lock_guard<std::mutex> lock(t.err_mu);
   if (t.pending_errors.empty() || EventLogPath().empty()) return;
   for (const std::string& e : t.pending_errors) LogError("kernels: " + e);
@@ -188,9 +195,8 @@ void WriteHeader(Tracer& t, const char* status) {
 
 #if PRISM_HAVE_CUPTI
 
-std::string ResultString(CUptiResult r) {
+std::string ResultString(const Tracer& t, CUptiResult r) {
   const char* s = nullptr;
-  Tracer& t = T();
   if (t.f.getResultString != nullptr) t.f.getResultString(r, &s);
   return std::string(s != nullptr ? s : "CUPTI error") + " (" + std::to_string(static_cast<int>(r)) + ")";
 }
@@ -324,8 +330,14 @@ void Process(Tracer& t, const Buffer& b) {
 }
 
 void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_records) {
-  Tracer& t = T();
   *max_records = 0;
+  Tracer* tp = g_cupti_tracer.load(std::memory_order_acquire);
+  if (tp == nullptr) {
+    *buffer = nullptr;
+    *size = 0;
+    return;
+  }
+  Tracer& t = *tp;
   std::lock_guard<std::mutex> lock(t.mu);
   if (!t.free_bufs.empty()) {
     *buffer = t.free_bufs.back();
@@ -341,7 +353,9 @@ void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_record
 
 // On CUPTI's worker thread (or the thread that forces a flush): only queue the buffer.
 void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
-  Tracer& t = T();
+  Tracer* tp = g_cupti_tracer.load(std::memory_order_acquire);
+  if (tp == nullptr) return;
+  Tracer& t = *tp;
   {
     std::lock_guard<std::mutex> lock(t.mu);
     t.ready.push_back(Buffer{buffer, valid});
@@ -349,8 +363,8 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   t.cv.notify_one();
 }
 
-void WriterLoop() {
-  Tracer& t = T();
+void WriterLoop(Tracer* tp) {
+  Tracer& t = *tp;
   while (true) {
     std::deque<Buffer> work;
     bool stopping;
@@ -367,7 +381,7 @@ void WriterLoop() {
     }
     if (HostNowNs() - t.last_sync_ns >= kSyncEveryNs) WriteSync(t);
     std::fflush(t.file);
-    DeliverPendingErrors();
+    DeliverPendingErrors(t);
     if (stopping) {
       std::lock_guard<std::mutex> lock(t.mu);
       if (t.ready.empty()) break;
@@ -439,9 +453,10 @@ bool LoadCupti(Tracer& t, std::string* why) {
 
 // Enables the activity kinds. False with *why when not even kernels can be recorded.
 bool Enable(Tracer& t, std::string* why) {
+  g_cupti_tracer.store(&t, std::memory_order_release);
   CUptiResult r = t.f.registerCallbacks(&BufferRequested, &BufferCompleted);
   if (r != CUPTI_SUCCESS) {
-    *why = "cuptiActivityRegisterCallbacks: " + ResultString(r);
+    *why = "cuptiActivityRegisterCallbacks: " + ResultString(t, r);
     return false;
   }
   if (Cfg().kernels == 2 && std::getenv("NVTX_INJECTION64_PATH") == nullptr) {
@@ -451,7 +466,7 @@ bool Enable(Tracer& t, std::string* why) {
   }
   r = t.f.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
   if (r != CUPTI_SUCCESS) {
-    *why = "cuptiActivityEnable(CONCURRENT_KERNEL): " + ResultString(r) +
+    *why = "cuptiActivityEnable(CONCURRENT_KERNEL): " + ResultString(t, r) +
            " (another profiler, e.g. torch.profiler or Nsight, may hold CUPTI)";
     return false;
   }
@@ -465,9 +480,9 @@ bool Enable(Tracer& t, std::string* why) {
       t.enabled_kinds.push_back(idx);
     } else {
       const std::string msg = std::string("cannot record ") + (idx == 1 ? "memcpy" : idx == 2 ? "memset" : "NVTX") +
-                              ": " + ResultString(r);
+                              ": " + ResultString(t, r);
       Log("interpose")->warn("kernels: {}", msg);
-      AddPendingError(msg);
+      AddPendingError(t, msg);
     }
   }
   if (t.f.flushPeriod != nullptr) t.f.flushPeriod(1000);  // completed buffers at least every second
@@ -479,6 +494,7 @@ bool Enable(Tracer& t, std::string* why) {
 void Start() {
   Tracer& t = T();
   const Config& c = Cfg();
+  t.kernels = c.kernels;
   if (c.kernels == 0) {
     t.state = kOff;
     t.why = "not requested (PRISM_KERNELS unset)";
@@ -497,7 +513,7 @@ void Start() {
     t.state = kOff;
     t.why = "cannot open " + t.path + ": " + std::strerror(errno);
     Log("interpose")->warn("kernels: {}; running without kernel records", t.why);
-    AddPendingError(t.why);
+    AddPendingError(t, t.why);
     return;
   }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -513,7 +529,7 @@ void Start() {
     t.state = kOff;
     t.why = "cannot write " + t.path;
     Log("interpose")->warn("kernels: {}; running without kernel records", t.why);
-    AddPendingError(t.why);
+    AddPendingError(t, t.why);
     return;
   }
   t.pid = getpid();
@@ -529,7 +545,7 @@ void Start() {
     t.why = why;
     WriteHeader(t, "off");
     Log("interpose")->warn("kernels: {}; running without kernel records", why);
-    AddPendingError(why + "; ran without kernel records");
+    AddPendingError(t, why + "; ran without kernel records");
   } else {
     t.state = kOn;
     WriteHeader(t, "on");
@@ -538,7 +554,7 @@ void Start() {
     std::fflush(t.file);
     t.stop = false;
     try {
-      t.writer = std::thread(&WriterLoop);
+      t.writer = std::thread(&WriterLoop, &t);
     } catch (...) {
       // Why no way back: CUPTI is enabled; its buffers pile up in the queue and are written at exit.
       Log("interpose")->warn("kernels: cannot start the writer thread; records are written at exit");
@@ -572,7 +588,7 @@ void KernelTraceAtIteration(uint32_t iteration) {
       static std::atomic<bool> warned{false};
       if (!warned.exchange(true)) {
         Log("interpose")->warn("kernels: PRISM_KERNELS_TOGGLE: cupti{}: {}", want ? "ActivityEnable" : "ActivityDisable",
-                               ResultString(r));
+                               ResultString(t, r));
       }
     }
   }
@@ -581,7 +597,8 @@ void KernelTraceAtIteration(uint32_t iteration) {
 }
 
 void KernelTraceAtCudaInit() {
-  if (g_tried.load(std::memory_order_acquire)) return;
+  Tracer& t = T();
+  if (t.tried.load(std::memory_order_acquire)) return;
   // Why: should loading or enabling CUPTI call cudaGetDeviceCount on this thread, it must not wait for itself.
   thread_local bool starting = false;
   if (starting) return;
@@ -591,21 +608,22 @@ void KernelTraceAtCudaInit() {
     ~Reset() { *flag = false; }
   } reset{&starting};
   std::lock_guard<std::mutex> lock(g_start_mu);
-  if (g_tried.load(std::memory_order_relaxed)) return;
+  if (t.tried.load(std::memory_order_relaxed)) return;
   try {
     Start();
   } catch (...) {
-    T().state = kOff;
-    T().why = "internal error while starting";
+    t.state = kOff;
+    t.why = "internal error while starting";
   }
-  g_tried.store(true, std::memory_order_release);
+  t.tried.store(true, std::memory_order_release);
 }
 
-void KernelTraceFinish() {
+namespace {
+
+void Finish(Tracer& t) {
   // Why before the lock: a child forked while the parent held it would wait forever at its exit.
-  if (T().pid != getpid()) return;
+  if (t.pid != getpid()) return;
   std::lock_guard<std::mutex> lock(g_start_mu);
-  Tracer& t = T();
   if (t.pid != getpid() || t.finished) return;  // never started here, or a forked child: the parent's file
   t.finished = true;
 #if PRISM_HAVE_CUPTI
@@ -614,7 +632,7 @@ void KernelTraceFinish() {
     t.f.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
     t.f.disable(CUPTI_ACTIVITY_KIND_MEMCPY);
     t.f.disable(CUPTI_ACTIVITY_KIND_MEMSET);
-    if (Cfg().kernels == 2) t.f.disable(CUPTI_ACTIVITY_KIND_MARKER);
+    if (t.kernels == 2) t.f.disable(CUPTI_ACTIVITY_KIND_MARKER);
     {
       std::lock_guard<std::mutex> l(t.mu);
       t.stop = true;
@@ -635,15 +653,30 @@ void KernelTraceFinish() {
                  static_cast<unsigned long long>(t.records), static_cast<unsigned long long>(t.dropped),
                  static_cast<unsigned long long>(t.buffers), static_cast<unsigned long long>(t.incomplete));
     if (t.dropped > 0) {
-      AddPendingError(std::to_string(t.dropped) + " records dropped by CUPTI (buffers full)");
+      AddPendingError(t, std::to_string(t.dropped) + " records dropped by CUPTI (buffers full)");
     }
   }
 #endif
-  DeliverPendingErrors();
+  DeliverPendingErrors(t);
   if (t.file != nullptr) {
     std::fclose(t.file);  // also releases the lock
     t.file = nullptr;
   }
+}
+
+}  // namespace
+
+void KernelTraceFinish() { Finish(T()); }
+
+KernelTracer* NewKernelTracer() { return new KernelTracer(); }
+
+// Why a tracer that enabled CUPTI is not freed: CUPTI keeps our callbacks, and its thread may still call them
+// (they find no tracer then).
+void DestroyPart(KernelTracer* p) {
+  Finish(*p);
+  Tracer* expected = p;
+  if (g_cupti_tracer.compare_exchange_strong(expected, nullptr)) return;
+  delete p;
 }
 
 std::string KernelTraceState() {
@@ -663,35 +696,6 @@ std::string KernelTraceWhy() {
 std::string KernelTracePath() {
   std::lock_guard<std::mutex> lock(g_start_mu);
   return T().path;
-}
-
-void KernelTraceResetForTest() {
-  KernelTraceFinish();
-  std::lock_guard<std::mutex> lock(g_start_mu);
-  Tracer& t = T();
-  if (t.file != nullptr) {
-    std::fclose(t.file);
-    t.file = nullptr;
-  }
-  t.state = kNotStarted;
-  t.finished = false;
-  t.pid = 0;
-  t.stop = false;
-  t.path.clear();
-  t.why.clear();
-  t.cupti_path.clear();
-  t.cupti_version = 0;
-  t.enabled_kinds.clear();
-  t.active = true;
-  t.records = t.dropped = t.buffers = t.incomplete = 0;
-  t.last_sync_ns = 0;
-  t.kernel_names.clear();
-  t.name_ids.clear();
-  {
-    std::lock_guard<std::mutex> l(t.err_mu);
-    t.pending_errors.clear();
-  }
-  g_tried.store(false);
 }
 
 }  // namespace prism::interpose

@@ -33,9 +33,6 @@ std::string KernelTraceState();
 std::string KernelTraceWhy();
 std::string KernelTracePath();
 
-// Test hook: forgets a finished trace so that the next KernelTraceAtCudaInit starts again (same process).
-void KernelTraceResetForTest();
-
 // Where libcupti is looked for, in order: PRISM_CUPTI_LIBRARY alone when `forced` is set; else a libcupti the
 // process already loaded (a second copy would fight the first), the PyTorch wheel's (relative to the directories
 // of the loaded libcudart / libtorch: nvidia/cu13/lib, nvidia/cuda_cupti/lib), the loader path, the toolkit's.

@@ -10,22 +10,33 @@
 #include "interpose/core/comm.h"
 #include "interpose/core/coord_client.h"
 #include "interpose/core/real_symbols.h"
+#include "interpose/core/runtime.h"
 
-namespace prism::interpose::memory {
-namespace {
+namespace prism::interpose {
 
-struct State {
+// The rank's device memory and the last refusal of room (a part of the runtime, runtime.h).
+struct MemoryState {
   std::mutex mu;
   std::unordered_map<uintptr_t, uint64_t> ptrs;
   std::unordered_map<uint64_t, uint64_t> handles;
   std::atomic<uint64_t> current{0};
   std::atomic<uint64_t> peak{0};
+  // WaitForRoom's state: one request at a time (a second failing thread asks after the first's answer).
+  std::mutex room_mu;
+  uint64_t next_room_id = 1;
+  std::chrono::steady_clock::time_point refused{};
+  bool ever_refused = false;
 };
 
-State& S() {
-  static State* s = new State();  // Why leaked: frees can arrive from atexit paths.
-  return *s;
-}
+MemoryState* NewMemoryState() { return new MemoryState(); }
+void DestroyPart(MemoryState* p) { delete p; }
+
+namespace memory {
+namespace {
+
+using State = MemoryState;
+
+State& S() { return Rt().memory(); }
 
 void Add(State& s, uint64_t bytes) {
   uint64_t now = s.current.fetch_add(bytes) + bytes;
@@ -96,21 +107,8 @@ uint64_t RecordHandleRelease(uint64_t handle) {
 
 uint64_t CurrentBytes() { return S().current.load(); }
 uint64_t PeakBytes() { return S().peak.load(); }
-void ResetPeakForTest() { S().peak.store(S().current.load()); }
 
 namespace {
-
-struct Room {
-  std::mutex mu;  // one request at a time: a second failing thread asks after the first's answer
-  uint64_t next_id = 1;
-  std::chrono::steady_clock::time_point refused{};
-  bool ever_refused = false;
-};
-
-Room& R() {
-  static Room* r = new Room();  // Why leaked: allocations can fail from atexit paths.
-  return *r;
-}
 
 // Makes this rank's GPU idle before it waits for room: the calling thread's context (the device the allocation is
 // for) is synchronised through the real driver (Driver(): cuCtxSynchronize, not an interposed symbol), so when the
@@ -141,15 +139,12 @@ bool MakeGpuIdle() {
   return true;
 }
 
-}  // namespace
-
-bool WaitForRoom(uint64_t bytes, int attempt) {
-  if (attempt >= kMaxRoomAsks || !CoordSwapOn()) return false;
-  Room& r = R();
-  std::lock_guard<std::mutex> lock(r.mu);
+bool AskForRoom(uint64_t bytes, int attempt) {
+  State& r = S();
+  std::lock_guard<std::mutex> lock(r.room_mu);
   const auto now = std::chrono::steady_clock::now();
   if (r.ever_refused && now - r.refused < std::chrono::duration<double>(kRoomQuietS)) return false;
-  const uint64_t id = r.next_id++;
+  const uint64_t id = r.next_room_id++;
   Log("interpose")->info("an allocation of {} bytes failed (this rank holds {}); waiting for the coordinator to "
                          "make room on the GPU (ask {} of {})",
                          bytes, CurrentBytes(), attempt + 1, kMaxRoomAsks);
@@ -169,10 +164,18 @@ bool WaitForRoom(uint64_t bytes, int attempt) {
   return false;
 }
 
-void ResetRoomForTest() {
-  Room& r = R();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.ever_refused = false;
+}  // namespace
+
+// Why the catch: callers are exported functions (cudaMalloc, cuMemCreate); nothing may throw into the job, and an
+// ask that failed is an allocation that stays failed.
+bool WaitForRoom(uint64_t bytes, int attempt) {
+  if (attempt >= kMaxRoomAsks || !CoordSwapOn()) return false;
+  try {
+    return AskForRoom(bytes, attempt);
+  } catch (...) {
+    return false;
+  }
 }
 
-}  // namespace prism::interpose::memory
+}  // namespace memory
+}  // namespace prism::interpose

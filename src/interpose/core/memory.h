@@ -1,6 +1,6 @@
 // Device-memory accounting of one real rank: every allocation the cudaMalloc family, ncclMemAlloc and the VMM
 // path (cuMemCreate, reached through cudaGetDriverEntryPoint/cuGetProcAddress by PyTorch's expandable
-// segments) makes, with current and peak bytes. Not on any hot path (PyTorch's caching allocator calls these
+// segments) makes, with current and peak bytes (the runtime's, runtime.h). Not on any hot path (PyTorch's caching allocator calls these
 // rarely); a mutex guards the maps.
 #pragma once
 
@@ -17,8 +17,6 @@ uint64_t RecordHandleRelease(uint64_t handle);
 
 uint64_t CurrentBytes();
 uint64_t PeakBytes();
-// Resets peak to current (tests).
-void ResetPeakForTest();
 
 // Allocation admission under context switching (docs/collect.md, ipc.h kMemRoom). After a device allocation of
 // `bytes` failed for lack of memory, the caller's `attempt`-th retry (from 0): synchronises the device (the real
@@ -29,9 +27,8 @@ void ResetPeakForTest();
 // fails at once instead of waiting again).
 inline constexpr int kMaxRoomAsks = 3;
 inline constexpr double kRoomQuietS = 10;
+// Never throws.
 bool WaitForRoom(uint64_t bytes, int attempt);
-// Forgets the last refusal (tests).
-void ResetRoomForTest();
 
 // After `alloc` failed with `oom` (the allocator's "out of memory": cudaErrorMemoryAllocation,
 // CUDA_ERROR_OUT_OF_MEMORY): calls `again` (the same allocation) once per room the coordinator grants, and returns

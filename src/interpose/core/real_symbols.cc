@@ -47,8 +47,6 @@ int FindCallback(struct dl_phdr_info* info, size_t, void* data) {
   return 1;
 }
 
-std::atomic<const DriverFns*> g_driver_override{nullptr};
-
 }  // namespace
 
 void* RealDlsym(void* handle, const char* name) {
@@ -104,12 +102,7 @@ bool NcclFns::Complete() const {
   return ok;
 }
 
-namespace {
-std::atomic<const NcclFns*> g_nccl_override{nullptr};
-}  // namespace
-
-const NcclFns& RealNccl() {
-  if (const NcclFns* fake = g_nccl_override.load(std::memory_order_acquire)) return *fake;
+const NcclFns& LoadedNccl() {
   static const NcclFns* fns = [] {
     auto* f = new NcclFns();  // Why leaked: used until the very end of the process.
     void* h = nullptr;
@@ -135,10 +128,7 @@ const NcclFns& RealNccl() {
   return *fns;
 }
 
-void SetRealNcclForTest(const NcclFns* fake) { g_nccl_override.store(fake, std::memory_order_release); }
-
-const DriverFns& Driver() {
-  if (const DriverFns* fake = g_driver_override.load(std::memory_order_acquire)) return *fake;
+const DriverFns& LoadedDriver() {
   static const DriverFns* fns = [] {
     auto* f = new DriverFns();
     void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -159,7 +149,5 @@ const DriverFns& Driver() {
   }();
   return *fns;
 }
-
-void SetDriverForTest(const DriverFns* fake) { g_driver_override.store(fake, std::memory_order_release); }
 
 }  // namespace prism::interpose

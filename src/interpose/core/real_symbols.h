@@ -71,13 +71,21 @@ bool AddressInObject(const void* addr, const char* part);
   X(cudaFreeAsync)                       \
   X(cudaGetLastError)
 
-// Functions cuda_runtime.h overloads with C++ templates (nccl.h includes it): their C signatures, spelled out.
+// Functions cuda_runtime.h overloads with C++ templates (nccl.h includes it), and the per-thread-default-stream
+// (_ptsz) and capture variants the headers declare only in some modes: their C signatures, spelled out.
 #define PRISM_CUDART_TYPED_FUNCS(X)                                                    \
   X(cudaMalloc, cudaError_t (*)(void**, size_t))                                       \
   X(cudaMallocAsync, cudaError_t (*)(void**, size_t, cudaStream_t))                    \
   X(cudaMallocFromPoolAsync, cudaError_t (*)(void**, size_t, cudaMemPool_t, cudaStream_t)) \
   X(cudaMallocManaged, cudaError_t (*)(void**, size_t, unsigned int))                  \
-  X(cudaMallocPitch, cudaError_t (*)(void**, size_t*, size_t, size_t))
+  X(cudaMallocPitch, cudaError_t (*)(void**, size_t*, size_t, size_t))                 \
+  X(cudaMallocAsync_ptsz, cudaError_t (*)(void**, size_t, cudaStream_t))               \
+  X(cudaFreeAsync_ptsz, cudaError_t (*)(void*, cudaStream_t))                          \
+  X(cudaMallocFromPoolAsync_ptsz, cudaError_t (*)(void**, size_t, cudaMemPool_t, cudaStream_t)) \
+  X(cudaStreamBeginCapture, cudaError_t (*)(cudaStream_t, cudaStreamCaptureMode))      \
+  X(cudaStreamBeginCapture_ptsz, cudaError_t (*)(cudaStream_t, cudaStreamCaptureMode)) \
+  X(cudaStreamBeginCaptureToGraph, cudaError_t (*)(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*,       \
+                                                   const cudaGraphEdgeData*, size_t, cudaStreamCaptureMode))
 
 #define PRISM_DECLARE_FN(name) decltype(&::name) name = nullptr;
 #define PRISM_DECLARE_TYPED_FN(name, type) std::type_identity_t<type> name = nullptr;
@@ -135,9 +143,9 @@ struct NcclFns {
 };
 // The real libnccl: PRISM_NCCL_LIBRARY when set (dlopen'ed, RTLD_LOCAL), else the one the job already loaded
 // (PyTorch's). Resolved once; missing functions stay nullptr.
+const NcclFns& LoadedNccl();
+// The current runtime's NCCL table (runtime.h): LoadedNccl() unless the runtime was given a fake.
 const NcclFns& RealNccl();
-// Test hook: replaces RealNccl()'s table (nullptr restores the real one).
-void SetRealNcclForTest(const NcclFns* fake);
 
 #define PRISM_DRIVER_FUNCS(X)             \
   X(cuInit)                               \
@@ -197,10 +205,9 @@ struct DriverFns {
 };
 
 // dlopen("libcuda.so.1") + cuGetProcAddress for every function above, once. Never calls cuInit.
+const DriverFns& LoadedDriver();
+// The current runtime's driver table (runtime.h): LoadedDriver() unless the runtime was given a fake.
 const DriverFns& Driver();
-
-// Test hook: replaces the driver table (fakes at the CUDA boundary). nullptr restores the real one.
-void SetDriverForTest(const DriverFns* fake);
 
 }  // namespace prism::interpose
 

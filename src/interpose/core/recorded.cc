@@ -13,18 +13,19 @@
 
 #include "common/log.h"
 #include "interpose/core/config.h"
+#include "interpose/core/runtime.h"
 
 namespace prism::interpose {
-namespace {
 
-struct Entry {
+struct RecordedEntry {
   uint64_t offset;  // of the data in the mapping
   uint64_t bytes;
   uint16_t op;
   uint8_t dtype;
 };
 
-struct State {
+// The recorded-payload writer and reader (a part of the runtime, runtime.h).
+struct RecordedState {
   std::mutex mu;
   // writer
   bool writer_tried = false;
@@ -33,13 +34,23 @@ struct State {
   bool reader_tried = false;
   const uint8_t* map = nullptr;
   size_t map_len = 0;
-  std::unordered_map<uint64_t, Entry> index;  // key: comm_id << 40 | seq
+  std::unordered_map<uint64_t, RecordedEntry> index;  // key: comm_id << 40 | seq
   std::atomic<uint64_t> written{0}, hits{0}, misses{0}, mismatches{0}, over_limit{0};
 };
-State& S() {
-  static State* s = new State();  // Why leaked: used until exit from any thread
-  return *s;
+
+RecordedState* NewRecordedState() { return new RecordedState(); }
+
+void DestroyPart(RecordedState* p) {
+  if (p->out) std::fclose(p->out);
+  if (p->map) munmap(const_cast<uint8_t*>(p->map), p->map_len);
+  delete p;
 }
+
+namespace {
+
+using State = RecordedState;
+
+State& S() { return Rt().recorded(); }
 
 uint64_t Key(uint32_t comm_id, uint64_t seq) { return (static_cast<uint64_t>(comm_id) << 40) ^ seq; }
 
@@ -79,7 +90,7 @@ void LoadLocked(State& s) {
         Log("nccl")->warn("{}: last record truncated (the recording rank stopped mid-write); ignored", path);
         break;
       }
-      s.index[Key(h.comm_id, h.seq)] = Entry{off, h.bytes, h.op, h.dtype};
+      s.index[Key(h.comm_id, h.seq)] = RecordedEntry{off, h.bytes, h.op, h.dtype};
       off += h.bytes;
     }
   } catch (...) {
@@ -140,7 +151,7 @@ const void* FindRecorded(uint32_t comm_id, uint64_t seq, uint16_t op, uint8_t dt
     s.misses.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
-  const Entry& e = it->second;
+  const RecordedEntry& e = it->second;
   if (e.op != op || e.dtype != dtype || e.bytes != bytes) {
     s.mismatches.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
@@ -152,20 +163,6 @@ const void* FindRecorded(uint32_t comm_id, uint64_t seq, uint16_t op, uint8_t dt
 RecordedStats GetRecordedStats() {
   State& s = S();
   return RecordedStats{s.written.load(), s.hits.load(), s.misses.load(), s.mismatches.load(), s.over_limit.load()};
-}
-
-void ResetRecordedForTest() {
-  State& s = S();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (s.out) std::fclose(s.out);
-  s.out = nullptr;
-  s.writer_tried = false;
-  if (s.map) munmap(const_cast<uint8_t*>(s.map), s.map_len);
-  s.map = nullptr;
-  s.map_len = 0;
-  s.reader_tried = false;
-  s.index.clear();
-  s.written = s.hits = s.misses = s.mismatches = s.over_limit = 0;
 }
 
 }  // namespace prism::interpose

@@ -35,7 +35,7 @@ static_assert(sizeof(RecordHeader) == 24);
 void RecordPayload(uint32_t comm_id, uint64_t seq, uint16_t op, uint8_t dtype, const void* data, uint64_t bytes);
 
 // The recorded output of (comm_id, seq) from PRISM_PAYLOAD_FILE, if it exists with this op, dtype and size:
-// a host pointer valid for the life of the process; nullptr otherwise, or when over the limit (the caller applies
+// a host pointer valid for the life of the runtime (runtime.h); nullptr otherwise, or when over the limit (the caller applies
 // mirror).
 const void* FindRecorded(uint32_t comm_id, uint64_t seq, uint16_t op, uint8_t dtype, uint64_t bytes);
 
@@ -45,7 +45,5 @@ struct RecordedStats {
   uint64_t written = 0, hits = 0, misses = 0, mismatches = 0, over_limit = 0;
 };
 RecordedStats GetRecordedStats();
-// Test hook: forgets the loaded file and the writer (next call re-reads the configuration).
-void ResetRecordedForTest();
 
 }  // namespace prism::interpose

@@ -1,5 +1,5 @@
 // The streams that carried units (their process-local indices, in order of first use) and the cross-stream
-// dependencies the job's events make between them (engine.h: NoteEventRecord, NoteStreamWaitEvent).
+// dependencies the job's events make between them (NoteEventRecord, NoteStreamWaitEvent).
 #include "interpose/core/streams.h"
 
 #include <algorithm>
@@ -9,7 +9,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "interpose/core/engine.h"
 #include "interpose/core/event_log.h"
 
 namespace prism::interpose {
@@ -76,7 +75,7 @@ uint16_t StreamIndex(CUstream s) {
   return last_idx;
 }
 
-// Cross-stream dependencies (engine.h). Events are reused (torch pools them): a record always overwrites it with
+// Cross-stream dependencies (streams.h). Events are reused (torch pools them): a record always overwrites it with
 // the recording stream's points, and a record that carries none forgets the event.
 namespace {
 // Points a stream depends on: per unit stream, the last of its units (max), at most kMaxPoints streams (a job has a
@@ -139,7 +138,7 @@ void NoteEventDestroy(cudaEvent_t event) {
   t.at.erase(event);
 }
 
-size_t EventPointsForTest() {
+size_t EventPointsHeld() {
   EventPoints& t = EventPointTable();
   std::lock_guard<std::mutex> lock(t.mu);
   return t.at.size();
