@@ -1,1 +1,0 @@
-// Compiled only so that its target builds the precompiled header other targets reuse (cmake/Precompile.cmake).
